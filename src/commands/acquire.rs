@@ -1,0 +1,49 @@
+//! `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms]`: fence, or nil when held by another.
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+
+use super::{CommandMeta, replicate_lease, split_args};
+use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
+use crate::core::{Acquired, DlockError, Lock};
+use crate::datatype::LOCK_TYPE;
+use crate::{clock, expiry, state};
+
+pub const META: CommandMeta = CommandMeta {
+    name: "dlock.acquire",
+    flags: "write deny-oom",
+    arity: -4,
+    key_flags: raw::REDISMODULE_CMD_KEY_RW
+        | raw::REDISMODULE_CMD_KEY_ACCESS
+        | raw::REDISMODULE_CMD_KEY_UPDATE,
+    summary: "Acquires a lease on a resource and returns its fencing token",
+    complexity: "O(log N) where N is the number of leases with a deadline",
+};
+
+pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let (resource, rest) = split_args(args, META.name)?;
+    let request = args::acquire(&rest, DEFAULT_MAX_TTL_MS)?;
+    if request.wait_ms.is_some() {
+        return Err(DlockError::WaitNotSupported.into());
+    }
+    let now = clock::now();
+    let key = ctx.open_key_writable(resource);
+    let mut created = None;
+    let lock = match key.get_value::<Lock>(&LOCK_TYPE)? {
+        Some(lock) => lock,
+        None => created.insert(Lock::default()),
+    };
+    let outcome =
+        state::with_fences(|fences| lock.acquire(request.token, request.ttl_ms, now, fences))?;
+    let fence = match outcome {
+        Acquired::Busy => return Ok(RedisValue::Null),
+        Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => fence,
+    };
+    if let Some(lease) = lock.lease() {
+        replicate_lease(ctx, resource, lease);
+    }
+    expiry::schedule(ctx, resource, lock, now);
+    if let Some(lock) = created {
+        key.set_value(&LOCK_TYPE, lock)?;
+    }
+    Ok(RedisValue::Integer(fence as i64))
+}

@@ -1,0 +1,28 @@
+//! `DLOCK.FENCECHECK resource fence`: 1 when fence is the fence of the live lease.
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+
+use super::{CommandMeta, split_args};
+use crate::clock;
+use crate::core::Lock;
+use crate::core::args;
+use crate::datatype::LOCK_TYPE;
+
+pub const META: CommandMeta = CommandMeta {
+    name: "dlock.fencecheck",
+    flags: "readonly fast",
+    arity: 3,
+    key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    summary: "Tells whether a fence is the fence of the live lease on a resource",
+    complexity: "O(1)",
+};
+
+pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let (resource, rest) = split_args(args, META.name)?;
+    let fence = args::fencecheck(&rest)?;
+    let key = ctx.open_key(resource);
+    let valid = key
+        .get_value::<Lock>(&LOCK_TYPE)?
+        .is_some_and(|lock| lock.fence_check(fence, clock::now()));
+    Ok(RedisValue::Integer(i64::from(valid)))
+}

@@ -1,0 +1,39 @@
+//! `DLOCK.INFO resource`: nil, or the live lease as field/value pairs.
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+
+use super::{CommandMeta, FieldValue, reply_fields, split_args};
+use crate::clock;
+use crate::core::{DlockError, Lock};
+use crate::datatype::LOCK_TYPE;
+
+pub const META: CommandMeta = CommandMeta {
+    name: "dlock.info",
+    flags: "readonly fast",
+    arity: 2,
+    key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, waiters",
+    complexity: "O(1)",
+};
+
+pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let (resource, rest) = split_args(args, META.name)?;
+    if !rest.is_empty() {
+        return Err(DlockError::WrongArity(META.name).into());
+    }
+    let now = clock::now();
+    let key = ctx.open_key(resource);
+    let Some(lease) = key.get_value::<Lock>(&LOCK_TYPE)?.and_then(|lock| lock.live_lease(now))
+    else {
+        return Ok(RedisValue::Null);
+    };
+    reply_fields(
+        ctx,
+        &[
+            ("owner", FieldValue::Bytes(&lease.token)),
+            ("fence", FieldValue::Integer(lease.fence as i64)),
+            ("ttl-ms", FieldValue::Integer(lease.remaining_ms(now) as i64)),
+            ("waiters", FieldValue::Integer(0)),
+        ],
+    )
+}

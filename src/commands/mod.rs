@@ -1,0 +1,101 @@
+//! One file per command: parse → core → reply → replicate. Shared plumbing lives here.
+
+pub mod acquire;
+pub mod fencecheck;
+pub mod info;
+pub mod release;
+pub mod renew;
+pub mod setlease;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::{Context, RedisError, RedisResult, RedisString, raw};
+
+use crate::core::{DlockError, Lease};
+
+/// What Redis is told about a command: registration flags, arity, key spec, docs.
+pub struct CommandMeta {
+    /// Command name as clients type it.
+    pub name: &'static str,
+    /// Registration flags (`write`, `readonly`, `deny-oom`, `fast`).
+    pub flags: &'static str,
+    /// Redis arity: positive is exact, negative is a minimum; the command name counts.
+    pub arity: i32,
+    /// Key spec flags for the one key at position 1 (`REDISMODULE_CMD_KEY_*`).
+    pub key_flags: u32,
+    /// One line for `COMMAND DOCS`.
+    pub summary: &'static str,
+    /// Time complexity for `COMMAND DOCS`.
+    pub complexity: &'static str,
+}
+
+/// Every command the module registers, for key specs and docs.
+pub const ALL: [&CommandMeta; 6] =
+    [&acquire::META, &renew::META, &release::META, &fencecheck::META, &info::META, &setlease::META];
+
+impl From<DlockError> for RedisError {
+    fn from(error: DlockError) -> Self {
+        RedisError::String(error.to_string())
+    }
+}
+
+/// Runs a command body, turning a panic (a bug) into an error reply instead of a crashed server.
+pub fn guarded(
+    ctx: &Context,
+    args: Vec<RedisString>,
+    body: fn(&Context, &[RedisString]) -> RedisResult,
+) -> RedisResult {
+    catch_unwind(AssertUnwindSafe(|| body(ctx, &args)))
+        .unwrap_or_else(|_| Err(RedisError::Str("ERR internal error in dlock; please report it")))
+}
+
+/// Splits `[command, resource, rest…]`, or fails with the command's arity error.
+pub fn split_args<'a>(
+    args: &'a [RedisString],
+    command: &'static str,
+) -> Result<(&'a RedisString, Vec<&'a [u8]>), DlockError> {
+    match args {
+        [_, resource, rest @ ..] => {
+            Ok((resource, rest.iter().map(RedisString::as_slice).collect()))
+        }
+        _ => Err(DlockError::WrongArity(command)),
+    }
+}
+
+/// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.
+pub fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease) {
+    let fence = lease.fence.to_string();
+    let deadline = lease.deadline_wall.to_string();
+    let args: [&[u8]; 4] =
+        [resource.as_slice(), &lease.token, fence.as_bytes(), deadline.as_bytes()];
+    ctx.replicate(setlease::META.name, &args);
+}
+
+/// Deletes a lock key that holds nothing live any more and propagates the `DEL`.
+pub fn delete_lock_key(ctx: &Context, key: &RedisKeyWritable, resource: &RedisString) {
+    if key.delete().is_ok() {
+        ctx.replicate("DEL", &[resource]);
+    }
+}
+
+/// Replies with field/value pairs: a map under RESP3, a flat array under RESP2.
+pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult {
+    raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
+    for (name, value) in fields {
+        ctx.reply(Ok(redis_module::RedisValue::StringBuffer(name.as_bytes().to_vec())));
+        ctx.reply(Ok(match value {
+            FieldValue::Bytes(bytes) => redis_module::RedisValue::StringBuffer(bytes.to_vec()),
+            FieldValue::Integer(n) => redis_module::RedisValue::Integer(*n),
+        }));
+    }
+    Ok(redis_module::RedisValue::NoReply)
+}
+
+/// A value in a field/value reply.
+pub enum FieldValue<'a> {
+    /// A bulk string.
+    Bytes(&'a [u8]),
+    /// An integer.
+    Integer(i64),
+}

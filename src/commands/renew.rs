@@ -1,0 +1,38 @@
+//! `DLOCK.RENEW resource token ttl-ms`: 1 when the owner's live lease now ends ttl-ms from now.
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+
+use super::{CommandMeta, delete_lock_key, replicate_lease, split_args};
+use crate::core::Lock;
+use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
+use crate::datatype::LOCK_TYPE;
+use crate::{clock, expiry};
+
+pub const META: CommandMeta = CommandMeta {
+    name: "dlock.renew",
+    flags: "write fast",
+    arity: 4,
+    key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    summary: "Extends the caller's live lease to ttl-ms from now",
+    complexity: "O(log N) where N is the number of leases with a deadline",
+};
+
+pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let (resource, rest) = split_args(args, META.name)?;
+    let request = args::renew(&rest, DEFAULT_MAX_TTL_MS)?;
+    let now = clock::now();
+    let key = ctx.open_key_writable(resource);
+    let Some(lock) = key.get_value::<Lock>(&LOCK_TYPE)? else {
+        return Ok(RedisValue::Integer(0));
+    };
+    let renewed = lock.renew(request.token, request.ttl_ms, now);
+    if renewed {
+        if let Some(lease) = lock.lease() {
+            replicate_lease(ctx, resource, lease);
+        }
+        expiry::schedule(ctx, resource, lock, now);
+    } else if lock.is_vacant(now) {
+        delete_lock_key(ctx, &key, resource);
+    }
+    Ok(RedisValue::Integer(i64::from(renewed)))
+}

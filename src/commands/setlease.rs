@@ -1,0 +1,46 @@
+//! `DLOCK.SETLEASE resource token fence deadline-unix-us`: the effect of a grant or renewal,
+//! applied by replicas and AOF loading. Clients cannot send it: it would forge fences.
+
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
+
+use super::{CommandMeta, split_args};
+use crate::core::args::{parse_fence, parse_int, parse_token};
+use crate::core::{DlockError, Lease, Lock};
+use crate::datatype::LOCK_TYPE;
+use crate::{clock, expiry, state};
+
+pub const META: CommandMeta = CommandMeta {
+    name: "dlock.setlease",
+    flags: "write",
+    arity: 5,
+    key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
+    complexity: "O(log N) where N is the number of leases with a deadline",
+};
+
+pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let flags = ctx.get_flags();
+    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        return Err(DlockError::InternalCommand("DLOCK.SETLEASE").into());
+    }
+    let (resource, rest) = split_args(args, META.name)?;
+    let [token, fence, deadline] = rest.as_slice() else {
+        return Err(DlockError::WrongArity(META.name).into());
+    };
+    let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
+    let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
+    let deadline = parse_int(deadline)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or(DlockError::BadReplicatedLease("deadline"))?;
+    let now = clock::now();
+    let mut lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
+    let key = ctx.open_key_writable(resource);
+    // Checks the type before anything changes: another type at the key is WRONGTYPE.
+    key.get_value::<Lock>(&LOCK_TYPE)?;
+    state::observe_fence(fence);
+    expiry::schedule(ctx, resource, &mut lock, now);
+    key.set_value(&LOCK_TYPE, lock)?;
+    // The arguments are absolute, so passing the command on unchanged is deterministic.
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}

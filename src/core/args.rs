@@ -1,0 +1,257 @@
+//! Argument parsing for every command: bytes in, typed requests or a [`DlockError`] out.
+//!
+//! The rules follow DESIGN.md: durations are integers in `1..=max_ttl_ms` (`0` allowed for the
+//! WAIT timeout), fences are positive integers, tokens are `1..=512` opaque bytes, keywords are
+//! case-insensitive. Integers are read the way Redis reads them: optional `-`, decimal digits, no
+//! `+`, no spaces, no leading zeros.
+
+use super::DlockError;
+
+/// Longest accepted token, in bytes.
+pub const MAX_TOKEN_LEN: usize = 512;
+
+/// Default and, until configs land, fixed upper bound of `ttl-ms` and `timeout-ms`: one day.
+pub const DEFAULT_MAX_TTL_MS: u64 = 86_400_000;
+
+/// `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms]`, minus the resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    /// The would-be owner's token.
+    pub token: &'a [u8],
+    /// Lease length in milliseconds.
+    pub ttl_ms: u64,
+    /// `WAIT timeout-ms`, when given (`Some(0)`: wait without limit).
+    pub wait_ms: Option<u64>,
+}
+
+/// `DLOCK.RENEW resource token ttl-ms`, minus the resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewArgs<'a> {
+    /// The owner's token.
+    pub token: &'a [u8],
+    /// New lease length in milliseconds, counted from now.
+    pub ttl_ms: u64,
+}
+
+/// Parses the arguments of ACQUIRE after the resource: `token ttl-ms [WAIT timeout-ms]`.
+pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, DlockError> {
+    let [token, ttl, options @ ..] = args else {
+        return Err(DlockError::WrongArity("dlock.acquire"));
+    };
+    let token = parse_token(token)?;
+    let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
+    let mut wait_ms = None;
+    let mut rest = options.iter();
+    while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
+            let timeout = rest.next().ok_or(DlockError::WaitWithoutTimeout)?;
+            wait_ms = Some(parse_timeout(timeout, max_ttl_ms)?);
+        } else {
+            return Err(DlockError::UnknownOption(printable(option)));
+        }
+    }
+    Ok(AcquireArgs { token, ttl_ms, wait_ms })
+}
+
+/// Parses the arguments of RENEW after the resource: `token ttl-ms`.
+pub fn renew<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<RenewArgs<'a>, DlockError> {
+    let [token, ttl] = args else {
+        return Err(DlockError::WrongArity("dlock.renew"));
+    };
+    Ok(RenewArgs { token: parse_token(token)?, ttl_ms: parse_ttl(ttl, max_ttl_ms)? })
+}
+
+/// Parses the arguments of RELEASE after the resource: `token`.
+pub fn release<'a>(args: &[&'a [u8]]) -> Result<&'a [u8], DlockError> {
+    let [token] = args else {
+        return Err(DlockError::WrongArity("dlock.release"));
+    };
+    parse_token(token)
+}
+
+/// Parses the arguments of FENCECHECK after the resource: `fence`.
+pub fn fencecheck(args: &[&[u8]]) -> Result<u64, DlockError> {
+    let [fence] = args else {
+        return Err(DlockError::WrongArity("dlock.fencecheck"));
+    };
+    parse_fence(fence)
+}
+
+/// A token: any bytes, 1 to [`MAX_TOKEN_LEN`] of them.
+pub fn parse_token(bytes: &[u8]) -> Result<&[u8], DlockError> {
+    if (1..=MAX_TOKEN_LEN).contains(&bytes.len()) { Ok(bytes) } else { Err(DlockError::BadToken) }
+}
+
+/// A lease length: an integer in `1..=max_ttl_ms`.
+pub fn parse_ttl(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| (1..=max_ttl_ms).contains(n))
+        .ok_or(DlockError::BadTtl { max: max_ttl_ms })
+}
+
+/// A WAIT timeout: an integer in `0..=max_ttl_ms`, `0` meaning no limit.
+pub fn parse_timeout(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n <= max_ttl_ms)
+        .ok_or(DlockError::BadTimeout { max: max_ttl_ms })
+}
+
+/// A fence: a positive integer that fits a signed 64-bit reply.
+pub fn parse_fence(bytes: &[u8]) -> Result<u64, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n >= 1)
+        .ok_or(DlockError::BadFence)
+}
+
+/// Reads a signed 64-bit integer in Redis's strict form, or `None`.
+pub fn parse_int(bytes: &[u8]) -> Option<i64> {
+    let (negative, digits) = match bytes {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, bytes),
+    };
+    let canonical = match digits {
+        [] => false,
+        [b'0'] => !negative,
+        [b'0', ..] => false,
+        _ => digits.iter().all(u8::is_ascii_digit),
+    };
+    if !canonical {
+        return None;
+    }
+    // Accumulate negatively so that i64::MIN parses too.
+    let mut value: i64 = 0;
+    for digit in digits {
+        value = value.checked_mul(10)?.checked_sub(i64::from(digit - b'0'))?;
+    }
+    if negative { Some(value) } else { value.checked_neg() }
+}
+
+/// A short, printable rendering of a client's argument for an error reply.
+pub fn printable(bytes: &[u8]) -> String {
+    const SHOWN: usize = 32;
+    let mut text: String = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)])
+        .chars()
+        .map(|c| if c.is_control() || c == '\'' { '?' } else { c })
+        .collect();
+    if bytes.len() > SHOWN {
+        text.push_str("...");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAX: u64 = DEFAULT_MAX_TTL_MS;
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        for (text, value) in [
+            ("0", Some(0)),
+            ("1", Some(1)),
+            ("-1", Some(-1)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("9223372036854775808", None),
+            ("-0", None),
+            ("+1", None),
+            ("01", None),
+            (" 1", None),
+            ("1 ", None),
+            ("1.5", None),
+            ("1e3", None),
+            ("", None),
+            ("-", None),
+            ("abc", None),
+        ] {
+            assert_eq!(parse_int(text.as_bytes()), value, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn ttl_must_lie_between_one_and_the_maximum() {
+        assert_eq!(parse_ttl(b"1", MAX), Ok(1));
+        assert_eq!(parse_ttl(b"86400000", MAX), Ok(MAX));
+        for bad in ["0", "-5", "86400001", "1.5", "x", "", "99999999999999999999"] {
+            assert_eq!(
+                parse_ttl(bad.as_bytes(), MAX),
+                Err(DlockError::BadTtl { max: MAX }),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn timeout_allows_zero_meaning_forever() {
+        assert_eq!(parse_timeout(b"0", MAX), Ok(0));
+        assert_eq!(parse_timeout(b"-1", MAX), Err(DlockError::BadTimeout { max: MAX }));
+        assert_eq!(parse_timeout(b"86400001", MAX), Err(DlockError::BadTimeout { max: MAX }));
+    }
+
+    #[test]
+    fn fences_are_positive_integers() {
+        assert_eq!(parse_fence(b"1"), Ok(1));
+        assert_eq!(parse_fence(b"9223372036854775807"), Ok(i64::MAX as u64));
+        for bad in ["0", "-1", "1.0", "abc", "", "18446744073709551615"] {
+            assert_eq!(parse_fence(bad.as_bytes()), Err(DlockError::BadFence), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_one_to_512_opaque_bytes() {
+        assert_eq!(parse_token(b"\0\xff"), Ok(&b"\0\xff"[..]));
+        assert_eq!(parse_token(&[7u8; 512]), Ok(&[7u8; 512][..]));
+        assert_eq!(parse_token(b""), Err(DlockError::BadToken));
+        assert_eq!(parse_token(&[7u8; 513]), Err(DlockError::BadToken));
+    }
+
+    #[test]
+    fn acquire_reads_token_ttl_and_an_optional_case_insensitive_wait() {
+        assert_eq!(
+            acquire(&[b"w1", b"30000"], MAX),
+            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: None })
+        );
+        assert_eq!(
+            acquire(&[b"w1", b"30000", b"wAiT", b"0"], MAX),
+            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: Some(0) })
+        );
+        assert_eq!(acquire(&[b"w1", b"30000", b"WAIT"], MAX), Err(DlockError::WaitWithoutTimeout));
+        assert_eq!(
+            acquire(&[b"w1", b"30000", b"WAIT", b"1", b"WAIT", b"2"], MAX),
+            Err(DlockError::UnknownOption("WAIT".into()))
+        );
+        assert_eq!(
+            acquire(&[b"w1", b"30000", b"NX"], MAX),
+            Err(DlockError::UnknownOption("NX".into()))
+        );
+        assert_eq!(acquire(&[b"w1"], MAX), Err(DlockError::WrongArity("dlock.acquire")));
+        // The first bad argument, in order, is the one reported.
+        assert_eq!(acquire(&[b"", b"0"], MAX), Err(DlockError::BadToken));
+    }
+
+    #[test]
+    fn unknown_arguments_are_shown_printable_and_short() {
+        assert_eq!(printable(b"a\r\nb'"), "a??b?");
+        assert_eq!(printable(&[b'x'; 40]), format!("{}...", "x".repeat(32)));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_int_agrees_with_the_canonical_rendering(n in any::<i64>()) {
+            prop_assert_eq!(parse_int(n.to_string().as_bytes()), Some(n));
+        }
+
+        #[test]
+        fn parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = parse_int(&bytes);
+            let _ = parse_ttl(&bytes, MAX);
+            let _ = parse_fence(&bytes);
+            let _ = printable(&bytes);
+        }
+    }
+}

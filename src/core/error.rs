@@ -1,0 +1,98 @@
+//! Every error a dlock command can answer with, and the one place that spells its reply text.
+
+use std::fmt;
+
+/// Largest fence any server will ever hand out: replies are signed 64-bit integers.
+pub const MAX_FENCE: u64 = i64::MAX as u64;
+
+/// What went wrong with a command. `Display` gives the exact error reply, code first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DlockError {
+    /// Too few or too many arguments for the named command.
+    WrongArity(&'static str),
+    /// `ttl-ms` missing its bounds or not an integer.
+    BadTtl { max: u64 },
+    /// `timeout-ms` of `WAIT` out of bounds or not an integer.
+    BadTimeout { max: u64 },
+    /// Token empty or longer than [`crate::core::args::MAX_TOKEN_LEN`].
+    BadToken,
+    /// Fence not a positive integer.
+    BadFence,
+    /// An argument where none is expected, or an unknown keyword; carries a printable rendering.
+    UnknownOption(String),
+    /// `WAIT` given without its timeout.
+    WaitWithoutTimeout,
+    /// `WAIT` is parsed but blocking acquisition is not in this version.
+    WaitNotSupported,
+    /// The fence counter reached [`MAX_FENCE`]; no further grant is possible.
+    FencesExhausted,
+    /// An internal replication command sent by a client rather than the primary or the AOF.
+    InternalCommand(&'static str),
+    /// A replicated or persisted lease that does not describe a valid lease.
+    BadReplicatedLease(&'static str),
+}
+
+impl fmt::Display for DlockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::WrongArity(command) => {
+                write!(f, "ERR wrong number of arguments for '{command}' command")
+            }
+            Self::BadTtl { max } => {
+                write!(f, "ERR ttl-ms must be an integer between 1 and {max}")
+            }
+            Self::BadTimeout { max } => {
+                write!(f, "ERR timeout-ms must be an integer between 0 and {max}")
+            }
+            Self::BadToken => write!(
+                f,
+                "ERR token must be between 1 and {} bytes long",
+                super::args::MAX_TOKEN_LEN
+            ),
+            Self::BadFence => write!(f, "ERR fence must be a positive integer"),
+            Self::UnknownOption(arg) => write!(f, "ERR syntax error: unexpected argument '{arg}'"),
+            Self::WaitWithoutTimeout => write!(f, "ERR WAIT needs a timeout-ms argument"),
+            Self::WaitNotSupported => write!(
+                f,
+                "ERR WAIT is not supported yet by this version of dlock; acquire without WAIT"
+            ),
+            Self::FencesExhausted => write!(f, "ERR fence counter exhausted; no grant possible"),
+            Self::InternalCommand(name) => write!(
+                f,
+                "ERR {name} is internal: only the primary's replication stream and the AOF may send it"
+            ),
+            Self::BadReplicatedLease(what) => write!(f, "ERR invalid replicated lease: {what}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_reply_starts_with_an_error_code_and_names_its_argument() {
+        let cases = [
+            (DlockError::WrongArity("dlock.renew"), "dlock.renew"),
+            (DlockError::BadTtl { max: 86_400_000 }, "ttl-ms"),
+            (DlockError::BadTimeout { max: 86_400_000 }, "timeout-ms"),
+            (DlockError::BadToken, "token"),
+            (DlockError::BadFence, "fence"),
+            (DlockError::UnknownOption("FOO".into()), "FOO"),
+            (DlockError::WaitWithoutTimeout, "WAIT"),
+            (DlockError::WaitNotSupported, "WAIT"),
+            (DlockError::FencesExhausted, "fence"),
+            (DlockError::InternalCommand("DLOCK.SETLEASE"), "DLOCK.SETLEASE"),
+            (DlockError::BadReplicatedLease("deadline"), "deadline"),
+        ];
+        for (error, names) in cases {
+            let text = error.to_string();
+            assert!(text.starts_with("ERR "), "{text}");
+            assert!(text.contains(names), "{text} should name {names}");
+        }
+        assert_eq!(
+            DlockError::BadTtl { max: 86_400_000 }.to_string(),
+            "ERR ttl-ms must be an integer between 1 and 86400000"
+        );
+    }
+}

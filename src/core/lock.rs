@@ -1,0 +1,391 @@
+//! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
+
+use super::args::parse_token;
+use super::error::MAX_FENCE;
+use super::fence::FenceCounter;
+use super::{DlockError, Micros, Now};
+
+/// "`token` owns the resource until `deadline`", with the fence minted for this grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The owner's identity, compared byte for byte.
+    pub token: Box<[u8]>,
+    /// The fence minted when this lease was granted.
+    pub fence: u64,
+    /// When the lease ends, on the monotonic clock of this process. Decides expiry.
+    pub deadline_mono: Micros,
+    /// The same instant as Unix time, as decided when the deadline was set. Persistence and
+    /// replication carry this value unchanged, so every copy of a lease is byte-identical.
+    pub deadline_wall: Micros,
+}
+
+impl Lease {
+    /// A lease of `token` with `fence` that ends `ttl_ms` after `now`.
+    pub fn new(token: &[u8], fence: u64, ttl_ms: u64, now: Now) -> Self {
+        let mut lease = Self { token: token.into(), fence, deadline_mono: 0, deadline_wall: 0 };
+        lease.extend(ttl_ms, now);
+        lease
+    }
+
+    /// A lease whose absolute wall-clock deadline came from persistence or replication, checked
+    /// as strictly as client input: nothing invalid ever enters the keyspace this way.
+    pub fn restore(
+        token: &[u8],
+        fence: u64,
+        deadline_wall: Micros,
+        now: Now,
+    ) -> Result<Self, DlockError> {
+        if parse_token(token).is_err() {
+            return Err(DlockError::BadReplicatedLease("token length"));
+        }
+        if !(1..=MAX_FENCE).contains(&fence) {
+            return Err(DlockError::BadReplicatedLease("fence"));
+        }
+        Ok(Self {
+            token: token.into(),
+            fence,
+            deadline_mono: now.mono_from_wall(deadline_wall),
+            deadline_wall,
+        })
+    }
+
+    /// Whether the lease still holds at `now`.
+    pub fn is_live(&self, now: Now) -> bool {
+        self.deadline_mono > now.mono
+    }
+
+    /// Milliseconds left at `now`, rounded up so that a live lease never reads as 0.
+    pub fn remaining_ms(&self, now: Now) -> u64 {
+        self.deadline_mono.saturating_sub(now.mono).div_ceil(1_000)
+    }
+
+    fn extend(&mut self, ttl_ms: u64, now: Now) {
+        let ttl = ttl_ms.saturating_mul(1_000);
+        self.deadline_mono = now.mono.saturating_add(ttl);
+        self.deadline_wall = now.wall.saturating_add(ttl);
+    }
+}
+
+/// The outcome of an ACQUIRE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// A new lease with a freshly minted fence.
+    Granted {
+        /// The new fence.
+        fence: u64,
+        /// An expired lease of another grant was replaced (it had not been removed yet).
+        replaced_expired: bool,
+    },
+    /// The token already held the live lease: same fence, deadline reset (idempotent retry).
+    Reacquired {
+        /// The fence of the existing grant.
+        fence: u64,
+    },
+    /// Another token holds a live lease; nothing changed.
+    Busy,
+}
+
+/// What the active expiry cycle should do with a key whose index entry came due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// The lease has expired: remove it.
+    Expired,
+    /// The lease is live and already has an earlier index entry that has not fired: drop this one.
+    Stale,
+    /// The lease is live (renewed since): index it again at this deadline.
+    Reschedule(Micros),
+    /// There is no lease: the key should not exist.
+    Vacant,
+}
+
+/// The state stored in one lock key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lock {
+    lease: Option<Lease>,
+    /// Deadline of this key's earliest entry in the expiry index, if one was inserted. Lets a
+    /// renewal skip the index when an entry at or before the new deadline is already there.
+    scheduled: Option<Micros>,
+}
+
+impl Lock {
+    /// A lock holding `lease`.
+    pub fn with_lease(lease: Lease) -> Self {
+        Self { lease: Some(lease), scheduled: None }
+    }
+
+    /// The lease, live or not (expired leases stay until the key is next touched or swept).
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// The lease if it is live at `now`.
+    pub fn live_lease(&self, now: Now) -> Option<&Lease> {
+        self.lease.as_ref().filter(|lease| lease.is_live(now))
+    }
+
+    /// Whether the key holding this lock should be deleted: nothing live is left in it.
+    pub fn is_vacant(&self, now: Now) -> bool {
+        self.live_lease(now).is_none()
+    }
+
+    /// ACQUIRE: grants a free (or expired) lock, re-acquires for the current owner, or refuses.
+    pub fn acquire(
+        &mut self,
+        token: &[u8],
+        ttl_ms: u64,
+        now: Now,
+        fences: &mut FenceCounter,
+    ) -> Result<Acquired, DlockError> {
+        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.is_live(now)) {
+            if *lease.token != *token {
+                return Ok(Acquired::Busy);
+            }
+            lease.extend(ttl_ms, now);
+            return Ok(Acquired::Reacquired { fence: lease.fence });
+        }
+        let fence = fences.mint(now.wall)?;
+        let replaced_expired = self.lease.is_some();
+        self.lease = Some(Lease::new(token, fence, ttl_ms, now));
+        Ok(Acquired::Granted { fence, replaced_expired })
+    }
+
+    /// RENEW: the owner of the live lease moves its deadline to `now + ttl_ms`. An expired lease
+    /// is never renewed back to life.
+    pub fn renew(&mut self, token: &[u8], ttl_ms: u64, now: Now) -> bool {
+        match self.owned_mut(token, now) {
+            Some(lease) => {
+                lease.extend(ttl_ms, now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// RELEASE: the owner of the live lease gives it up.
+    pub fn release(&mut self, token: &[u8], now: Now) -> bool {
+        let owned = self.owned_mut(token, now).is_some();
+        if owned {
+            self.lease = None;
+        }
+        owned
+    }
+
+    /// FENCECHECK: whether `fence` is the fence of the live lease.
+    pub fn fence_check(&self, fence: u64, now: Now) -> bool {
+        self.live_lease(now).is_some_and(|lease| lease.fence == fence)
+    }
+
+    /// Removes the lease if it has expired at `now`; returns the removed lease.
+    pub fn expire(&mut self, now: Now) -> Option<Lease> {
+        if self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
+            self.lease.take()
+        } else {
+            None
+        }
+    }
+
+    /// Records that an expiry index entry at `deadline` is needed and returns whether the caller
+    /// must insert one: not when an entry at or before it is still pending.
+    pub fn needs_index_entry(&mut self, now: Now) -> Option<Micros> {
+        let deadline = self.lease.as_ref()?.deadline_mono;
+        match self.scheduled {
+            Some(pending) if pending > now.mono && pending <= deadline => None,
+            _ => {
+                self.scheduled = Some(deadline);
+                Some(deadline)
+            }
+        }
+    }
+
+    /// Where the expiry index should look at this key next: its lease's deadline, or at once
+    /// when it holds no lease.
+    pub fn index_deadline(&self) -> Micros {
+        self.lease.as_ref().map_or(0, |lease| lease.deadline_mono)
+    }
+
+    /// A copy for another key name (COPY): the same lease, but no index entry of its own yet.
+    pub fn copied(&self) -> Self {
+        Self { lease: self.lease.clone(), scheduled: None }
+    }
+
+    /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
+    pub fn on_due(&mut self, entry_deadline: Micros, now: Now) -> Due {
+        let Some(lease) = &self.lease else {
+            return Due::Vacant;
+        };
+        if !lease.is_live(now) {
+            return Due::Expired;
+        }
+        let deadline = lease.deadline_mono;
+        match self.scheduled {
+            Some(pending)
+                if pending != entry_deadline && pending > now.mono && pending <= deadline =>
+            {
+                Due::Stale
+            }
+            _ => {
+                self.scheduled = Some(deadline);
+                Due::Reschedule(deadline)
+            }
+        }
+    }
+
+    fn owned_mut(&mut self, token: &[u8], now: Now) -> Option<&mut Lease> {
+        self.lease.as_mut().filter(|lease| lease.is_live(now) && *lease.token == *token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+
+    fn at(seconds: u64) -> Now {
+        Now { mono: seconds * SEC, wall: 1_700_000_000 * SEC + seconds * SEC }
+    }
+
+    fn granted(
+        lock: &mut Lock,
+        token: &[u8],
+        ttl_ms: u64,
+        now: Now,
+        fences: &mut FenceCounter,
+    ) -> u64 {
+        match lock.acquire(token, ttl_ms, now, fences) {
+            Ok(Acquired::Granted { fence, .. }) => fence,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_free_lock_is_granted_with_a_fence_from_the_wall_clock() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let fence = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(fence, at(0).wall);
+        let lease = lock.live_lease(at(9)).expect("live");
+        assert_eq!((&*lease.token, lease.fence), (&b"A"[..], fence));
+        assert_eq!(lease.remaining_ms(at(9)), 1_000);
+        assert!(lock.live_lease(at(10)).is_none(), "a lease ends exactly at its deadline");
+    }
+
+    #[test]
+    fn the_holder_reacquiring_gets_the_same_fence_and_a_new_deadline() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let fence = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(
+            lock.acquire(b"A", 10_000, at(5), &mut fences),
+            Ok(Acquired::Reacquired { fence })
+        );
+        assert!(lock.live_lease(at(14)).is_some(), "deadline reset to 5 s + 10 s");
+        assert_eq!(fences.last(), fence, "no second fence minted for one grant");
+    }
+
+    #[test]
+    fn another_token_is_refused_while_the_lease_lives_and_granted_after() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.acquire(b"B", 10_000, at(9), &mut fences), Ok(Acquired::Busy));
+        assert_eq!(
+            lock.acquire(b"B", 10_000, at(10), &mut fences),
+            Ok(Acquired::Granted { fence: at(10).wall, replaced_expired: true })
+        );
+        assert!(at(10).wall > first);
+    }
+
+    #[test]
+    fn a_lease_expires_while_its_holder_still_works_and_its_late_calls_change_nothing() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let stale = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        let fresh = granted(&mut lock, b"B", 10_000, at(11), &mut fences);
+        assert!(!lock.renew(b"A", 10_000, at(12)), "late RENEW");
+        assert!(!lock.release(b"A", at(12)), "late RELEASE");
+        assert!(!lock.fence_check(stale, at(12)));
+        assert!(lock.fence_check(fresh, at(12)));
+        assert_eq!(&*lock.live_lease(at(12)).expect("B holds").token, b"B");
+    }
+
+    #[test]
+    fn an_expired_lease_is_never_renewed_back_to_life() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 1_000, at(0), &mut fences);
+        assert!(!lock.renew(b"A", 10_000, at(1)));
+        assert!(lock.is_vacant(at(1)));
+    }
+
+    #[test]
+    fn release_frees_the_lock_and_the_next_grant_has_a_larger_fence() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert!(!lock.release(b"B", at(1)), "owner checks are exact");
+        assert!(lock.release(b"A", at(1)));
+        assert!(lock.is_vacant(at(1)));
+        assert!(!lock.release(b"A", at(1)), "a second release finds nothing");
+        let second = granted(&mut lock, b"B", 10_000, at(1), &mut fences);
+        assert!(second > first);
+    }
+
+    #[test]
+    fn tokens_compare_byte_for_byte() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"worker\0a", 10_000, at(0), &mut fences);
+        assert!(!lock.renew(b"worker\0b", 10_000, at(1)));
+        assert!(!lock.renew(b"worker", 10_000, at(1)));
+        assert!(lock.renew(b"worker\0a", 10_000, at(1)));
+    }
+
+    #[test]
+    fn a_refused_mint_leaves_the_lock_unchanged() {
+        let mut lock = Lock::default();
+        let mut fences = FenceCounter::new(crate::core::error::MAX_FENCE);
+        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences), Err(DlockError::FencesExhausted));
+        assert_eq!(lock, Lock::default());
+    }
+
+    #[test]
+    fn restored_leases_map_their_wall_deadline_onto_this_process_clock() {
+        let now = at(100);
+        let lease = Lease::restore(b"A", 7, now.wall + 2 * SEC, now).expect("valid");
+        assert_eq!(lease.deadline_mono, now.mono + 2 * SEC);
+        assert_eq!(lease.deadline_wall, now.wall + 2 * SEC);
+        let past = Lease::restore(b"A", 7, now.wall - SEC, now).expect("valid");
+        assert!(!past.is_live(now));
+        for (token, fence, what) in [
+            (&b""[..], 7, "token length"),
+            (&[1u8; 513][..], 7, "token length"),
+            (b"A", 0, "fence"),
+            (b"A", MAX_FENCE + 1, "fence"),
+        ] {
+            assert_eq!(
+                Lease::restore(token, fence, now.wall, now),
+                Err(DlockError::BadReplicatedLease(what))
+            );
+        }
+    }
+
+    #[test]
+    fn the_index_is_touched_once_per_pending_deadline_and_rescheduled_when_due() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
+        assert!(lock.renew(b"A", 10_000, at(5)));
+        assert_eq!(lock.needs_index_entry(at(5)), None, "the 10 s entry fires first");
+        assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Reschedule(15 * SEC));
+        assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Stale, "a duplicate entry is dropped");
+        assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Expired);
+        assert!(lock.expire(at(15)).is_some());
+        assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Vacant);
+    }
+
+    #[test]
+    fn a_copied_or_moved_value_indexes_itself_again() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
+        let mut copy = lock.copied();
+        assert_eq!(copy.lease(), lock.lease());
+        assert_eq!(copy.needs_index_entry(at(0)), Some(10 * SEC), "the copy has no entry yet");
+        assert_eq!(lock.needs_index_entry(at(0)), None);
+        assert_eq!(Lock::default().index_deadline(), 0, "an empty lock is due at once");
+    }
+}

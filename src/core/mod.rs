@@ -1,0 +1,60 @@
+//! The lease logic, as pure Rust.
+//!
+//! Nothing in here imports `redis_module` or reads a clock: every operation that depends on time
+//! takes a [`Now`]. This is where correctness lives; the Redis glue around it stays thin.
+
+pub mod args;
+pub mod error;
+pub mod expiry;
+pub mod fence;
+pub mod lock;
+#[cfg(test)]
+mod model_tests;
+
+pub use error::DlockError;
+pub use lock::{Acquired, Lease, Lock};
+
+/// Microseconds, on whichever clock the field's name says.
+pub type Micros = u64;
+
+/// One reading of both clocks, taken once per command.
+///
+/// `mono` decides expiry on a running server (a wall-clock step never moves a lease);
+/// `wall` (Unix time) is what persistence and replication carry, and what fences are minted from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic clock, microseconds since an arbitrary origin of this process.
+    pub mono: Micros,
+    /// Wall clock, microseconds since the Unix epoch.
+    pub wall: Micros,
+}
+
+impl Now {
+    /// The monotonic instant that corresponds to an absolute wall-clock deadline.
+    ///
+    /// A deadline already in the past maps to a monotonic instant in the past (saturating at 0),
+    /// so it still reads as expired.
+    pub fn mono_from_wall(&self, wall_deadline: Micros) -> Micros {
+        if wall_deadline >= self.wall {
+            self.mono.saturating_add(wall_deadline - self.wall)
+        } else {
+            self.mono.saturating_sub(self.wall - wall_deadline)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wall_deadlines_map_to_monotonic_instants_on_both_sides_of_now() {
+        let now = Now { mono: 1_000, wall: 5_000_000 };
+        assert_eq!(now.mono_from_wall(5_000_500), 1_500);
+        assert_eq!(now.mono_from_wall(5_000_000), 1_000);
+        assert_eq!(now.mono_from_wall(4_999_900), 900);
+        assert_eq!(now.mono_from_wall(0), 0, "far past saturates at the origin");
+        let late = Now { mono: u64::MAX - 10, wall: 5_000_000 };
+        assert_eq!(late.mono_from_wall(5_000_500), u64::MAX, "far future saturates");
+    }
+}

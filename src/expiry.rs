@@ -1,0 +1,142 @@
+//! Active expiry: one timer drains the deadline index in bounded slices.
+//!
+//! Entries are inserted whenever a lease's deadline is set or a lock key appears under a new name
+//! (loaded from RDB, RESTOREd, renamed, moved, copied). When an entry comes due the key's lease
+//! decides ([`Lock::on_due`]); an expired lease is removed and the key deleted, with a `DEL`
+//! propagated to replicas and the AOF. Replicas keep no index: they never expire on their own.
+
+use std::os::raw::c_void;
+use std::time::Duration;
+
+use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
+
+use crate::clock;
+use crate::core::lock::Due;
+use crate::core::{Lock, Micros, Now};
+use crate::datatype::LOCK_TYPE;
+use crate::state::{self, KeyRef};
+
+/// Longest a slice of the sweep may run before yielding to clients.
+const SLICE_BUDGET: Duration = Duration::from_millis(1);
+/// Most entries looked at in one slice, whatever the clock says.
+const SLICE_MAX_ENTRIES: usize = 10_000;
+
+/// Whether this server decides expiry: it is a primary (replicas follow their primary).
+pub fn decides_expiry(ctx: &Context) -> bool {
+    !ctx.get_flags().contains(ContextFlags::SLAVE)
+}
+
+/// Makes sure `lock`, stored at `name` in the selected database, has an index entry at or before
+/// its deadline, and that the timer will fire for it.
+pub fn schedule(ctx: &Context, name: &RedisString, lock: &mut Lock, now: Now) {
+    if !decides_expiry(ctx) {
+        return;
+    }
+    if let Some(deadline) = lock.needs_index_entry(now) {
+        insert(ctx, key_ref(ctx, name.as_slice()), deadline, now);
+    }
+}
+
+fn insert(ctx: &Context, key: KeyRef, deadline: Micros, now: Now) {
+    state::with_expiry(|expiry| expiry.index.insert(deadline, key));
+    arm_timer(ctx, now);
+}
+
+fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
+    // SAFETY: ctx is the live context of the current call.
+    let db = unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) };
+    KeyRef { db, name: name.into() }
+}
+
+/// Keyspace events that put an existing lock value under a (new) key name.
+const ARRIVAL_EVENTS: [&str; 5] = ["loaded", "restore", "rename_to", "move_to", "copy_to"];
+
+/// Keyspace notification handler: indexes lock keys that arrive under a new name.
+pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: &[u8]) {
+    if !ARRIVAL_EVENTS.contains(&event) || !decides_expiry(ctx) {
+        return;
+    }
+    let key_name = ctx.create_string(name);
+    let key = ctx.open_key(&key_name);
+    let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
+    // The value cannot be written from a notification; an extra entry is always safe.
+    insert(ctx, key_ref(ctx, name), lock.index_deadline(), clock::now());
+}
+
+/// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
+fn arm_timer(ctx: &Context, now: Now) {
+    let Some(next) = state::with_expiry(|expiry| expiry.index.next_deadline()) else { return };
+    let stale_timer = state::with_expiry(|expiry| match expiry.timer {
+        Some((_, due)) if due <= next => None,
+        armed => Some(armed.map(|(id, _)| id)),
+    });
+    let Some(stale_timer) = stale_timer else { return };
+    // SAFETY: ctx is live; the timer ids were returned by CreateTimer and carry no data.
+    unsafe {
+        if let (Some(id), Some(stop)) = (stale_timer, raw::RedisModule_StopTimer) {
+            stop(ctx.ctx, id, std::ptr::null_mut());
+        }
+        let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000);
+        let due = now.mono.saturating_add(delay_ms * 1_000);
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
+            state::with_expiry(|expiry| expiry.timer = Some((id, due)));
+        }
+    }
+}
+
+/// # Safety
+/// Called by Redis on its main thread with a context valid for this call.
+unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    let ctx = Context::new(ctx);
+    state::with_expiry(|expiry| expiry.timer = None);
+    if !decides_expiry(&ctx) {
+        state::with_expiry(|expiry| expiry.index.clear());
+        return;
+    }
+    let started = clock::now();
+    let mut now = started;
+    let mut backlog = false;
+    for seen in 0..SLICE_MAX_ENTRIES {
+        if seen % 64 == 63 {
+            now = clock::now();
+            if now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64 {
+                backlog = true;
+                break;
+            }
+        }
+        let Some((deadline, key)) = state::with_expiry(|expiry| expiry.index.pop_due(now.mono))
+        else {
+            break;
+        };
+        sweep_one(&ctx, deadline, key, now);
+    }
+    if backlog {
+        // Come back on the next turn of the event loop, after clients had theirs.
+        now = clock::now();
+    }
+    arm_timer(&ctx, now);
+}
+
+/// Looks at one due entry: removes an expired lease, reschedules a renewed one.
+fn sweep_one(ctx: &Context, entry_deadline: Micros, key: KeyRef, now: Now) {
+    // SAFETY: ctx is live; SelectDb only changes which database this context addresses.
+    if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, key.db)) } != 0 {
+        return;
+    }
+    let name = ctx.create_string(&*key.name);
+    let handle = ctx.open_key_writable(&name);
+    let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
+    match lock.on_due(entry_deadline, now) {
+        Due::Stale => {}
+        Due::Reschedule(deadline) => {
+            state::with_expiry(|expiry| expiry.index.insert(deadline, key));
+        }
+        Due::Expired | Due::Vacant => {
+            lock.expire(now);
+            if lock.is_vacant(now) {
+                crate::commands::delete_lock_key(ctx, &handle, &name);
+            }
+        }
+    }
+}

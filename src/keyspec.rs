@@ -1,0 +1,74 @@
+//! Command metadata through `RedisModule_SetCommandInfo`: key specs (ACL key patterns, Cluster
+//! routing, `COMMAND GETKEYS`), arity and `COMMAND DOCS` text. Works on Redis 7.0 and later.
+
+use std::ffi::CString;
+use std::mem::{size_of, zeroed};
+use std::os::raw::c_char;
+
+use redis_module::{Context, Status, raw};
+
+use crate::commands::{ALL, CommandMeta};
+
+/// Declares every command's metadata; logs and fails the load if the server refuses one.
+pub fn register_all(ctx: &Context) -> Status {
+    for meta in ALL {
+        if let Err(reason) = register(ctx, meta) {
+            ctx.log_warning(&format!("dlock: cannot set command info of {}: {reason}", meta.name));
+            return Status::Err;
+        }
+    }
+    Status::Ok
+}
+
+/// Leaks a C string: command info is set once at load and lives as long as the server.
+fn leaked(text: &str) -> Result<*const c_char, &'static str> {
+    CString::new(text).map(|s| s.into_raw().cast_const()).map_err(|_| "text contains NUL")
+}
+
+fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
+    let (Some(get_command), Some(set_info)) =
+        (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
+    else {
+        // Servers before 7.0 have no key specs; the legacy first/last/step positions still apply.
+        return Ok(());
+    };
+    let name = leaked(meta.name)?;
+    // SAFETY: ctx is the load context; name is a valid C string.
+    let command = unsafe { get_command(ctx.ctx, name) };
+    if command.is_null() {
+        return Err("command not registered");
+    }
+    let version = Box::leak(Box::new(raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
+    }));
+    // SAFETY: all-zero is the documented "unset" value of every field of these C structs,
+    // and a zeroed key spec terminates the key spec array.
+    let key_specs: &mut [raw::RedisModuleCommandKeySpec; 2] =
+        Box::leak(Box::new(unsafe { zeroed() }));
+    let spec = &mut key_specs[0];
+    spec.flags = u64::from(meta.key_flags);
+    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    spec.bs.index.pos = 1;
+    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    spec.fk.range.lastkey = 0;
+    spec.fk.range.keystep = 1;
+    spec.fk.range.limit = 0;
+    // SAFETY: as above.
+    let mut info: raw::RedisModuleCommandInfo = unsafe { zeroed() };
+    info.version = version;
+    info.summary = leaked(meta.summary)?;
+    info.complexity = leaked(meta.complexity)?;
+    info.since = leaked(env!("CARGO_PKG_VERSION"))?;
+    info.arity = meta.arity;
+    info.key_specs = key_specs.as_mut_ptr();
+    // SAFETY: command is a live command of this module; info and everything it points to
+    // outlive the call (they are leaked).
+    if unsafe { set_info(command, &info) } == raw::REDISMODULE_OK as i32 {
+        Ok(())
+    } else {
+        Err("the server refused the command info")
+    }
+}

@@ -1,0 +1,49 @@
+//! dlock: a Redis module that makes the server a lease-lock service with fencing tokens.
+//!
+//! This file holds the module declaration only; see `core` for the lease logic, `commands` for
+//! one file per command, `datatype` for the value's callbacks and `expiry` for active expiry.
+
+pub mod clock;
+pub mod commands;
+pub mod core;
+pub mod datatype;
+pub mod expiry;
+pub mod keyspec;
+pub mod state;
+
+use redis_module::{Context, RedisString, Status, redis_module};
+
+use crate::commands::{acquire, fencecheck, guarded, info, release, renew, setlease};
+use crate::datatype::LOCK_TYPE;
+
+// Unit tests run without Redis, so they cannot use Redis's allocator.
+#[cfg(test)]
+use std::alloc::System as Allocator;
+
+#[cfg(not(test))]
+use redis_module::alloc::RedisAlloc as Allocator;
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
+    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    keyspec::register_all(ctx)
+}
+
+redis_module! {
+    name: "dlock",
+    version: 1,
+    allocator: (Allocator, Allocator),
+    data_types: [LOCK_TYPE],
+    init: init,
+    commands: [
+        [acquire::META.name, |ctx, args| guarded(ctx, args, acquire::run), acquire::META.flags, 1, 1, 1, ""],
+        [renew::META.name, |ctx, args| guarded(ctx, args, renew::run), renew::META.flags, 1, 1, 1, ""],
+        [release::META.name, |ctx, args| guarded(ctx, args, release::run), release::META.flags, 1, 1, 1, ""],
+        [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
+        [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
+        [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
+    ],
+    event_handlers: [
+        [@GENERIC @LOADED: expiry::on_keyspace_event],
+    ],
+}

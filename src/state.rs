@@ -1,0 +1,60 @@
+//! Module-global state: the fence counter and the expiry index.
+//!
+//! Redis calls the module from its main thread only, so the locks here never contend; they exist
+//! to make the statics safe. Never call into Redis while holding one: a Redis call can fire a
+//! keyspace notification that comes back into this module.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::core::Micros;
+use crate::core::expiry::ExpiryIndex;
+use crate::core::fence::FenceCounter;
+
+/// Largest fence minted or observed by this server (0 before the first).
+static LAST_FENCE: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` on the server-wide fence counter and keeps what it leaves there.
+pub fn with_fences<T>(f: impl FnOnce(&mut FenceCounter) -> T) -> T {
+    let mut counter = FenceCounter::new(LAST_FENCE.load(Ordering::Acquire));
+    let result = f(&mut counter);
+    LAST_FENCE.store(counter.last(), Ordering::Release);
+    result
+}
+
+/// Raises the counter to a fence known to exist (a loaded key, a replicated grant, saved aux data).
+pub fn observe_fence(fence: u64) {
+    LAST_FENCE.fetch_max(fence, Ordering::AcqRel);
+}
+
+/// The counter's current value.
+pub fn last_fence() -> u64 {
+    LAST_FENCE.load(Ordering::Acquire)
+}
+
+/// A key as the expiry index names it: database number and key name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeyRef {
+    /// The database (`SELECT` number) holding the key.
+    pub db: i32,
+    /// The key name.
+    pub name: Box<[u8]>,
+}
+
+/// The expiry index and the one timer that drains it.
+#[derive(Default)]
+pub struct Expiry {
+    /// Deadline-ordered hints of which key may expire next.
+    pub index: ExpiryIndex<KeyRef>,
+    /// The armed timer and the monotonic instant it is due, if one is armed.
+    pub timer: Option<(u64, Micros)>,
+}
+
+static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
+
+/// Runs `f` on the expiry state. `f` must not call into Redis.
+pub fn with_expiry<T>(f: impl FnOnce(&mut Expiry) -> T) -> T {
+    let mut guard: MutexGuard<'_, Option<Expiry>> =
+        EXPIRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    f(guard.get_or_insert_with(Expiry::default))
+}
