@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, replicate_lease, split_args};
+use super::{CommandMeta, lock_at, replicate_lease, split_args};
 use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
 use crate::core::{Acquired, DlockError, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -28,7 +28,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
     let mut created = None;
-    let lock = match key.get_value::<Lock>(&LOCK_TYPE)? {
+    let lock = match lock_at(&key)? {
         Some(lock) => lock,
         None => created.insert(Lock::default()),
     };

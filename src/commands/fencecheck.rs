@@ -2,11 +2,9 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, split_args};
+use super::{CommandMeta, lock_in, split_args};
 use crate::clock;
-use crate::core::Lock;
 use crate::core::args;
-use crate::datatype::LOCK_TYPE;
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.fencecheck",
@@ -21,8 +19,6 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
     let fence = args::fencecheck(&rest)?;
     let key = ctx.open_key(resource);
-    let valid = key
-        .get_value::<Lock>(&LOCK_TYPE)?
-        .is_some_and(|lock| lock.fence_check(fence, clock::now()));
+    let valid = lock_in(&key)?.is_some_and(|lock| lock.fence_check(fence, clock::now()));
     Ok(RedisValue::Integer(i64::from(valid)))
 }

@@ -2,10 +2,9 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, FieldValue, reply_fields, split_args};
+use super::{CommandMeta, FieldValue, lock_in, reply_fields, split_args};
 use crate::clock;
-use crate::core::{DlockError, Lock};
-use crate::datatype::LOCK_TYPE;
+use crate::core::DlockError;
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.info",
@@ -23,8 +22,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     let now = clock::now();
     let key = ctx.open_key(resource);
-    let Some(lease) = key.get_value::<Lock>(&LOCK_TYPE)?.and_then(|lock| lock.live_lease(now))
-    else {
+    let Some(lease) = lock_in(&key)?.and_then(|lock| lock.live_lease(now)) else {
         return Ok(RedisValue::Null);
     };
     reply_fields(

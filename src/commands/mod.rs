@@ -9,10 +9,11 @@ pub mod setlease;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use redis_module::key::RedisKeyWritable;
+use redis_module::key::{RedisKey, RedisKeyWritable};
 use redis_module::{Context, RedisError, RedisResult, RedisString, raw};
 
-use crate::core::{DlockError, Lease};
+use crate::core::{DlockError, Lease, Lock};
+use crate::datatype::LOCK_TYPE;
 
 /// What Redis is told about a command: registration flags, arity, key spec, docs.
 pub struct CommandMeta {
@@ -61,6 +62,16 @@ pub fn split_args<'a>(
         }
         _ => Err(DlockError::WrongArity(command)),
     }
+}
+
+/// The lock stored at an open key: `None` when the key is empty, `WRONGTYPE` for another type.
+pub fn lock_at<'a>(key: &RedisKeyWritable) -> Result<Option<&'a mut Lock>, DlockError> {
+    key.get_value::<Lock>(&LOCK_TYPE).map_err(|_| DlockError::WrongType)
+}
+
+/// Read-only twin of [`lock_at`].
+pub fn lock_in(key: &RedisKey) -> Result<Option<&Lock>, DlockError> {
+    key.get_value::<Lock>(&LOCK_TYPE).map_err(|_| DlockError::WrongType)
 }
 
 /// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.

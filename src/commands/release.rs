@@ -2,11 +2,9 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, delete_lock_key, split_args};
+use super::{CommandMeta, delete_lock_key, lock_at, split_args};
 use crate::clock;
-use crate::core::Lock;
 use crate::core::args;
-use crate::datatype::LOCK_TYPE;
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
@@ -22,7 +20,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let token = args::release(&rest)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
-    let Some(lock) = key.get_value::<Lock>(&LOCK_TYPE)? else {
+    let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
     let released = lock.release(token, now);

@@ -2,10 +2,8 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, delete_lock_key, replicate_lease, split_args};
-use crate::core::Lock;
+use super::{CommandMeta, delete_lock_key, lock_at, replicate_lease, split_args};
 use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
-use crate::datatype::LOCK_TYPE;
 use crate::{clock, expiry};
 
 pub const META: CommandMeta = CommandMeta {
@@ -22,7 +20,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let request = args::renew(&rest, DEFAULT_MAX_TTL_MS)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
-    let Some(lock) = key.get_value::<Lock>(&LOCK_TYPE)? else {
+    let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
     let renewed = lock.renew(request.token, request.ttl_ms, now);

@@ -3,7 +3,7 @@
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, split_args};
+use super::{CommandMeta, lock_at, split_args};
 use crate::core::args::{parse_fence, parse_int, parse_token};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -36,7 +36,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
     let key = ctx.open_key_writable(resource);
     // Checks the type before anything changes: another type at the key is WRONGTYPE.
-    key.get_value::<Lock>(&LOCK_TYPE)?;
+    lock_at(&key)?;
     state::observe_fence(fence);
     expiry::schedule(ctx, resource, &mut lock, now);
     key.set_value(&LOCK_TYPE, lock)?;

@@ -26,6 +26,8 @@ pub enum DlockError {
     WaitNotSupported,
     /// The fence counter reached [`MAX_FENCE`]; no further grant is possible.
     FencesExhausted,
+    /// The key holds a value of another type.
+    WrongType,
     /// An internal replication command sent by a client rather than the primary or the AOF.
     InternalCommand(&'static str),
     /// A replicated or persisted lease that does not describe a valid lease.
@@ -56,6 +58,9 @@ impl fmt::Display for DlockError {
                 f,
                 "ERR WAIT is not supported yet by this version of dlock; acquire without WAIT"
             ),
+            Self::WrongType => {
+                write!(f, "WRONGTYPE Operation against a key holding the wrong kind of value")
+            }
             Self::FencesExhausted => write!(f, "ERR fence counter exhausted; no grant possible"),
             Self::InternalCommand(name) => write!(
                 f,
@@ -88,6 +93,7 @@ mod tests {
         for (error, names) in cases {
             let text = error.to_string();
             assert!(text.starts_with("ERR "), "{text}");
+            assert!(!text.contains('\n') && !text.contains('\r'), "{text}");
             assert!(text.contains(names), "{text} should name {names}");
         }
         assert_eq!(

@@ -1,0 +1,43 @@
+# dlock — `make help` lists every target.
+
+MODULE   := $(CURDIR)/target/release/libdlock.so
+RUN_DIR  := $(CURDIR)/target/run
+PORT     ?= 6379
+
+.PHONY: help deps build run test unit integration lint fmt fmt-check clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+deps: ## Install what is missing (redis-server, redis-tools, libclang, rustfmt, clippy)
+	@bash scripts/deps.sh
+
+build: deps ## Build the release module: target/release/libdlock.so
+	cargo build --release
+
+run: build ## Start redis-server with the module in the foreground on 127.0.0.1:6379 (PORT=… to change)
+	@mkdir -p $(RUN_DIR)
+	redis-server --port $(PORT) --bind 127.0.0.1 --dir $(RUN_DIR) \
+		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
+		--loadmodule $(MODULE)
+
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests
+	cargo test --all-targets
+
+unit: ## Unit and property tests of the pure core only (no Redis needed)
+	cargo test --lib
+
+integration: deps ## Integration tests against real redis-server processes
+	cargo test --tests
+
+lint: deps ## cargo clippy with warnings as errors
+	cargo clippy --all-targets -- -D warnings
+
+fmt: ## Format the code
+	cargo fmt
+
+fmt-check: ## Check formatting
+	cargo fmt --check
+
+clean: ## Remove build output
+	cargo clean

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing dlock needs on Debian/Ubuntu, and only what is missing:
+# redis-server and redis-cli (the tests start real servers), libclang (redis-module's bindgen),
+# and the rustfmt/clippy components.
+set -euo pipefail
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# bindgen needs libclang and clang's own headers (stddef.h).
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 \
+   || ! ls /usr/lib/llvm-*/lib/clang/*/include/stddef.h >/dev/null 2>&1; then
+  if apt-cache show libclang1-14 >/dev/null 2>&1; then
+    missing+=(libclang1-14 libclang-common-14-dev)
+  else
+    missing+=(libclang-dev)
+  fi
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "deps: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" \
+      || rustup component add "$component"
+  done
+fi

@@ -1,0 +1,285 @@
+//! Command surface: bad input, WRONGTYPE, MULTI/EXEC, Lua, ACL key patterns, key specs, docs.
+
+mod common;
+
+use common::*;
+
+fn run(con: &mut redis::Connection, args: &[&[u8]]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("command name"));
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(con)
+}
+
+/// Everything observable about the one real lease, to prove a bad command changed nothing.
+fn snapshot(con: &mut redis::Connection) -> (Option<String>, Option<String>, i64) {
+    (info_field(con, "lock:a", "owner"), info_field(con, "lock:a", "fence"), dbsize(con))
+}
+
+#[test]
+fn every_bad_input_gets_an_error_naming_the_argument_and_changes_nothing() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "lock:a", "owner", 60_000).expect("granted");
+    let before = snapshot(&mut con);
+    let ttl = "ERR ttl-ms must be an integer between 1 and 86400000";
+    let timeout = "ERR timeout-ms must be an integer between 0 and 86400000";
+    let token = "ERR token must be between 1 and 512 bytes long";
+    let fence = "ERR fence must be a positive integer";
+    let long_token = vec![b'x'; 513];
+    let cases: Vec<(Vec<&[u8]>, &str)> = vec![
+        (
+            vec![b"DLOCK.ACQUIRE", b"lock:b", b"t"],
+            "ERR wrong number of arguments for 'dlock.acquire' command",
+        ),
+        (
+            vec![b"DLOCK.RENEW", b"lock:a", b"owner"],
+            "ERR wrong number of arguments for 'dlock.renew' command",
+        ),
+        (
+            vec![b"DLOCK.RELEASE", b"lock:a"],
+            "ERR wrong number of arguments for 'dlock.release' command",
+        ),
+        (
+            vec![b"DLOCK.RELEASE", b"lock:a", b"owner", b"x"],
+            "ERR wrong number of arguments for 'dlock.release' command",
+        ),
+        (
+            vec![b"DLOCK.FENCECHECK", b"lock:a"],
+            "ERR wrong number of arguments for 'dlock.fencecheck' command",
+        ),
+        (vec![b"DLOCK.INFO"], "ERR wrong number of arguments for 'dlock.info' command"),
+        (
+            vec![b"DLOCK.INFO", b"lock:a", b"extra"],
+            "ERR wrong number of arguments for 'dlock.info' command",
+        ),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"0"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"-5"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1.5"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"abc"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"99999999999999999999999"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"86400001"], ttl),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"", b"1000"], token),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", &long_token, b"1000"], token),
+        (
+            vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1000", b"NX"],
+            "ERR syntax error: unexpected argument 'NX'",
+        ),
+        (
+            vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1000", b"WAIT"],
+            "ERR WAIT needs a timeout-ms argument",
+        ),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1000", b"WAIT", b"-1"], timeout),
+        (vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1000", b"wait", b"x"], timeout),
+        (
+            vec![b"DLOCK.ACQUIRE", b"lock:b", b"t", b"1000", b"wait", b"100"],
+            "ERR WAIT is not supported yet by this version of dlock; acquire without WAIT",
+        ),
+        (vec![b"DLOCK.RENEW", b"lock:a", b"owner", b"0"], ttl),
+        (vec![b"DLOCK.RENEW", b"lock:a", b"owner", b"86400001"], ttl),
+        (vec![b"DLOCK.RENEW", b"lock:a", b"", b"1000"], token),
+        (vec![b"DLOCK.RELEASE", b"lock:a", b""], token),
+        (vec![b"DLOCK.RELEASE", b"lock:a", &long_token], token),
+        (vec![b"DLOCK.FENCECHECK", b"lock:a", b"0"], fence),
+        (vec![b"DLOCK.FENCECHECK", b"lock:a", b"-3"], fence),
+        (vec![b"DLOCK.FENCECHECK", b"lock:a", b"12abc"], fence),
+        (
+            vec![b"DLOCK.SETLEASE", b"lock:a", b"forger", b"1", b"99999999999999"],
+            "ERR DLOCK.SETLEASE is internal: only the primary's replication stream and the AOF may send it",
+        ),
+    ];
+    for (args, expected) in cases {
+        let shown: Vec<String> = args
+            .iter()
+            .map(|a| String::from_utf8_lossy(&a[..a.len().min(20)]).into_owned())
+            .collect();
+        assert_eq!(error_text(run(&mut con, &args)), expected, "{shown:?}");
+        assert_eq!(snapshot(&mut con), before, "{shown:?} changed something");
+    }
+    // The boundaries themselves are accepted.
+    assert!(acquire(&mut con, "lock:c", &"x".repeat(512), 86_400_000).is_some());
+    assert!(acquire(&mut con, "lock:d", "t", 1).is_some());
+}
+
+#[test]
+fn keywords_are_case_insensitive_and_wait_is_recognised() {
+    let server = Server::start();
+    let mut con = server.client();
+    for keyword in ["WAIT", "wait", "WaIt"] {
+        let text = error_text(run(
+            &mut con,
+            &[b"dlock.acquire", b"lock:k", b"t", b"1000", keyword.as_bytes(), b"0"],
+        ));
+        assert!(text.contains("WAIT is not supported yet"), "{keyword}: {text}");
+    }
+    let fence: i64 = redis::cmd("dLoCk.AcQuIrE")
+        .arg("lock:k")
+        .arg("t")
+        .arg(1000)
+        .query(&mut con)
+        .expect("granted");
+    assert!(fence > 0);
+}
+
+#[test]
+fn another_type_at_the_key_gives_wrongtype_and_stays_untouched() {
+    let server = Server::start();
+    let mut con = server.client();
+    let _: () = redis::cmd("SET").arg("plain").arg("value").query(&mut con).expect("SET");
+    let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    for args in [
+        &[&b"DLOCK.ACQUIRE"[..], b"plain", b"t", b"1000"][..],
+        &[b"DLOCK.RENEW", b"plain", b"t", b"1000"],
+        &[b"DLOCK.RELEASE", b"plain", b"t"],
+        &[b"DLOCK.FENCECHECK", b"plain", b"1"],
+        &[b"DLOCK.INFO", b"plain"],
+    ] {
+        assert_eq!(error_text(run(&mut con, args)), wrongtype);
+    }
+    let value: String = redis::cmd("GET").arg("plain").query(&mut con).expect("GET");
+    assert_eq!(value, "value");
+}
+
+#[test]
+fn commands_work_inside_multi_exec() {
+    let server = Server::start();
+    let mut con = server.client();
+    let (fence, again, busy, checked, renewed, released): (i64, i64, Option<i64>, i64, i64, i64) =
+        redis::pipe()
+            .atomic()
+            .cmd("DLOCK.ACQUIRE")
+            .arg("lock:m")
+            .arg("a")
+            .arg(10_000)
+            .cmd("DLOCK.ACQUIRE")
+            .arg("lock:m")
+            .arg("a")
+            .arg(10_000)
+            .cmd("DLOCK.ACQUIRE")
+            .arg("lock:m")
+            .arg("b")
+            .arg(10_000)
+            .cmd("DLOCK.FENCECHECK")
+            .arg("lock:m")
+            .arg(1)
+            .cmd("DLOCK.RENEW")
+            .arg("lock:m")
+            .arg("a")
+            .arg(10_000)
+            .cmd("DLOCK.RELEASE")
+            .arg("lock:m")
+            .arg("a")
+            .query(&mut con)
+            .expect("EXEC");
+    assert_eq!((again, busy, checked, renewed, released), (fence, None, 0, 1, 1));
+    assert_eq!(dbsize(&mut con), 0);
+}
+
+#[test]
+fn commands_work_from_a_lua_script() {
+    let server = Server::start();
+    let mut con = server.client();
+    let script = redis::Script::new(
+        r"local fence = redis.call('DLOCK.ACQUIRE', KEYS[1], ARGV[1], ARGV[2])
+          local ok = redis.call('DLOCK.FENCECHECK', KEYS[1], fence)
+          return {fence, ok}",
+    );
+    let (fence, ok): (i64, i64) =
+        script.key("lock:lua").arg("w").arg(10_000).invoke(&mut con).expect("EVALSHA");
+    assert_eq!(ok, 1);
+    assert_eq!(info_field(&mut con, "lock:lua", "fence"), Some(fence.to_string()));
+    let busy: Option<i64> = script
+        .key("lock:lua")
+        .arg("other")
+        .arg(10_000)
+        .invoke(&mut con)
+        .ok()
+        .and_then(|(f, _): (Option<i64>, i64)| f);
+    assert_eq!(busy, None, "a busy lock answers nil inside the script too");
+    let released: i64 = redis::cmd("EVAL")
+        .arg("return redis.call('DLOCK.RELEASE', KEYS[1], ARGV[1])")
+        .arg(1)
+        .arg("lock:lua")
+        .arg("w")
+        .query(&mut con)
+        .expect("EVAL");
+    assert_eq!(released, 1);
+}
+
+#[test]
+fn an_acl_user_limited_to_lock_keys_can_lock_only_those() {
+    let server = Server::start();
+    let mut admin = server.client();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "worker", "on", ">secret", "~lock:*", "+@all"])
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut worker =
+        redis::Client::open(format!("redis://worker:secret@127.0.0.1:{}/", server.port))
+            .and_then(|c| c.get_connection())
+            .expect("AUTH as worker");
+    assert!(acquire(&mut worker, "lock:1", "w", 10_000).is_some());
+    let denied = error_text(run(&mut worker, &[b"DLOCK.ACQUIRE", b"invoice:1", b"w", b"10000"]));
+    assert!(denied.starts_with("NOPERM"), "{denied}");
+    let denied = error_text(run(&mut worker, &[b"DLOCK.INFO", b"invoice:1"]));
+    assert!(denied.starts_with("NOPERM"), "{denied}");
+    assert!(!exists(&mut admin, "invoice:1"));
+
+    // Read-only key permissions allow FENCECHECK and INFO but not a grant.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "auditor", "on", ">secret", "%R~lock:*", "+@all"])
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut auditor =
+        redis::Client::open(format!("redis://auditor:secret@127.0.0.1:{}/", server.port))
+            .and_then(|c| c.get_connection())
+            .expect("AUTH as auditor");
+    assert_eq!(info_field(&mut auditor, "lock:1", "owner").as_deref(), Some("w"));
+    assert_eq!(fencecheck(&mut auditor, "lock:1", 1), 0);
+    let denied = error_text(run(&mut auditor, &[b"DLOCK.RELEASE", b"lock:1", b"w"]));
+    assert!(denied.starts_with("NOPERM"), "{denied}");
+}
+
+#[test]
+fn every_command_declares_its_key_and_flags() {
+    let server = Server::start();
+    let mut con = server.client();
+    for (command, args) in [
+        ("DLOCK.ACQUIRE", vec!["lock:x", "t", "1000", "WAIT", "0"]),
+        ("DLOCK.RENEW", vec!["lock:x", "t", "1000"]),
+        ("DLOCK.RELEASE", vec!["lock:x", "t"]),
+        ("DLOCK.FENCECHECK", vec!["lock:x", "7"]),
+        ("DLOCK.INFO", vec!["lock:x"]),
+    ] {
+        let keys: Vec<String> = redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg(command)
+            .arg(&args)
+            .query(&mut con)
+            .expect("GETKEYS");
+        assert_eq!(keys, ["lock:x"], "{command}");
+    }
+    let expected_flags = [
+        ("dlock.acquire", &["write", "denyoom"][..], &["fast"][..]),
+        ("dlock.renew", &["write", "fast"], &["denyoom"]),
+        ("dlock.release", &["write", "fast"], &["denyoom"]),
+        ("dlock.fencecheck", &["readonly", "fast"], &["write"]),
+        ("dlock.info", &["readonly", "fast"], &["write"]),
+    ];
+    for (command, present, absent) in expected_flags {
+        let value: redis::Value =
+            redis::cmd("COMMAND").arg("INFO").arg(command).query(&mut con).expect("COMMAND INFO");
+        let text = format!("{value:?}").to_lowercase();
+        for flag in present {
+            assert!(text.contains(&format!("\"{flag}\"")), "{command} lacks {flag}: {text}");
+        }
+        for flag in absent {
+            assert!(!text.contains(&format!("\"{flag}\"")), "{command} must not be {flag}: {text}");
+        }
+    }
+    let docs: redis::Value =
+        redis::cmd("COMMAND").arg("DOCS").arg("dlock.fencecheck").query(&mut con).expect("DOCS");
+    let docs = format!("{docs:?}");
+    assert!(docs.contains("fence of the live lease"), "{docs}");
+}

@@ -1,0 +1,189 @@
+//! Leases and fences across DEBUG RELOAD, RDB and AOF restarts; effects in the AOF.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn ttl_ms(con: &mut redis::Connection, resource: &str) -> i64 {
+    info_field(con, resource, "ttl-ms").expect("live lease").parse().expect("integer")
+}
+
+/// Asserts `resource` is held by `owner` with `fence` and a remaining ttl in `ttl_range`.
+fn assert_held(con: &mut redis::Connection, resource: &str, owner: &str, fence: i64, max_ttl: i64) {
+    assert_eq!(info_field(con, resource, "owner").as_deref(), Some(owner), "{resource} owner");
+    assert_eq!(info_field(con, resource, "fence"), Some(fence.to_string()), "{resource} fence");
+    let ttl = ttl_ms(con, resource);
+    assert!(ttl > 0 && ttl <= max_ttl, "{resource} ttl {ttl} not in 1..={max_ttl}");
+    assert_eq!(acquire(con, resource, "intruder", 1_000), None, "{resource} still exclusive");
+}
+
+#[test]
+fn debug_reload_keeps_leases_fences_and_deadlines() {
+    let server = Server::start();
+    let mut con = server.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    let digest_before: String = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg("invoice:1")
+        .query(&mut con)
+        .map(|v: Vec<String>| v[0].clone())
+        .expect("digest");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
+    assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
+    let digest_after: String = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg("invoice:1")
+        .query(&mut con)
+        .map(|v: Vec<String>| v[0].clone())
+        .expect("digest");
+    assert_eq!(digest_before, digest_after, "the value survives the round trip bit for bit");
+    assert!(acquire(&mut con, "invoice:2", "worker-b", 1_000).expect("granted") > fence);
+}
+
+#[test]
+fn restart_from_rdb_keeps_leases_and_deadlines() {
+    let mut server = Server::start_with(&["--appendonly", "no"]);
+    let mut con = server.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 30_000).expect("granted");
+    let short = acquire(&mut con, "invoice:2", "worker-b", 200).expect("granted");
+    let _: () = redis::cmd("SAVE").query(&mut con).expect("SAVE");
+    let saved_at = Instant::now();
+    server.crash_and_restart();
+    let mut con = server.client();
+    let elapsed = saved_at.elapsed().as_millis() as i64;
+    assert_held(&mut con, "invoice:1", "worker-a", fence, 30_000 - elapsed);
+    // A lease whose saved deadline passed while the server was down is gone after load.
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "invoice:2")));
+    assert!(acquire(&mut con, "invoice:2", "worker-c", 1_000).expect("free") > short);
+    assert_eq!(release(&mut con, "invoice:1", "worker-a"), 1);
+}
+
+#[test]
+fn restart_from_aof_with_fsync_always_keeps_every_acknowledged_lease() {
+    let mut server =
+        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut con = server.client();
+    let kept = acquire(&mut con, "held", "worker-a", 60_000).expect("granted");
+    acquire(&mut con, "released", "worker-b", 60_000).expect("granted");
+    assert_eq!(release(&mut con, "released", "worker-b"), 1);
+    acquire(&mut con, "renewed", "worker-c", 1_000).expect("granted");
+    assert_eq!(renew(&mut con, "renewed", "worker-c", 60_000), 1);
+    let last = acquire(&mut con, "expiring", "worker-d", 200).expect("granted");
+    let killed_at = Instant::now();
+    server.crash_and_restart(); // SIGKILL: nothing but the fsynced AOF survives
+    let mut con = server.client();
+    let elapsed = killed_at.elapsed().as_millis() as i64;
+    assert_held(&mut con, "held", "worker-a", kept, 60_000 - elapsed);
+    assert_eq!(info_field(&mut con, "renewed", "owner").as_deref(), Some("worker-c"));
+    assert!(ttl_ms(&mut con, "renewed") > 1_000, "the renewal was durable");
+    assert_eq!(info(&mut con, "released"), None);
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "expiring")));
+    assert!(acquire(&mut con, "fresh", "worker-e", 1_000).expect("granted") > last);
+}
+
+#[test]
+fn aof_rewrite_without_rdb_preamble_keeps_leases() {
+    let mut server = Server::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--save",
+        "",
+    ]);
+    let mut con = server.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
+    wait_for_background_persistence(&mut con);
+    let base = server.aof_contents();
+    assert!(
+        base.windows(14).any(|w| w.eq_ignore_ascii_case(b"DLOCK.SETLEASE")),
+        "the rewritten AOF recreates the lock with DLOCK.SETLEASE"
+    );
+    server.crash_and_restart();
+    let mut con = server.client();
+    assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
+}
+
+#[test]
+fn aof_rewrite_with_rdb_preamble_keeps_leases() {
+    let mut server =
+        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut con = server.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
+    wait_for_background_persistence(&mut con);
+    server.crash_and_restart();
+    let mut con = server.client();
+    assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
+}
+
+#[test]
+fn the_aof_records_effects_never_a_rerun_of_acquire() {
+    let server =
+        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut con = server.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    assert_eq!(renew(&mut con, "invoice:1", "worker-a", 60_000), 1);
+    assert_eq!(release(&mut con, "invoice:1", "worker-a"), 1);
+    acquire(&mut con, "invoice:2", "worker-b", 100).expect("granted");
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "invoice:2")));
+    assert_eq!(
+        acquire(&mut con, "invoice:3", "worker-c", 60_000),
+        acquire(&mut con, "invoice:3", "worker-c", 60_000)
+    );
+    let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
+    assert!(!aof.contains("dlock.acquire"), "ACQUIRE is never re-run from the AOF:\n{aof}");
+    assert!(!aof.contains("dlock.renew") && !aof.contains("dlock.release"));
+    assert!(aof.contains(&fence.to_string()), "the grant is recorded with its fence");
+    assert_eq!(
+        aof.matches("dlock.setlease").count(),
+        5,
+        "grant, renewal, grant, grant, re-grant:\n{aof}"
+    );
+    let deletes = aof.matches("\r\ndel\r\n").count();
+    assert_eq!(deletes, 2, "one DEL for the release, one for the active expiry:\n{aof}");
+}
+
+#[test]
+fn a_lock_loaded_from_the_aof_raises_the_fence_counter_even_after_its_key_is_gone() {
+    // A hand-written legacy AOF whose lease carries a fence far ahead of the wall clock.
+    let future_fence = now_us() + 1_000_000_000_000;
+    let deadline = now_us() + 60_000_000;
+    let mut aof = resp_command(&[b"SELECT", b"0"]);
+    aof.extend(resp_command(&[
+        b"DLOCK.SETLEASE",
+        b"lock:x",
+        b"tok",
+        future_fence.to_string().as_bytes(),
+        deadline.to_string().as_bytes(),
+    ]));
+    aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    let mut server = Server::start_with_files(
+        &[("appendonly.aof", &aof)],
+        &["--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+    );
+    let mut con = server.client();
+    assert_eq!(dbsize(&mut con), 0);
+    let next = acquire(&mut con, "lock:y", "worker", 60_000).expect("granted");
+    assert_eq!(next, future_fence + 1, "the loaded fence is the floor, not the wall clock");
+
+    // The counter alone (no key holds it) also survives an RDB restart, as module aux data.
+    assert_eq!(release(&mut con, "lock:y", "worker"), 1);
+    let _: () = redis::cmd("SAVE").query(&mut con).expect("SAVE");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("no")
+        .query(&mut con)
+        .expect("CONFIG SET");
+    let _: () = redis::cmd("SAVE").query(&mut con).expect("SAVE");
+    server.crash_and_restart_with(&["--appendonly", "no", "--save", ""]);
+    let mut con = server.client();
+    assert_eq!(dbsize(&mut con), 0);
+    assert_eq!(acquire(&mut con, "lock:z", "worker", 60_000), Some(future_fence + 2));
+}
