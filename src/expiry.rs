@@ -39,7 +39,7 @@ pub fn schedule(ctx: &Context, name: &RedisString, lock: &mut Lock, now: Now) {
 
 fn insert(ctx: &Context, key: KeyRef, deadline: Micros, now: Now) {
     state::with_expiry(|expiry| expiry.index.insert(deadline, key));
-    arm_timer(ctx, now);
+    arm(ctx, now);
 }
 
 fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
@@ -64,7 +64,7 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
 }
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
-fn arm_timer(ctx: &Context, now: Now) {
+pub fn arm(ctx: &Context, now: Now) {
     let Some(next) = state::with_expiry(|expiry| expiry.index.next_deadline()) else { return };
     let stale_timer = state::with_expiry(|expiry| match expiry.timer {
         Some((_, due)) if due <= next => None,
@@ -115,7 +115,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         // Come back on the next turn of the event loop, after clients had theirs.
         now = clock::now();
     }
-    arm_timer(&ctx, now);
+    arm(&ctx, now);
 }
 
 /// Looks at one due entry: removes an expired lease, reschedules a renewed one.

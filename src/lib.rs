@@ -7,6 +7,7 @@ pub mod clock;
 pub mod commands;
 pub mod core;
 pub mod datatype;
+pub mod events;
 pub mod expiry;
 pub mod keyspec;
 pub mod state;
@@ -26,6 +27,9 @@ use redis_module::alloc::RedisAlloc as Allocator;
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    if events::subscribe(ctx) == Status::Err {
+        return Status::Err;
+    }
     keyspec::register_all(ctx)
 }
 

@@ -152,3 +152,26 @@ fn truncated_and_corrupted_restore_payloads_never_crash_the_server() {
         assert_eq!(info_field(&mut con, "lock:ok", "fence"), Some(fence.to_string()), "untouched");
     }
 }
+
+#[test]
+fn swapdb_carries_locks_to_the_other_database_and_expiry_follows_them() {
+    let server = Server::start();
+    let mut con = server.client();
+    let fence = acquire(&mut con, "lock:s", "worker", 400).expect("granted");
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(5).query(&mut con).expect("SWAPDB");
+    assert!(!exists(&mut con, "lock:s"));
+    let _: () = redis::cmd("SELECT").arg(5).query(&mut con).expect("SELECT");
+    assert_eq!(info_field(&mut con, "lock:s", "fence"), Some(fence.to_string()));
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "swept in its new db");
+}
+
+#[test]
+fn flushall_drops_locks_and_later_grants_still_expire_on_time() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "lock:f", "worker", 60_000).expect("granted");
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+    let second = acquire(&mut con, "lock:f", "other", 300).expect("free after FLUSHALL");
+    assert!(second > first);
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0));
+}

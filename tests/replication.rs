@@ -112,3 +112,30 @@ fn a_replica_never_expires_on_its_own_but_reads_a_passed_deadline_as_gone() {
     primary.resume();
     assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "invoice:1")));
 }
+
+#[test]
+fn a_promoted_replica_keeps_replicated_leases_sweeps_them_on_time_and_mints_larger_fences() {
+    let (mut primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let granted_at = Instant::now();
+    let held = acquire(&mut p, "invoice:held", "worker-a", 60_000).expect("granted");
+    let expiring = acquire(&mut p, "invoice:expiring", "worker-b", 1_500).expect("granted");
+    assert!(
+        eventually(Duration::from_secs(5), || exists(&mut r, "invoice:expiring")),
+        "replicated"
+    );
+    primary.kill();
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    assert_eq!(info_line(&mut r, "replication", "role").as_deref(), Some("master"));
+    // The leases it received keep their owners, fences and deadlines.
+    assert_eq!(acquire(&mut r, "invoice:held", "intruder", 1_000), None);
+    assert_eq!(fencecheck(&mut r, "invoice:held", held), 1);
+    if granted_at.elapsed() < Duration::from_millis(1_400) {
+        assert_eq!(fencecheck(&mut r, "invoice:expiring", expiring), 1);
+    }
+    // The new primary decides expiry now: nobody touches the key, yet it goes.
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "invoice:expiring")));
+    assert!(granted_at.elapsed() >= Duration::from_millis(1_500));
+    let next = acquire(&mut r, "invoice:new", "worker-c", 1_000).expect("granted");
+    assert!(next > held && next > expiring);
+}

@@ -51,6 +51,17 @@ impl<K: Ord> ExpiryIndex<K> {
     pub fn clear(&mut self) {
         self.entries.clear();
     }
+
+    /// Keeps the entries whose key satisfies `keep`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.entries.retain(|(_, key)| keep(key));
+    }
+
+    /// Renames keys in place (e.g. when two databases swap), keeping every deadline.
+    pub fn rename_keys(&mut self, mut rename: impl FnMut(K) -> K) {
+        let entries = std::mem::take(&mut self.entries);
+        self.entries = entries.into_iter().map(|(deadline, key)| (deadline, rename(key))).collect();
+    }
 }
 
 #[cfg(test)]
@@ -71,6 +82,12 @@ mod tests {
         assert_eq!(index.pop_due(250), Some((200, "b")));
         assert_eq!(index.pop_due(250), None);
         assert_eq!(index.len(), 1);
+        index.insert(50, "z");
+        index.rename_keys(|key| if key == "z" { "y" } else { key });
+        assert_eq!(index.pop_due(60), Some((50, "y")));
+        index.retain(|key| *key != "c");
+        assert!(index.is_empty());
+        index.insert(1, "a");
         index.clear();
         assert!(index.is_empty());
         assert_eq!(index.next_deadline(), None);

@@ -1,0 +1,134 @@
+//! Server events that move, drop or orphan lock keys behind the module's back: SWAPDB, FLUSHDB /
+//! FLUSHALL, and role changes. Each keeps the expiry index true to the keyspace.
+
+use std::cell::RefCell;
+use std::os::raw::c_void;
+
+use redis_module::{Context, KeysCursor, Status, raw};
+
+use crate::core::Lock;
+use crate::datatype::LOCK_TYPE;
+use crate::expiry;
+use crate::state::{self, KeyRef};
+
+/// Subscribes to the server events the module follows.
+pub fn subscribe(ctx: &Context) -> Status {
+    let events = [
+        raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+    ];
+    // SAFETY: ctx is the load context; the callback is a plain function that lives forever.
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
+        return Status::Err;
+    };
+    for id in events {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: as above.
+        if unsafe { subscribe(ctx.ctx, event, Some(on_server_event)) } != raw::REDISMODULE_OK as i32
+        {
+            ctx.log_warning(&format!("dlock: cannot subscribe to server event {id}"));
+            return Status::Err;
+        }
+    }
+    Status::Ok
+}
+
+/// # Safety
+/// Called by Redis on its main thread; `data` points to the event's info struct for `eid.id`.
+unsafe extern "C" fn on_server_event(
+    ctx: *mut raw::RedisModuleCtx,
+    eid: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    let ctx = Context::new(ctx);
+    match eid.id {
+        raw::REDISMODULE_EVENT_SWAPDB if !data.is_null() => {
+            // SAFETY: for SWAPDB, data is a RedisModuleSwapDbInfo.
+            let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+            let (first, second) = (info.dbnum_first, info.dbnum_second);
+            state::with_expiry(|expiry| {
+                expiry.index.rename_keys(|mut key| {
+                    key.db = swapped(key.db, first, second);
+                    key
+                })
+            });
+        }
+        raw::REDISMODULE_EVENT_FLUSHDB
+            if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END && !data.is_null() =>
+        {
+            // SAFETY: for FLUSHDB, data is a RedisModuleFlushInfo; dbnum -1 means every database.
+            let flushed = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() }.dbnum;
+            state::with_expiry(|expiry| {
+                expiry.index.retain(|key| flushed != -1 && key.db != flushed)
+            });
+        }
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
+            if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+                index_every_lock(&ctx);
+            } else {
+                state::with_expiry(|expiry| expiry.index.clear());
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The database a key of `db` lives in after `first` and `second` swapped.
+fn swapped(db: i32, first: i32, second: i32) -> i32 {
+    if db == first {
+        second
+    } else if db == second {
+        first
+    } else {
+        db
+    }
+}
+
+/// A promoted replica starts deciding expiry: index every lock key it holds.
+fn index_every_lock(ctx: &Context) {
+    let now = crate::clock::now();
+    let found = RefCell::new(Vec::new());
+    for db in 0.. {
+        // SAFETY: ctx is live; SelectDb fails once db is past the configured databases.
+        if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, db)) } != 0 {
+            break;
+        }
+        let cursor = KeysCursor::new();
+        while cursor.scan(
+            ctx,
+            &|_ctx: &Context,
+              name: &redis_module::RedisString,
+              key: Option<&redis_module::key::RedisKey>| {
+                let lock = key.and_then(|key| key.get_value::<Lock>(&LOCK_TYPE).ok().flatten());
+                if let Some(lock) = lock {
+                    found
+                        .borrow_mut()
+                        .push((lock.index_deadline(), KeyRef { db, name: name.as_slice().into() }));
+                }
+            },
+        ) {}
+    }
+    let found = found.into_inner();
+    let count = found.len();
+    state::with_expiry(|expiry| {
+        for (deadline, key) in found {
+            expiry.index.insert(deadline, key);
+        }
+    });
+    expiry::arm(ctx, now);
+    ctx.log_notice(&format!("dlock: now primary; {count} lock keys indexed for expiry"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::swapped;
+
+    #[test]
+    fn swapdb_exchanges_exactly_the_two_databases() {
+        assert_eq!(swapped(0, 0, 3), 3);
+        assert_eq!(swapped(3, 0, 3), 0);
+        assert_eq!(swapped(5, 0, 3), 5);
+    }
+}
