@@ -1,5 +1,6 @@
-//! Server events that move, drop or orphan lock keys behind the module's back: SWAPDB, FLUSHDB /
-//! FLUSHALL, and role changes. Each keeps the expiry index true to the keyspace.
+//! Server events that move, drop or orphan lock keys behind the module's back (SWAPDB, FLUSHDB /
+//! FLUSHALL, role changes), start the grant delay (end of loading, promotion), or need the fence
+//! counter written down (a fork for an AOF rewrite).
 
 use std::cell::RefCell;
 use std::os::raw::c_void;
@@ -8,8 +9,8 @@ use redis_module::{Context, KeysCursor, Status, raw};
 
 use crate::core::Lock;
 use crate::datatype::LOCK_TYPE;
-use crate::expiry;
 use crate::state::{self, KeyRef};
+use crate::{config, expiry};
 
 /// Subscribes to the server events the module follows.
 pub fn subscribe(ctx: &Context) -> Status {
@@ -17,6 +18,8 @@ pub fn subscribe(ctx: &Context) -> Status {
         raw::REDISMODULE_EVENT_SWAPDB,
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_FORK_CHILD,
     ];
     // SAFETY: ctx is the load context; the callback is a plain function that lives forever.
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
@@ -66,10 +69,26 @@ unsafe extern "C" fn on_server_event(
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+                config::hold_new_grants(crate::clock::now().mono);
                 index_every_lock(&ctx);
             } else {
                 state::with_expiry(|expiry| expiry.index.clear());
             }
+        }
+        raw::REDISMODULE_EVENT_LOADING
+            if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
+                && expiry::decides_expiry(&ctx) =>
+        {
+            // The grant delay counts from when the data set is back, not from module load.
+            config::hold_new_grants(crate::clock::now().mono);
+        }
+        raw::REDISMODULE_EVENT_FORK_CHILD
+            if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN
+                && expiry::decides_expiry(&ctx) =>
+        {
+            // An AOF rewrite opens a new increment file before it forks: record the counter
+            // there, next to a base that may hold no lock key (and, without a preamble, no aux).
+            crate::commands::setfence::propagate_counter(&ctx);
         }
         _ => {}
     }

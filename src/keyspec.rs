@@ -63,7 +63,9 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     info.complexity = leaked(meta.complexity)?;
     info.since = leaked(env!("CARGO_PKG_VERSION"))?;
     info.arity = meta.arity;
-    info.key_specs = key_specs.as_mut_ptr();
+    if meta.key_flags != 0 {
+        info.key_specs = key_specs.as_mut_ptr();
+    }
     // SAFETY: command is a live command of this module; info and everything it points to
     // outlive the call (they are leaked).
     if unsafe { set_info(command, &info) } == raw::REDISMODULE_OK as i32 {

@@ -5,6 +5,7 @@
 
 pub mod clock;
 pub mod commands;
+pub mod config;
 pub mod core;
 pub mod datatype;
 pub mod events;
@@ -12,9 +13,10 @@ pub mod expiry;
 pub mod keyspec;
 pub mod state;
 
-use redis_module::{Context, RedisString, Status, redis_module};
+use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
-use crate::commands::{acquire, fencecheck, guarded, info, release, renew, setlease};
+use crate::commands::{acquire, fencecheck, guarded, info, release, renew, setfence, setlease};
+use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
 
 // Unit tests run without Redis, so they cannot use Redis's allocator.
@@ -27,6 +29,7 @@ use redis_module::alloc::RedisAlloc as Allocator;
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    config::hold_new_grants(clock::now().mono);
     if events::subscribe(ctx) == Status::Err {
         return Status::Err;
     }
@@ -46,8 +49,19 @@ redis_module! {
         [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
+        [setfence::META.name, |ctx, args| guarded(ctx, args, setfence::run), setfence::META.flags, 0, 0, 0, ""],
     ],
     event_handlers: [
         [@GENERIC @LOADED: expiry::on_keyspace_event],
     ],
+    configurations: [
+        i64: [
+            ["max-ttl-ms", &config::MAX_TTL_MS, DEFAULT_MAX_TTL_MS as i64, 1, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["restart-grant-delay-ms", &config::RESTART_GRANT_DELAY_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [],
+        bool: [],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
 }

@@ -283,3 +283,36 @@ fn every_command_declares_its_key_and_flags() {
     let docs = format!("{docs:?}");
     assert!(docs.contains("fence of the live lease"), "{docs}");
 }
+
+#[test]
+fn max_ttl_ms_is_a_config_that_bounds_ttl_and_timeout() {
+    let server = Server::start();
+    let mut con = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("dlock.max-ttl-ms")
+        .arg(5_000)
+        .query(&mut con)
+        .expect("CONFIG SET");
+    let value: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("dlock.max-ttl-ms")
+        .query(&mut con)
+        .expect("CONFIG GET");
+    assert_eq!(value, ["dlock.max-ttl-ms", "5000"]);
+    assert_eq!(
+        error_text(run(&mut con, &[b"DLOCK.ACQUIRE", b"lock:t", b"t", b"5001"])),
+        "ERR ttl-ms must be an integer between 1 and 5000"
+    );
+    assert_eq!(
+        error_text(run(&mut con, &[b"DLOCK.ACQUIRE", b"lock:t", b"t", b"5000", b"WAIT", b"5001"])),
+        "ERR timeout-ms must be an integer between 0 and 5000"
+    );
+    assert!(acquire(&mut con, "lock:t", "t", 5_000).is_some());
+    assert_eq!(
+        error_text(run(&mut con, &[b"DLOCK.RENEW", b"lock:t", b"t", b"5001"])),
+        "ERR ttl-ms must be an integer between 1 and 5000"
+    );
+    let refused = run(&mut con, &[b"CONFIG", b"SET", b"dlock.max-ttl-ms", b"0"]);
+    assert!(refused.is_err(), "0 is out of range");
+}

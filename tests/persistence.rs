@@ -187,3 +187,136 @@ fn a_lock_loaded_from_the_aof_raises_the_fence_counter_even_after_its_key_is_gon
     assert_eq!(dbsize(&mut con), 0);
     assert_eq!(acquire(&mut con, "lock:z", "worker", 60_000), Some(future_fence + 2));
 }
+
+/// Grants many fences, SIGKILLs the server and restarts it; the next fences are all larger.
+fn fences_never_repeat_across_a_crash(args: &[&str]) {
+    let mut server = Server::start_with(args);
+    let mut con = server.client();
+    let mut minted = Vec::new();
+    for i in 0..200 {
+        minted.push(
+            acquire(&mut con, &format!("r:{}", i % 10), &format!("t{i}"), 50).unwrap_or_default(),
+        );
+        if i % 10 == 9 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let highest = minted.iter().max().copied().unwrap_or_default();
+    server.crash_and_restart();
+    let mut con = server.client();
+    for i in 0..10 {
+        if let Some(fence) = acquire(&mut con, &format!("r:{i}"), "after-crash", 60_000) {
+            assert!(fence > highest, "{args:?}: fence {fence} after crash, {highest} before");
+        }
+    }
+    assert!(acquire(&mut con, "fresh", "after-crash", 60_000).expect("granted") > highest);
+}
+
+#[test]
+fn fences_never_repeat_after_kill_9_without_persistence() {
+    fences_never_repeat_across_a_crash(&["--save", "", "--appendonly", "no"]);
+}
+
+#[test]
+fn fences_never_repeat_after_kill_9_with_appendfsync_everysec() {
+    fences_never_repeat_across_a_crash(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+    ]);
+}
+
+#[test]
+fn fences_never_repeat_after_kill_9_with_appendfsync_always() {
+    fences_never_repeat_across_a_crash(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ]);
+}
+
+#[test]
+fn a_restarted_server_holds_new_grants_for_the_restart_grant_delay_then_lifts_it() {
+    let args = [
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dlock.restart-grant-delay-ms",
+        "1500",
+    ];
+    let mut server = Server::start_with(&args);
+    std::thread::sleep(Duration::from_millis(1_600)); // past the delay of the first start
+    let mut con = server.client();
+    let held = acquire(&mut con, "invoice:held", "worker-a", 60_000).expect("granted");
+    server.crash_and_restart();
+    let restarted_at = Instant::now();
+    let mut con = server.client();
+    assert_eq!(
+        acquire(&mut con, "invoice:new", "worker-b", 60_000),
+        None,
+        "held back after restart"
+    );
+    assert_eq!(
+        acquire(&mut con, "invoice:held", "worker-a", 60_000),
+        Some(held),
+        "a known lease is unaffected"
+    );
+    assert_eq!(renew(&mut con, "invoice:held", "worker-a", 60_000), 1);
+    assert!(restarted_at.elapsed() < Duration::from_millis(1_500), "checked within the delay");
+    std::thread::sleep(
+        (restarted_at + Duration::from_millis(1_600)).saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        acquire(&mut con, "invoice:new", "worker-b", 60_000).expect("granted after the delay")
+            > held
+    );
+}
+
+#[test]
+fn the_fence_counter_survives_an_aof_rewrite_without_preamble_and_without_any_lock_key() {
+    // A legacy AOF puts the counter far ahead of the wall clock, then its only key is deleted.
+    let future_fence = now_us() + 1_000_000_000_000;
+    let mut aof = resp_command(&[b"SELECT", b"0"]);
+    aof.extend(resp_command(&[
+        b"DLOCK.SETLEASE",
+        b"lock:x",
+        b"tok",
+        future_fence.to_string().as_bytes(),
+        (now_us() + 60_000_000).to_string().as_bytes(),
+    ]));
+    aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    let mut server = Server::start_with_files(
+        &[("appendonly.aof", &aof)],
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+    );
+    let mut con = server.client();
+    assert_eq!(dbsize(&mut con), 0);
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
+    wait_for_background_persistence(&mut con);
+    let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
+    assert!(!aof.contains("dlock.setlease"), "the rewritten AOF holds no lock:\n{aof}");
+    assert!(aof.contains("dlock.setfence"), "the counter is written next to the new base:\n{aof}");
+    server.crash_and_restart();
+    let mut con = server.client();
+    assert_eq!(acquire(&mut con, "lock:y", "worker", 60_000), Some(future_fence + 1));
+    let refused = error_text(redis::cmd("DLOCK.SETFENCE").arg(1).query::<redis::Value>(&mut con));
+    assert!(refused.contains("internal"), "{refused}");
+}

@@ -139,3 +139,122 @@ fn a_promoted_replica_keeps_replicated_leases_sweeps_them_on_time_and_mints_larg
     let next = acquire(&mut r, "invoice:new", "worker-c", 1_000).expect("granted");
     assert!(next > held && next > expiring);
 }
+
+#[test]
+fn a_replica_cut_off_from_grants_mints_larger_fences_than_all_of_them_once_promoted() {
+    let mut primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let link = LinkProxy::start(primary.port);
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &link.port.to_string(),
+    ]);
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let seen = acquire(&mut p, "invoice:seen", "worker", 60_000).expect("granted");
+    assert!(eventually(Duration::from_secs(20), || exists(&mut r, "invoice:seen")), "replicated");
+    link.cut(); // from here on nothing the primary grants reaches the replica
+    let unseen: Vec<i64> = (0..50)
+        .map(|i| acquire(&mut p, &format!("invoice:{i}"), "worker", 60_000).expect("granted"))
+        .collect();
+    primary.kill();
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    for i in 0..50 {
+        assert!(!exists(&mut r, &format!("invoice:{i}")), "the replica never saw grant {i}");
+    }
+    assert_eq!(fencecheck(&mut r, "invoice:seen", seen), 1);
+    let next = acquire(&mut r, "invoice:0", "someone-else", 60_000).expect("granted");
+    let highest = unseen.iter().max().copied().unwrap_or_default();
+    assert!(next > highest, "promoted fence {next} must exceed every unseen fence ({highest})");
+}
+
+#[test]
+fn killing_the_primary_mid_stream_then_promoting_never_repeats_a_fence() {
+    let (mut primary, replica) = primary_and_replica();
+    let url = primary.url();
+    let writer = std::thread::spawn(move || {
+        let mut con = redis::Client::open(url).and_then(|c| c.get_connection()).expect("connect");
+        let mut acknowledged = Vec::new();
+        for i in 0.. {
+            let reply: redis::RedisResult<Option<i64>> = redis::cmd("DLOCK.ACQUIRE")
+                .arg(format!("r:{}", i % 20))
+                .arg(format!("t{i}"))
+                .arg(50)
+                .query(&mut con);
+            match reply {
+                Ok(Some(fence)) => acknowledged.push(fence),
+                Ok(None) => {}
+                Err(_) => break, // the primary died
+            }
+        }
+        acknowledged
+    });
+    sleep(Duration::from_millis(300));
+    primary.kill();
+    let acknowledged = writer.join().expect("writer thread");
+    assert!(acknowledged.len() > 10, "the writer got grants before the crash");
+    let mut r = replica.client();
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    let highest = acknowledged.iter().max().copied().unwrap_or_default();
+    for i in 0..20 {
+        if let Some(fence) = acquire(&mut r, &format!("r:{i}"), "after-failover", 60_000) {
+            assert!(fence > highest, "fence {fence} repeats or precedes {highest}");
+        }
+    }
+    let fresh = acquire(&mut r, "fresh", "after-failover", 60_000).expect("granted");
+    assert!(fresh > highest);
+}
+
+#[test]
+fn a_promoted_replica_holds_new_grants_for_the_restart_grant_delay() {
+    let primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dlock.restart-grant-delay-ms",
+        "1500",
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port.to_string(),
+    ]);
+    let mut p = primary.client();
+    let mut r = replica.client();
+    assert!(eventually(Duration::from_secs(20), || {
+        let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
+        exists(&mut r, "sync-marker")
+    }));
+    let held = acquire(&mut p, "invoice:held", "worker-a", 60_000).expect("granted");
+    assert!(eventually(Duration::from_secs(5), || exists(&mut r, "invoice:held")), "replicated");
+    drop(primary);
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    let promoted_at = Instant::now();
+    // A resource it has no record of: held back, since its lease may have died with the primary.
+    assert_eq!(acquire(&mut r, "invoice:unknown", "worker-b", 60_000), None);
+    // A resource with a record follows the usual rules: the owner re-acquires with its fence.
+    assert_eq!(acquire(&mut r, "invoice:held", "worker-a", 60_000), Some(held));
+    assert_eq!(acquire(&mut r, "invoice:held", "worker-b", 60_000), None);
+    assert!(promoted_at.elapsed() < Duration::from_millis(1_500), "checked within the delay");
+    sleep((promoted_at + Duration::from_millis(1_600)).saturating_duration_since(Instant::now()));
+    let granted =
+        acquire(&mut r, "invoice:unknown", "worker-b", 60_000).expect("granted after the delay");
+    assert!(granted > held);
+}

@@ -3,10 +3,10 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_at, replicate_lease, split_args};
-use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
+use crate::core::args;
 use crate::core::{Acquired, DlockError, Lock};
 use crate::datatype::LOCK_TYPE;
-use crate::{clock, expiry, state};
+use crate::{clock, config, expiry, state};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
@@ -21,7 +21,7 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
-    let request = args::acquire(&rest, DEFAULT_MAX_TTL_MS)?;
+    let request = args::acquire(&rest, config::max_ttl_ms())?;
     if request.wait_ms.is_some() {
         return Err(DlockError::WaitNotSupported.into());
     }
@@ -30,6 +30,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut created = None;
     let lock = match lock_at(&key)? {
         Some(lock) => lock,
+        // Just started or promoted: a lease lost with the old primary may still run elsewhere.
+        None if config::new_grants_held(now.mono) => return Ok(RedisValue::Null),
         None => created.insert(Lock::default()),
     };
     let outcome =

@@ -5,6 +5,7 @@ pub mod fencecheck;
 pub mod info;
 pub mod release;
 pub mod renew;
+pub mod setfence;
 pub mod setlease;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -23,7 +24,7 @@ pub struct CommandMeta {
     pub flags: &'static str,
     /// Redis arity: positive is exact, negative is a minimum; the command name counts.
     pub arity: i32,
-    /// Key spec flags for the one key at position 1 (`REDISMODULE_CMD_KEY_*`).
+    /// Key spec flags for the one key at position 1 (`REDISMODULE_CMD_KEY_*`); 0: no key.
     pub key_flags: u32,
     /// One line for `COMMAND DOCS`.
     pub summary: &'static str,

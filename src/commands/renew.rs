@@ -3,8 +3,8 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, delete_lock_key, lock_at, replicate_lease, split_args};
-use crate::core::args::{self, DEFAULT_MAX_TTL_MS};
-use crate::{clock, expiry};
+use crate::core::args;
+use crate::{clock, config, expiry};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.renew",
@@ -17,7 +17,7 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
-    let request = args::renew(&rest, DEFAULT_MAX_TTL_MS)?;
+    let request = args::renew(&rest, config::max_ttl_ms())?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
     let Some(lock) = lock_at(&key)? else {

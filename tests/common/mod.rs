@@ -337,3 +337,55 @@ pub fn resp_command(args: &[&[u8]]) -> Vec<u8> {
     }
     out
 }
+
+/// A TCP forwarder in front of a server, for cutting a replication link on demand.
+pub struct LinkProxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    streams: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl LinkProxy {
+    /// Forwards connections on a fresh local port to `127.0.0.1:target_port`.
+    pub fn start(target_port: u16) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(Mutex::new(Vec::<std::net::TcpStream>::new()));
+        let (cut_flag, open) = (cut.clone(), streams.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if cut_flag.load(Ordering::SeqCst) {
+                    continue; // dropped: the link stays down
+                }
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port)) else {
+                    continue;
+                };
+                let mut open = open.lock().expect("proxy streams");
+                for (from, to) in [(&client, &server), (&server, &client)] {
+                    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+                        continue;
+                    };
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+                open.push(client);
+                open.push(server);
+            }
+        });
+        LinkProxy { port, cut, streams }
+    }
+
+    /// Cuts every forwarded connection at once and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for stream in self.streams.lock().expect("proxy streams").iter() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Module configuration, set with `CONFIG SET dlock.<name>` or as load arguments
+//! (`--loadmodule libdlock.so max-ttl-ms 60000`).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crate::core::Micros;
+use crate::core::args::DEFAULT_MAX_TTL_MS;
+
+/// `dlock.max-ttl-ms`: the largest `ttl-ms` and `timeout-ms` a command accepts.
+pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS as i64);
+/// Upper bound of `dlock.max-ttl-ms`: one year.
+pub const MAX_TTL_MS_LIMIT: i64 = 365 * 86_400_000;
+
+/// `dlock.restart-grant-delay-ms`: after start-up or promotion, how long no new lease is granted
+/// on a resource this server has no lease record for.
+pub static RESTART_GRANT_DELAY_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Monotonic instant until which new grants are held back (0: none).
+static GRANTS_HELD_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// The current `dlock.max-ttl-ms`.
+pub fn max_ttl_ms() -> u64 {
+    MAX_TTL_MS.load(Ordering::Acquire).max(1) as u64
+}
+
+/// Starts the grant delay at `now_mono` (start-up, end of loading, promotion).
+pub fn hold_new_grants(now_mono: Micros) {
+    let delay_ms = RESTART_GRANT_DELAY_MS.load(Ordering::Acquire).max(0) as u64;
+    let until = now_mono.saturating_add(delay_ms.saturating_mul(1_000));
+    GRANTS_HELD_UNTIL.store(until, Ordering::Release);
+}
+
+/// Whether new grants are still held back at `now_mono`.
+pub fn new_grants_held(now_mono: Micros) -> bool {
+    now_mono < GRANTS_HELD_UNTIL.load(Ordering::Acquire)
+}
