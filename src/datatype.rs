@@ -14,6 +14,7 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::clock;
+use crate::core::error::MAX_FENCE;
 use crate::core::{Lease, Lock};
 use crate::state;
 
@@ -189,10 +190,10 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, _when
         return raw::REDISMODULE_ERR as c_int;
     }
     match raw::load_unsigned(rdb) {
-        Ok(last_fence) => {
+        Ok(last_fence) if last_fence <= MAX_FENCE => {
             state::observe_fence(last_fence);
             raw::REDISMODULE_OK as c_int
         }
-        Err(_) => raw::REDISMODULE_ERR as c_int,
+        _ => raw::REDISMODULE_ERR as c_int,
     }
 }

@@ -20,6 +20,8 @@ use crate::state::{self, KeyRef};
 const SLICE_BUDGET: Duration = Duration::from_millis(1);
 /// Most entries looked at in one slice, whatever the clock says.
 const SLICE_MAX_ENTRIES: usize = 10_000;
+/// Longest timer period: a far deadline is approached in steps (Redis timers take i64 ms).
+const MAX_TIMER_DELAY_MS: u64 = 3_600_000;
 
 /// Whether this server decides expiry: it is a primary (replicas follow their primary).
 pub fn decides_expiry(ctx: &Context) -> bool {
@@ -28,7 +30,7 @@ pub fn decides_expiry(ctx: &Context) -> bool {
 
 /// Makes sure `lock`, stored at `name` in the selected database, has an index entry at or before
 /// its deadline, and that the timer will fire for it.
-pub fn schedule(ctx: &Context, name: &RedisString, lock: &mut Lock, now: Now) {
+pub fn schedule(ctx: &Context, name: &RedisString, lock: &Lock, now: Now) {
     if !decides_expiry(ctx) {
         return;
     }
@@ -56,11 +58,12 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
     if !ARRIVAL_EVENTS.contains(&event) || !decides_expiry(ctx) {
         return;
     }
-    let key_name = ctx.create_string(name);
+    let key_name = RedisString::create_from_slice(ctx.ctx, name);
     let key = ctx.open_key(&key_name);
     let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
-    // The value cannot be written from a notification; an extra entry is always safe.
-    insert(ctx, key_ref(ctx, name), lock.index_deadline(), clock::now());
+    let deadline = lock.index_deadline();
+    lock.note_index_entry(deadline);
+    insert(ctx, key_ref(ctx, name), deadline, clock::now());
 }
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
@@ -76,7 +79,7 @@ pub fn arm(ctx: &Context, now: Now) {
         if let (Some(id), Some(stop)) = (stale_timer, raw::RedisModule_StopTimer) {
             stop(ctx.ctx, id, std::ptr::null_mut());
         }
-        let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000);
+        let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
         let due = now.mono.saturating_add(delay_ms * 1_000);
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
@@ -124,7 +127,7 @@ fn sweep_one(ctx: &Context, entry_deadline: Micros, key: KeyRef, now: Now) {
     if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, key.db)) } != 0 {
         return;
     }
-    let name = ctx.create_string(&*key.name);
+    let name = RedisString::create_from_slice(ctx.ctx, &key.name);
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
     match lock.on_due(entry_deadline, now) {

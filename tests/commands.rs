@@ -316,3 +316,89 @@ fn max_ttl_ms_is_a_config_that_bounds_ttl_and_timeout() {
     let refused = run(&mut con, &[b"CONFIG", b"SET", b"dlock.max-ttl-ms", b"0"]);
     assert!(refused.is_err(), "0 is out of range");
 }
+
+#[test]
+fn hostile_bytes_in_keys_and_arguments_never_crash_the_server() {
+    let mut server = Server::start();
+    let mut con = server.client();
+    // Key names with NUL bytes travel through keyspace events, the expiry timer and RDB loading.
+    let _: () = redis::cmd("SET").arg(&b"x\0y"[..]).arg("v").query(&mut con).expect("SET");
+    let _: () =
+        redis::cmd("RENAME").arg(&b"x\0y"[..]).arg(&b"z\0"[..]).query(&mut con).expect("RENAME");
+    let fence: i64 = redis::cmd("DLOCK.ACQUIRE")
+        .arg(&b"lock:\0nul"[..])
+        .arg("t")
+        .arg(200)
+        .query(&mut con)
+        .expect("ACQUIRE");
+    let _: () = redis::cmd("RENAME")
+        .arg(&b"lock:\0nul"[..])
+        .arg(&b"lock:\0moved"[..])
+        .query(&mut con)
+        .expect("RENAME");
+    assert!(fence > 0);
+    let long: i64 = redis::cmd("DLOCK.ACQUIRE")
+        .arg(&b"lock:\0kept"[..])
+        .arg("t")
+        .arg(60_000)
+        .query(&mut con)
+        .expect("ACQUIRE");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
+    assert!(eventually(std::time::Duration::from_secs(5), || !exists_bytes(
+        &mut con,
+        b"lock:\0moved"
+    )));
+    let kept: i64 = redis::cmd("DLOCK.FENCECHECK")
+        .arg(&b"lock:\0kept"[..])
+        .arg(long)
+        .query(&mut con)
+        .expect("FENCECHECK");
+    assert_eq!(kept, 1);
+    // Unknown arguments in any encoding come back printable and never break the reply.
+    for bad in [&b"\xc4\x80"[..], b"\0", b"\r\n", "ĀŁ€".as_bytes(), b"'quoted'"] {
+        let text = error_text(run(&mut con, &[b"DLOCK.ACQUIRE", b"lock:h", b"t", b"1000", bad]));
+        assert!(text.starts_with("ERR syntax error: unexpected argument '"), "{text}");
+        assert!(text.is_ascii(), "{text}");
+    }
+    assert!(server.is_alive());
+}
+
+fn exists_bytes(con: &mut redis::Connection, key: &[u8]) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(con).expect("EXISTS") == 1
+}
+
+#[test]
+fn a_writable_replica_refuses_lease_decisions() {
+    let primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replica-read-only",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port.to_string(),
+    ]);
+    let mut r = replica.client();
+    for args in [
+        &[&b"DLOCK.ACQUIRE"[..], b"lock:w", b"t", b"1000"][..],
+        &[b"DLOCK.RENEW", b"lock:w", b"t", b"1000"],
+        &[b"DLOCK.RELEASE", b"lock:w", b"t"],
+    ] {
+        assert_eq!(
+            error_text(run(&mut r, args)),
+            "READONLY dlock grants, renews and releases leases only on the primary"
+        );
+    }
+    assert_eq!(dbsize(&mut r), 0);
+    assert_eq!(info(&mut r, "lock:w"), None, "reads still work on the replica");
+}

@@ -175,3 +175,35 @@ fn flushall_drops_locks_and_later_grants_still_expire_on_time() {
     assert!(second > first);
     assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0));
 }
+
+#[test]
+fn a_renamed_lock_renewed_to_a_shorter_deadline_is_swept_at_that_deadline() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "lock:k", "t", 1_000).expect("granted");
+    assert_eq!(renew(&mut con, "lock:k", "t", 60_000), 1);
+    let _: () = redis::cmd("RENAME").arg("lock:k").arg("lock:k2").query(&mut con).expect("RENAME");
+    assert_eq!(renew(&mut con, "lock:k2", "t", 300), 1);
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "lock:k2")), "swept at 300 ms");
+}
+
+#[test]
+fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "lock:ok", "worker", 60_000).expect("granted");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(&mut con).expect("DUMP");
+    let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
+    // The object ends with the deadline (opcode 2, 0x81, 8 big-endian bytes) and the EOF opcode.
+    let mut forged = object.to_vec();
+    let at = forged.len() - 9;
+    assert_eq!(forged[at - 1], 0x81, "the deadline is a 64-bit length");
+    forged[at..at + 8].copy_from_slice(&u64::MAX.to_be_bytes());
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
+        .arg("lock:forged")
+        .arg(0)
+        .arg(seal(&[&forged[..], version].concat()))
+        .query(&mut con);
+    assert!(reply.is_err(), "{reply:?}");
+    assert!(!exists(&mut con, "lock:forged"));
+}

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_at, replicate_lease, split_args};
+use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::args;
 use crate::core::{Acquired, DlockError, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -21,6 +21,7 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
+    primary_only(ctx)?;
     let request = args::acquire(&rest, config::max_ttl_ms())?;
     if request.wait_ms.is_some() {
         return Err(DlockError::WaitNotSupported.into());

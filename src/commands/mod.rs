@@ -11,7 +11,7 @@ pub mod setlease;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use redis_module::key::{RedisKey, RedisKeyWritable};
-use redis_module::{Context, RedisError, RedisResult, RedisString, raw};
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, raw};
 
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -66,13 +66,34 @@ pub fn split_args<'a>(
 }
 
 /// The lock stored at an open key: `None` when the key is empty, `WRONGTYPE` for another type.
-pub fn lock_at<'a>(key: &RedisKeyWritable) -> Result<Option<&'a mut Lock>, DlockError> {
+/// The borrow lives no longer than the open key.
+pub fn lock_at(key: &RedisKeyWritable) -> Result<Option<&mut Lock>, DlockError> {
     key.get_value::<Lock>(&LOCK_TYPE).map_err(|_| DlockError::WrongType)
 }
 
 /// Read-only twin of [`lock_at`].
 pub fn lock_in(key: &RedisKey) -> Result<Option<&Lock>, DlockError> {
     key.get_value::<Lock>(&LOCK_TYPE).map_err(|_| DlockError::WrongType)
+}
+
+/// Lease decisions belong to the primary: a writable replica must not grant, renew or release
+/// on its own (its primary would never hear of it).
+pub fn primary_only(ctx: &Context) -> Result<(), DlockError> {
+    let flags = ctx.get_flags();
+    if flags.contains(ContextFlags::SLAVE) && !flags.contains(ContextFlags::REPLICATED) {
+        Err(DlockError::NotPrimary)
+    } else {
+        Ok(())
+    }
+}
+
+/// Internal effect commands are accepted only from the primary's stream or the AOF.
+pub fn internal_only(ctx: &Context, name: &'static str) -> Result<(), DlockError> {
+    if ctx.get_flags().intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        Ok(())
+    } else {
+        Err(DlockError::InternalCommand(name))
+    }
 }
 
 /// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, delete_lock_key, lock_at, split_args};
+use super::{CommandMeta, delete_lock_key, lock_at, primary_only, split_args};
 use crate::clock;
 use crate::core::args;
 
@@ -17,6 +17,7 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
+    primary_only(ctx)?;
     let token = args::release(&rest)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);

@@ -2,9 +2,9 @@
 //! replicas) whenever the server forks, so the counter survives an AOF rewrite without an RDB
 //! preamble even when no lock key holds it. Clients cannot send it.
 
-use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
-use super::CommandMeta;
+use super::{CommandMeta, internal_only};
 use crate::core::DlockError;
 use crate::core::args::parse_fence;
 use crate::state;
@@ -19,9 +19,7 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if !ctx.get_flags().intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-        return Err(DlockError::InternalCommand("DLOCK.SETFENCE").into());
-    }
+    internal_only(ctx, "DLOCK.SETFENCE")?;
     let [_, fence] = args else {
         return Err(DlockError::WrongArity(META.name).into());
     };

@@ -1,9 +1,9 @@
 //! `DLOCK.SETLEASE resource token fence deadline-unix-us`: the effect of a grant or renewal,
 //! applied by replicas and AOF loading. Clients cannot send it: it would forge fences.
 
-use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_at, split_args};
+use super::{CommandMeta, internal_only, lock_at, split_args};
 use crate::core::args::{parse_fence, parse_int, parse_token};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -19,10 +19,7 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    let flags = ctx.get_flags();
-    if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-        return Err(DlockError::InternalCommand("DLOCK.SETLEASE").into());
-    }
+    internal_only(ctx, "DLOCK.SETLEASE")?;
     let (resource, rest) = split_args(args, META.name)?;
     let [token, fence, deadline] = rest.as_slice() else {
         return Err(DlockError::WrongArity(META.name).into());
@@ -33,12 +30,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         .and_then(|n| u64::try_from(n).ok())
         .ok_or(DlockError::BadReplicatedLease("deadline"))?;
     let now = clock::now();
-    let mut lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
+    let lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
     let key = ctx.open_key_writable(resource);
     // Checks the type before anything changes: another type at the key is WRONGTYPE.
     lock_at(&key)?;
     state::observe_fence(fence);
-    expiry::schedule(ctx, resource, &mut lock, now);
+    expiry::schedule(ctx, resource, &lock, now);
     key.set_value(&LOCK_TYPE, lock)?;
     // The arguments are absolute, so passing the command on unchanged is deterministic.
     ctx.replicate_verbatim();

@@ -129,13 +129,17 @@ pub fn parse_int(bytes: &[u8]) -> Option<i64> {
     if negative { Some(value) } else { value.checked_neg() }
 }
 
-/// A short, printable rendering of a client's argument for an error reply.
+/// A short rendering of a client's argument for an error reply: printable ASCII only, every other
+/// byte (and the quote) shown as `?`, so an error reply never carries NUL, CR/LF or non-ASCII.
 pub fn printable(bytes: &[u8]) -> String {
     const SHOWN: usize = 32;
-    let mut text: String = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)])
-        .chars()
-        .map(|c| if c.is_control() || c == '\'' { '?' } else { c })
-        .collect();
+    let mut text: String =
+        bytes[..bytes.len().min(SHOWN)]
+            .iter()
+            .map(|&b| {
+                if (b.is_ascii_graphic() && b != b'\'') || b == b' ' { char::from(b) } else { '?' }
+            })
+            .collect();
     if bytes.len() > SHOWN {
         text.push_str("...");
     }
@@ -237,6 +241,7 @@ mod tests {
     #[test]
     fn unknown_arguments_are_shown_printable_and_short() {
         assert_eq!(printable(b"a\r\nb'"), "a??b?");
+        assert_eq!(printable("\u{100}x\0".as_bytes()), "??x?", "non-ASCII and NUL never pass");
         assert_eq!(printable(&[b'x'; 40]), format!("{}...", "x".repeat(32)));
     }
 
@@ -251,7 +256,7 @@ mod tests {
             let _ = parse_int(&bytes);
             let _ = parse_ttl(&bytes, MAX);
             let _ = parse_fence(&bytes);
-            let _ = printable(&bytes);
+            prop_assert!(printable(&bytes).bytes().all(|b| (0x20..0x7f).contains(&b)));
         }
     }
 }

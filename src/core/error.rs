@@ -26,6 +26,8 @@ pub enum DlockError {
     WaitNotSupported,
     /// The fence counter reached [`MAX_FENCE`]; no further grant is possible.
     FencesExhausted,
+    /// A lease decision asked of a (writable) replica.
+    NotPrimary,
     /// The key holds a value of another type.
     WrongType,
     /// An internal replication command sent by a client rather than the primary or the AOF.
@@ -58,6 +60,9 @@ impl fmt::Display for DlockError {
                 f,
                 "ERR WAIT is not supported yet by this version of dlock; acquire without WAIT"
             ),
+            Self::NotPrimary => {
+                write!(f, "READONLY dlock grants, renews and releases leases only on the primary")
+            }
             Self::WrongType => {
                 write!(f, "WRONGTYPE Operation against a key holding the wrong kind of value")
             }
@@ -90,6 +95,8 @@ mod tests {
             (DlockError::InternalCommand("DLOCK.SETLEASE"), "DLOCK.SETLEASE"),
             (DlockError::BadReplicatedLease("deadline"), "deadline"),
         ];
+        assert!(DlockError::NotPrimary.to_string().starts_with("READONLY "));
+        assert!(DlockError::WrongType.to_string().starts_with("WRONGTYPE "));
         for (error, names) in cases {
             let text = error.to_string();
             assert!(text.starts_with("ERR "), "{text}");

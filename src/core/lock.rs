@@ -1,5 +1,7 @@
 //! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
 
+use std::cell::Cell;
+
 use super::args::parse_token;
 use super::error::MAX_FENCE;
 use super::fence::FenceCounter;
@@ -40,6 +42,10 @@ impl Lease {
         }
         if !(1..=MAX_FENCE).contains(&fence) {
             return Err(DlockError::BadReplicatedLease("fence"));
+        }
+        // Deadlines travel as signed 64-bit integers (AOF, replication).
+        if deadline_wall > i64::MAX as u64 {
+            return Err(DlockError::BadReplicatedLease("deadline"));
         }
         Ok(Self {
             token: token.into(),
@@ -104,13 +110,15 @@ pub struct Lock {
     lease: Option<Lease>,
     /// Deadline of this key's earliest entry in the expiry index, if one was inserted. Lets a
     /// renewal skip the index when an entry at or before the new deadline is already there.
-    scheduled: Option<Micros>,
+    /// A `Cell`: it is bookkeeping, updated also where Redis hands out the value read-only
+    /// (keyspace notifications, scans).
+    scheduled: Cell<Option<Micros>>,
 }
 
 impl Lock {
     /// A lock holding `lease`.
     pub fn with_lease(lease: Lease) -> Self {
-        Self { lease: Some(lease), scheduled: None }
+        Self { lease: Some(lease), scheduled: Cell::new(None) }
     }
 
     /// The lease, live or not (expired leases stay until the key is next touched or swept).
@@ -186,15 +194,21 @@ impl Lock {
 
     /// Records that an expiry index entry at `deadline` is needed and returns whether the caller
     /// must insert one: not when an entry at or before it is still pending.
-    pub fn needs_index_entry(&mut self, now: Now) -> Option<Micros> {
+    pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.lease.as_ref()?.deadline_mono;
-        match self.scheduled {
+        match self.scheduled.get() {
             Some(pending) if pending > now.mono && pending <= deadline => None,
             _ => {
-                self.scheduled = Some(deadline);
+                self.scheduled.set(Some(deadline));
                 Some(deadline)
             }
         }
+    }
+
+    /// Records that an index entry at `deadline` now exists for this value under its current
+    /// key name (after a rename, move, restore, load or promotion inserted one).
+    pub fn note_index_entry(&self, deadline: Micros) {
+        self.scheduled.set(Some(deadline));
     }
 
     /// Where the expiry index should look at this key next: its lease's deadline, or at once
@@ -205,11 +219,11 @@ impl Lock {
 
     /// A copy for another key name (COPY): the same lease, but no index entry of its own yet.
     pub fn copied(&self) -> Self {
-        Self { lease: self.lease.clone(), scheduled: None }
+        Self { lease: self.lease.clone(), scheduled: Cell::new(None) }
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
-    pub fn on_due(&mut self, entry_deadline: Micros, now: Now) -> Due {
+    pub fn on_due(&self, entry_deadline: Micros, now: Now) -> Due {
         let Some(lease) = &self.lease else {
             return Due::Vacant;
         };
@@ -217,14 +231,14 @@ impl Lock {
             return Due::Expired;
         }
         let deadline = lease.deadline_mono;
-        match self.scheduled {
+        match self.scheduled.get() {
             Some(pending)
                 if pending != entry_deadline && pending > now.mono && pending <= deadline =>
             {
                 Due::Stale
             }
             _ => {
-                self.scheduled = Some(deadline);
+                self.scheduled.set(Some(deadline));
                 Due::Reschedule(deadline)
             }
         }
@@ -378,11 +392,25 @@ mod tests {
     }
 
     #[test]
+    fn a_value_that_arrived_under_a_new_name_trusts_only_the_entry_made_for_that_name() {
+        // ACQUIRE 1 s, RENEW 60 s, RENAME, RENEW 2 s: the 2 s deadline needs its own entry.
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 1_000, at(0), &mut fences);
+        assert_eq!(lock.needs_index_entry(at(0)), Some(SEC));
+        assert!(lock.renew(b"A", 60_000, at(0)));
+        assert_eq!(lock.needs_index_entry(at(0)), None);
+        // The rename handler inserts an entry for the new name and records it.
+        lock.note_index_entry(lock.index_deadline());
+        assert!(lock.renew(b"A", 2_000, at(0)));
+        assert_eq!(lock.needs_index_entry(at(0)), Some(2 * SEC), "a shorter deadline is indexed");
+    }
+
+    #[test]
     fn a_copied_or_moved_value_indexes_itself_again() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
-        let mut copy = lock.copied();
+        let copy = lock.copied();
         assert_eq!(copy.lease(), lock.lease());
         assert_eq!(copy.needs_index_entry(at(0)), Some(10 * SEC), "the copy has no entry yet");
         assert_eq!(lock.needs_index_entry(at(0)), None);
