@@ -35,10 +35,11 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         None if config::new_grants_held(now.mono) => return Ok(RedisValue::Null),
         None => created.insert(Lock::default()),
     };
-    let outcome =
-        state::with_fences(|fences| lock.acquire(request.token, request.ttl_ms, now, fences))?;
+    let outcome = state::with_fences(|fences| {
+        lock.acquire(request.token, request.ttl_ms, now, fences, false)
+    })?;
     let fence = match outcome {
-        Acquired::Busy => return Ok(RedisValue::Null),
+        Acquired::Busy | Acquired::Held => return Ok(RedisValue::Null),
         Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => fence,
     };
     if let Some(lease) = lock.lease() {

@@ -1,6 +1,7 @@
 //! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 
 use super::args::parse_token;
 use super::error::MAX_FENCE;
@@ -87,8 +88,36 @@ pub enum Acquired {
         /// The fence of the existing grant.
         fence: u64,
     },
-    /// Another token holds a live lease; nothing changed.
+    /// Another token holds a live lease, or others wait first; nothing changed.
     Busy,
+    /// The resource has no lease record and new grants are held back (restart grant delay).
+    Held,
+}
+
+/// A client blocked in `ACQUIRE … WAIT`, in line for the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    /// Identifies the blocked client to the glue that can answer it.
+    pub id: u64,
+    /// The token it will hold.
+    pub token: Box<[u8]>,
+    /// Lease length it asked for, applied from the moment of hand-over.
+    pub ttl_ms: u64,
+    /// When its wait ends (monotonic), `None` for `WAIT 0`.
+    pub gives_up_at: Option<Micros>,
+}
+
+/// A waiter whose wait ends this close to the hand-over is skipped: the server's own timeout
+/// (millisecond clock) may already be answering it with nil.
+pub const HAND_OVER_MARGIN: Micros = 2_000;
+
+/// A lease passed to the head of the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandOver {
+    /// The waiter that now holds the lease.
+    pub waiter: u64,
+    /// The fence minted for it.
+    pub fence: u64,
 }
 
 /// What the active expiry cycle should do with a key whose index entry came due.
@@ -104,10 +133,11 @@ pub enum Due {
     Vacant,
 }
 
-/// The state stored in one lock key.
+/// The state stored in one lock key: at most one lease, and the FIFO queue of waiters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
     lease: Option<Lease>,
+    waiters: VecDeque<Waiter>,
     /// Deadline of this key's earliest entry in the expiry index, if one was inserted. Lets a
     /// renewal skip the index when an entry at or before the new deadline is already there.
     /// A `Cell`: it is bookkeeping, updated also where Redis hands out the value read-only
@@ -118,7 +148,7 @@ pub struct Lock {
 impl Lock {
     /// A lock holding `lease`.
     pub fn with_lease(lease: Lease) -> Self {
-        Self { lease: Some(lease), scheduled: Cell::new(None) }
+        Self { lease: Some(lease), waiters: VecDeque::new(), scheduled: Cell::new(None) }
     }
 
     /// The lease, live or not (expired leases stay until the key is next touched or swept).
@@ -131,18 +161,78 @@ impl Lock {
         self.lease.as_ref().filter(|lease| lease.is_live(now))
     }
 
-    /// Whether the key holding this lock should be deleted: nothing live is left in it.
+    /// Whether the key holding this lock should be deleted: no live lease and nobody waiting.
     pub fn is_vacant(&self, now: Now) -> bool {
-        self.live_lease(now).is_none()
+        self.live_lease(now).is_none() && self.waiters.is_empty()
+    }
+
+    /// The queue, head first.
+    pub fn waiters(&self) -> impl ExactSizeIterator<Item = &Waiter> {
+        self.waiters.iter()
+    }
+
+    /// Puts a waiter in line. A waiter with the same token takes over the earlier one's place
+    /// (a client retrying its wait); the earlier one's id is returned so it can be answered nil.
+    pub fn enqueue(&mut self, waiter: Waiter) -> Option<u64> {
+        match self.waiters.iter_mut().find(|queued| queued.token == waiter.token) {
+            Some(queued) => Some(std::mem::replace(queued, waiter).id),
+            None => {
+                self.waiters.push_back(waiter);
+                None
+            }
+        }
+    }
+
+    /// Takes a waiter out of line (timed out, disconnected, unblocked).
+    pub fn remove_waiter(&mut self, id: u64) -> bool {
+        let before = self.waiters.len();
+        self.waiters.retain(|waiter| waiter.id != id);
+        self.waiters.len() != before
+    }
+
+    /// With no live lease, passes a new lease to the first waiter that is still `alive` and
+    /// not about to time out; waiters ahead of it that are not are dropped from the queue.
+    /// The fence is minted and the waiter's ttl starts at `now`.
+    pub fn hand_over(
+        &mut self,
+        now: Now,
+        fences: &mut FenceCounter,
+        new_grants_held: bool,
+        mut alive: impl FnMut(&Waiter) -> bool,
+    ) -> Result<Option<HandOver>, DlockError> {
+        if self.live_lease(now).is_some() || (new_grants_held && self.lease.is_none()) {
+            return Ok(None);
+        }
+        while let Some(waiter) = self.waiters.pop_front() {
+            let timing_out = waiter
+                .gives_up_at
+                .is_some_and(|at| at <= now.mono.saturating_add(HAND_OVER_MARGIN));
+            if timing_out || !alive(&waiter) {
+                continue;
+            }
+            let fence = match fences.mint(now.wall) {
+                Ok(fence) => fence,
+                Err(error) => {
+                    self.waiters.push_front(waiter);
+                    return Err(error);
+                }
+            };
+            self.lease = Some(Lease::new(&waiter.token, fence, waiter.ttl_ms, now));
+            return Ok(Some(HandOver { waiter: waiter.id, fence }));
+        }
+        Ok(None)
     }
 
     /// ACQUIRE: grants a free (or expired) lock, re-acquires for the current owner, or refuses.
+    /// Waiters come first: a lock with a queue is never granted past it. With
+    /// `new_grants_held`, a lock without any lease record is not granted either.
     pub fn acquire(
         &mut self,
         token: &[u8],
         ttl_ms: u64,
         now: Now,
         fences: &mut FenceCounter,
+        new_grants_held: bool,
     ) -> Result<Acquired, DlockError> {
         if let Some(lease) = self.lease.as_mut().filter(|lease| lease.is_live(now)) {
             if *lease.token != *token {
@@ -150,6 +240,12 @@ impl Lock {
             }
             lease.extend(ttl_ms, now);
             return Ok(Acquired::Reacquired { fence: lease.fence });
+        }
+        if !self.waiters.is_empty() {
+            return Ok(Acquired::Busy);
+        }
+        if new_grants_held && self.lease.is_none() {
+            return Ok(Acquired::Held);
         }
         let fence = fences.mint(now.wall)?;
         let replaced_expired = self.lease.is_some();
@@ -212,14 +308,15 @@ impl Lock {
     }
 
     /// Where the expiry index should look at this key next: its lease's deadline, or at once
-    /// when it holds no lease.
+    /// when it holds no lease (to hand over to waiters, or to delete the key).
     pub fn index_deadline(&self) -> Micros {
         self.lease.as_ref().map_or(0, |lease| lease.deadline_mono)
     }
 
-    /// A copy for another key name (COPY): the same lease, but no index entry of its own yet.
+    /// A copy for another key name (COPY): the same lease, but no index entry of its own yet
+    /// and no waiters (they wait on the original key, on their own connections).
     pub fn copied(&self) -> Self {
-        Self { lease: self.lease.clone(), scheduled: Cell::new(None) }
+        Self { lease: self.lease.clone(), waiters: VecDeque::new(), scheduled: Cell::new(None) }
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
@@ -266,7 +363,7 @@ mod tests {
         now: Now,
         fences: &mut FenceCounter,
     ) -> u64 {
-        match lock.acquire(token, ttl_ms, now, fences) {
+        match lock.acquire(token, ttl_ms, now, fences, false) {
             Ok(Acquired::Granted { fence, .. }) => fence,
             other => panic!("expected a grant, got {other:?}"),
         }
@@ -288,7 +385,7 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let fence = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(
-            lock.acquire(b"A", 10_000, at(5), &mut fences),
+            lock.acquire(b"A", 10_000, at(5), &mut fences, false),
             Ok(Acquired::Reacquired { fence })
         );
         assert!(lock.live_lease(at(14)).is_some(), "deadline reset to 5 s + 10 s");
@@ -299,9 +396,9 @@ mod tests {
     fn another_token_is_refused_while_the_lease_lives_and_granted_after() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
-        assert_eq!(lock.acquire(b"B", 10_000, at(9), &mut fences), Ok(Acquired::Busy));
+        assert_eq!(lock.acquire(b"B", 10_000, at(9), &mut fences, false), Ok(Acquired::Busy));
         assert_eq!(
-            lock.acquire(b"B", 10_000, at(10), &mut fences),
+            lock.acquire(b"B", 10_000, at(10), &mut fences, false),
             Ok(Acquired::Granted { fence: at(10).wall, replaced_expired: true })
         );
         assert!(at(10).wall > first);
@@ -352,7 +449,10 @@ mod tests {
     fn a_refused_mint_leaves_the_lock_unchanged() {
         let mut lock = Lock::default();
         let mut fences = FenceCounter::new(crate::core::error::MAX_FENCE);
-        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences), Err(DlockError::FencesExhausted));
+        assert_eq!(
+            lock.acquire(b"A", 1_000, at(0), &mut fences, false),
+            Err(DlockError::FencesExhausted)
+        );
         assert_eq!(lock, Lock::default());
     }
 
@@ -375,6 +475,75 @@ mod tests {
                 Err(DlockError::BadReplicatedLease(what))
             );
         }
+    }
+
+    fn waiter(id: u64, token: &[u8], gives_up_at: Option<Micros>) -> Waiter {
+        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at }
+    }
+
+    #[test]
+    fn the_queue_gets_the_lease_in_order_with_fences_increasing_along_it() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.enqueue(waiter(1, b"B", None)), None);
+        assert_eq!(lock.enqueue(waiter(2, b"C", None)), None);
+        assert_eq!(lock.acquire(b"D", 1_000, at(1), &mut fences, false), Ok(Acquired::Busy));
+        assert_eq!(lock.hand_over(at(1), &mut fences, false, |_| true), Ok(None), "A still holds");
+        assert!(lock.release(b"A", at(1)));
+        let to_b = lock.hand_over(at(1), &mut fences, false, |_| true).expect("mint").expect("B");
+        assert_eq!(to_b.waiter, 1);
+        assert!(to_b.fence > first);
+        assert_eq!(
+            &*lock.live_lease(at(10)).expect("B holds").token,
+            b"B",
+            "ttl counts from hand-over"
+        );
+        // B's lease expires: C is next, even against a newcomer.
+        assert_eq!(lock.acquire(b"D", 1_000, at(12), &mut fences, false), Ok(Acquired::Busy));
+        let to_c = lock.hand_over(at(12), &mut fences, false, |_| true).expect("mint").expect("C");
+        assert_eq!((to_c.waiter, to_c.fence > to_b.fence), (2, true));
+        assert_eq!(lock.waiters().len(), 0);
+    }
+
+    #[test]
+    fn gone_and_timing_out_waiters_are_skipped_never_made_owners() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        lock.enqueue(waiter(1, b"gone", None));
+        lock.enqueue(waiter(2, b"late", Some(at(5).mono + HAND_OVER_MARGIN)));
+        lock.enqueue(waiter(3, b"ready", Some(at(9).mono)));
+        let handed = lock.hand_over(at(5), &mut fences, false, |w| w.id != 1).expect("mint");
+        assert_eq!(handed.map(|h| h.waiter), Some(3));
+        assert_eq!(lock.waiters().len(), 0, "skipped waiters left the queue");
+    }
+
+    #[test]
+    fn the_same_token_waiting_again_takes_over_its_place_in_line() {
+        let mut lock = Lock::default();
+        lock.enqueue(waiter(1, b"A", None));
+        lock.enqueue(waiter(2, b"B", None));
+        assert_eq!(lock.enqueue(waiter(3, b"A", None)), Some(1));
+        let order: Vec<u64> = lock.waiters().map(|w| w.id).collect();
+        assert_eq!(order, [3, 2]);
+        assert!(lock.remove_waiter(2));
+        assert!(!lock.remove_waiter(2));
+        assert!(!lock.is_vacant(at(0)), "a waiter keeps the key alive");
+        assert!(lock.remove_waiter(3));
+        assert!(lock.is_vacant(at(0)));
+    }
+
+    #[test]
+    fn held_grants_wait_for_the_delay_but_known_leases_follow_the_usual_rules() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences, true), Ok(Acquired::Held));
+        lock.enqueue(waiter(1, b"A", None));
+        assert_eq!(lock.hand_over(at(0), &mut fences, true, |_| true), Ok(None));
+        assert!(lock.hand_over(at(0), &mut fences, false, |_| true).expect("mint").is_some());
+        // An expired lease is a record: the resource can be granted during the delay.
+        assert_eq!(
+            lock.acquire(b"B", 1_000, at(11), &mut fences, true)
+                .map(|a| matches!(a, Acquired::Granted { .. })),
+            Ok(true)
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod lock;
 mod model_tests;
 
 pub use error::DlockError;
-pub use lock::{Acquired, Lease, Lock};
+pub use lock::{Acquired, HandOver, Lease, Lock, Waiter};
 
 /// Microseconds, on whichever clock the field's name says.
 pub type Micros = u64;

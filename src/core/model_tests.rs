@@ -1,19 +1,21 @@
 //! The core against a tiny reference model, with a virtual clock.
 //!
-//! A `Store` drives `Lock`s and the `ExpiryIndex` exactly as the Redis glue does (keys deleted
-//! once vacant, index entries inserted on every deadline change, a sweep that pops due entries).
-//! Random operation sequences must agree with the model at every step, and the invariants of
-//! DESIGN.md must hold: at most one live lease per resource, fences strictly increasing, nothing
-//! changed by a non-owner, and no expired lease left behind by a full sweep.
+//! A `Store` drives `Lock`s and the `ExpiryIndex` exactly as the Redis glue does: before every
+//! operation on a resource it settles it (an expired lease goes, the head of the queue gets the
+//! lease), keys are deleted once vacant, index entries are inserted on every deadline change, and
+//! a sweep pops due entries. Random operation sequences must agree with the model at every step,
+//! and the invariants of DESIGN.md must hold: at most one live lease per resource, fences strictly
+//! increasing, nothing changed by a non-owner, waiters served in FIFO order, and no expired lease
+//! left behind by a full sweep.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use proptest::prelude::*;
 
 use super::expiry::ExpiryIndex;
 use super::fence::FenceCounter;
 use super::lock::Due;
-use super::{Acquired, Lock, Now};
+use super::{Acquired, Lock, Now, Waiter};
 
 type Resource = u8;
 
@@ -23,6 +25,15 @@ enum Op {
         resource: Resource,
         token: u8,
         ttl_ms: u64,
+    },
+    Wait {
+        resource: Resource,
+        token: u8,
+        ttl_ms: u64,
+    },
+    Cancel {
+        resource: Resource,
+        pick: usize,
     },
     Renew {
         resource: Resource,
@@ -47,11 +58,14 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let resource = 0u8..3;
-    let token = 0u8..3;
+    let token = 0u8..4;
     let ttl = 1u64..50;
     prop_oneof![
         3 => (resource.clone(), token.clone(), ttl.clone())
             .prop_map(|(resource, token, ttl_ms)| Op::Acquire { resource, token, ttl_ms }),
+        2 => (resource.clone(), token.clone(), ttl.clone())
+            .prop_map(|(resource, token, ttl_ms)| Op::Wait { resource, token, ttl_ms }),
+        1 => (resource.clone(), any::<usize>()).prop_map(|(resource, pick)| Op::Cancel { resource, pick }),
         2 => (resource.clone(), token.clone(), ttl)
             .prop_map(|(resource, token, ttl_ms)| Op::Renew { resource, token, ttl_ms }),
         2 => (resource.clone(), token).prop_map(|(resource, token)| Op::Release { resource, token }),
@@ -68,52 +82,92 @@ struct Store {
     keys: BTreeMap<Resource, Lock>,
     index: ExpiryIndex<Resource>,
     fences: FenceCounter,
+    next_waiter: u64,
+    /// Hand-overs in the order they happened: (resource, waiter id, fence).
+    handed: Vec<(Resource, u64, u64)>,
 }
 
 impl Store {
     fn reindex(&mut self, resource: Resource, now: Now) {
         if let Some(deadline) =
-            self.keys.get_mut(&resource).and_then(|lock| lock.needs_index_entry(now))
+            self.keys.get(&resource).and_then(|lock| lock.needs_index_entry(now))
         {
             self.index.insert(deadline, resource);
         }
     }
 
-    fn drop_if_vacant(&mut self, resource: Resource, now: Now) {
-        if self.keys.get(&resource).is_some_and(|lock| lock.is_vacant(now)) {
+    /// Expire, hand over, delete if vacant: what every access and the sweep do first.
+    fn settle(&mut self, resource: Resource, now: Now) {
+        let Some(lock) = self.keys.get_mut(&resource) else { return };
+        lock.expire(now);
+        if let Some(handed) = lock.hand_over(now, &mut self.fences, false, |_| true).expect("mint")
+        {
+            self.handed.push((resource, handed.waiter, handed.fence));
+        }
+        if lock.is_vacant(now) {
             self.keys.remove(&resource);
+        } else {
+            self.reindex(resource, now);
         }
     }
 
     fn acquire(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> Acquired {
+        self.settle(resource, now);
         let lock = self.keys.entry(resource).or_default();
-        let outcome = lock.acquire(token, ttl_ms, now, &mut self.fences).expect("fences left");
-        self.reindex(resource, now);
+        let outcome = lock.acquire(token, ttl_ms, now, &mut self.fences, false).expect("fences");
+        self.settle(resource, now);
         outcome
     }
 
+    /// ACQUIRE … WAIT: an immediate answer, or the id of the new waiter.
+    fn wait(
+        &mut self,
+        resource: Resource,
+        token: &[u8],
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<Acquired, u64> {
+        match self.acquire(resource, token, ttl_ms, now) {
+            Acquired::Busy | Acquired::Held => {
+                self.next_waiter += 1;
+                let id = self.next_waiter;
+                let lock = self.keys.entry(resource).or_default();
+                let replaced =
+                    lock.enqueue(Waiter { id, token: token.into(), ttl_ms, gives_up_at: None });
+                assert_eq!(replaced, None, "the model never queues a token twice");
+                Err(id)
+            }
+            immediate => Ok(immediate),
+        }
+    }
+
+    fn cancel(&mut self, resource: Resource, id: u64, now: Now) {
+        if let Some(lock) = self.keys.get_mut(&resource) {
+            lock.remove_waiter(id);
+        }
+        self.settle(resource, now);
+    }
+
     fn renew(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> bool {
+        self.settle(resource, now);
         let renewed =
             self.keys.get_mut(&resource).is_some_and(|lock| lock.renew(token, ttl_ms, now));
-        self.reindex(resource, now);
-        self.drop_if_vacant(resource, now);
+        self.settle(resource, now);
         renewed
     }
 
     fn release(&mut self, resource: Resource, token: &[u8], now: Now) -> bool {
+        self.settle(resource, now);
         let released = self.keys.get_mut(&resource).is_some_and(|lock| lock.release(token, now));
-        self.drop_if_vacant(resource, now);
+        self.settle(resource, now);
         released
     }
 
     fn sweep(&mut self, now: Now) {
         while let Some((deadline, resource)) = self.index.pop_due(now.mono) {
-            let Some(lock) = self.keys.get_mut(&resource) else { continue };
+            let Some(lock) = self.keys.get(&resource) else { continue };
             match lock.on_due(deadline, now) {
-                Due::Expired | Due::Vacant => {
-                    lock.expire(now);
-                    self.keys.remove(&resource);
-                }
+                Due::Expired | Due::Vacant => self.settle(resource, now),
                 Due::Stale => {}
                 Due::Reschedule(next) => self.index.insert(next, resource),
             }
@@ -121,11 +175,13 @@ impl Store {
     }
 }
 
-/// The reference: a map of live leases, compared by value.
+/// The reference: live leases and queues, compared by value.
 #[derive(Default)]
 struct Model {
     leases: BTreeMap<Resource, (u8, u64, u64)>,
+    queues: BTreeMap<Resource, VecDeque<(u64, u8, u64)>>,
     last_fence: u64,
+    handed: Vec<(Resource, u64, u64)>,
 }
 
 impl Model {
@@ -133,7 +189,41 @@ impl Model {
         self.leases.get(&resource).copied().filter(|(_, _, deadline)| *deadline > now.mono)
     }
 
-    fn acquire(&mut self, resource: Resource, token: u8, ttl_ms: u64, now: Now) -> Acquired {
+    fn mint(&mut self, now: Now) -> u64 {
+        self.last_fence = (self.last_fence + 1).max(now.wall);
+        self.last_fence
+    }
+
+    /// Expired lease out, head of the queue in. Within one sweep the store may serve resources
+    /// in another order than the model, so a hand-over takes the fence the store minted for that
+    /// very waiter (the store's fences are checked to increase separately).
+    fn settle(&mut self, resource: Resource, now: Now, minted: &[(Resource, u64, u64)]) {
+        if self.live(resource, now).is_some() {
+            return;
+        }
+        self.leases.remove(&resource);
+        if let Some((id, token, ttl_ms)) =
+            self.queues.get_mut(&resource).and_then(VecDeque::pop_front)
+        {
+            let fence = minted
+                .iter()
+                .find(|(r, waiter, _)| *r == resource && *waiter == id)
+                .map_or(0, |(_, _, fence)| *fence);
+            self.last_fence = self.last_fence.max(fence);
+            self.leases.insert(resource, (token, fence, now.mono + ttl_ms * 1_000));
+            self.handed.push((resource, id, fence));
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        resource: Resource,
+        token: u8,
+        ttl_ms: u64,
+        now: Now,
+        minted: &[(Resource, u64, u64)],
+    ) -> Acquired {
+        self.settle(resource, now, minted);
         let deadline = now.mono + ttl_ms * 1_000;
         match self.live(resource, now) {
             Some((owner, fence, _)) if owner == token => {
@@ -142,13 +232,19 @@ impl Model {
             }
             Some(_) => Acquired::Busy,
             None => {
-                let fence = (self.last_fence + 1).max(now.wall);
-                self.last_fence = fence;
-                let replaced_expired =
-                    self.leases.insert(resource, (token, fence, deadline)).is_some();
-                Acquired::Granted { fence, replaced_expired }
+                let fence = self.mint(now);
+                self.leases.insert(resource, (token, fence, deadline));
+                Acquired::Granted { fence, replaced_expired: false }
             }
         }
+    }
+}
+
+/// Compares outcomes, ignoring `replaced_expired`, which only the store can know.
+fn same(got: Acquired, want: Acquired) -> bool {
+    match (got, want) {
+        (Acquired::Granted { fence: a, .. }, Acquired::Granted { fence: b, .. }) => a == b,
+        (got, want) => got == want,
     }
 }
 
@@ -157,49 +253,64 @@ proptest! {
 
     #[test]
     fn the_core_agrees_with_the_model_and_keeps_every_invariant(
-        ops in proptest::collection::vec(op(), 1..120)
+        ops in proptest::collection::vec(op(), 1..150)
     ) {
         let mut now = Now { mono: 1_000_000, wall: 1_700_000_000_000_000 };
         let (mut store, mut model) = (Store::default(), Model::default());
-        let mut granted: BTreeMap<Resource, Vec<u64>> = BTreeMap::new();
-        let mut last_minted = 0;
 
         for op in ops {
             match op {
                 Op::Acquire { resource, token, ttl_ms } => {
                     let got = store.acquire(resource, &[token], ttl_ms, now);
-                    // The store may still hold an expired lease the model forgot: compare the
-                    // outcome without the `replaced_expired` detail, which only the store knows.
-                    let want = model.acquire(resource, token, ttl_ms, now);
-                    match (got, want) {
-                        (Acquired::Granted { fence: a, .. }, Acquired::Granted { fence: b, .. }) => {
-                            prop_assert_eq!(a, b);
-                            prop_assert!(a > last_minted, "fences strictly increase server-wide");
-                            last_minted = a;
-                            let history = granted.entry(resource).or_default();
-                            prop_assert!(history.last().is_none_or(|prev| a > *prev));
-                            history.push(a);
-                        }
-                        (got, want) => prop_assert_eq!(got, want),
+                    let want = model.acquire(resource, token, ttl_ms, now, &store.handed);
+                    prop_assert!(same(got, want), "{:?} vs {:?}", got, want);
+                }
+                Op::Wait { resource, token, ttl_ms } => {
+                    // The model queues a token at most once, as clients do.
+                    let queued = model.queues.get(&resource).is_some_and(|q| q.iter().any(|w| w.1 == token));
+                    if queued {
+                        continue;
                     }
+                    match store.wait(resource, &[token], ttl_ms, now) {
+                        Ok(got) => {
+                            let want = model.acquire(resource, token, ttl_ms, now, &store.handed);
+                            prop_assert!(same(got, want), "{:?} vs {:?}", got, want);
+                        }
+                        Err(id) => {
+                            model.settle(resource, now, &store.handed);
+                            prop_assert!(model.live(resource, now).is_some_and(|(owner, ..)| owner != token)
+                                || model.queues.get(&resource).is_some_and(|q| !q.is_empty()));
+                            model.queues.entry(resource).or_default().push_back((id, token, ttl_ms));
+                        }
+                    }
+                }
+                Op::Cancel { resource, pick } => {
+                    let Some(queue) = model.queues.get_mut(&resource).filter(|q| !q.is_empty()) else { continue };
+                    let (id, ..) = queue.remove(pick % queue.len()).expect("in range");
+                    store.cancel(resource, id, now);
+                    model.settle(resource, now, &store.handed);
                 }
                 Op::Renew { resource, token, ttl_ms } => {
+                    let got = store.renew(resource, &[token], ttl_ms, now);
+                    model.settle(resource, now, &store.handed);
                     let want = model.live(resource, now).is_some_and(|(owner, ..)| owner == token);
                     if want {
-                        let entry = model.leases.get_mut(&resource).expect("live");
-                        entry.2 = now.mono + ttl_ms * 1_000;
+                        model.leases.get_mut(&resource).expect("live").2 = now.mono + ttl_ms * 1_000;
                     }
-                    prop_assert_eq!(store.renew(resource, &[token], ttl_ms, now), want);
+                    prop_assert_eq!(got, want);
                 }
                 Op::Release { resource, token } => {
+                    let got = store.release(resource, &[token], now);
+                    model.settle(resource, now, &store.handed);
                     let want = model.live(resource, now).is_some_and(|(owner, ..)| owner == token);
                     if want {
                         model.leases.remove(&resource);
+                        model.settle(resource, now, &store.handed);
                     }
-                    prop_assert_eq!(store.release(resource, &[token], now), want);
+                    prop_assert_eq!(got, want);
                 }
                 Op::FenceCheck { resource, pick } => {
-                    let candidates: Vec<u64> = granted.values().flatten().copied().chain([1]).collect();
+                    let candidates: Vec<u64> = store.handed.iter().map(|h| h.2).chain([1, model.last_fence]).collect();
                     let fence = candidates[pick % candidates.len()];
                     let want = model.live(resource, now).is_some_and(|(_, live, _)| live == fence);
                     let got = store.keys.get(&resource).is_some_and(|lock| lock.fence_check(fence, now));
@@ -211,22 +322,46 @@ proptest! {
                 }
                 Op::Sweep => {
                     store.sweep(now);
+                    // The sweep meets expired leases in deadline order; the model follows suit.
+                    let mut expired: Vec<(u64, Resource)> = model
+                        .leases
+                        .iter()
+                        .filter(|(_, (_, _, deadline))| *deadline <= now.mono)
+                        .map(|(resource, (_, _, deadline))| (*deadline, *resource))
+                        .collect();
+                    expired.sort();
+                    for (_, resource) in expired {
+                        model.settle(resource, now, &store.handed);
+                    }
                     for (resource, lock) in &store.keys {
                         prop_assert!(lock.live_lease(now).is_some(), "swept key {} still expired", resource);
                     }
                 }
             }
-            // After every step, the live state is exactly the model's.
+            for resource in 0..3 {
+                let of = |handed: &[(Resource, u64, u64)]| -> Vec<(u64, u64)> {
+                    handed.iter().filter(|h| h.0 == resource).map(|h| (h.1, h.2)).collect()
+                };
+                prop_assert_eq!(of(&store.handed), of(&model.handed), "FIFO hand-overs on {}", resource);
+            }
+            prop_assert!(store.handed.windows(2).all(|w| w[1].2 > w[0].2), "hand-over fences increase");
+            prop_assert_eq!(store.fences.last(), model.last_fence, "fences strictly increase server-wide");
+            // After every step, every live state is exactly the model's.
             for resource in 0..3 {
                 let got = store.keys.get(&resource).and_then(|lock| lock.live_lease(now)).map(|lease| {
                     (lease.token[0], lease.fence, lease.deadline_mono)
                 });
                 prop_assert_eq!(got, model.live(resource, now));
+                let queue: Vec<u64> = store.keys.get(&resource).map(|l| l.waiters().map(|w| w.id).collect()).unwrap_or_default();
+                let want: Vec<u64> = model.queues.get(&resource).map(|q| q.iter().map(|w| w.0).collect()).unwrap_or_default();
+                prop_assert_eq!(queue, want);
             }
         }
-        // With the clock far past every deadline, one sweep leaves no key at all.
-        now.mono += 1_000_000_000;
-        store.sweep(now);
+        // With the clock far past every deadline and the queues drained, one sweep leaves nothing.
+        for _ in 0..10 {
+            now.mono += 1_000_000_000;
+            store.sweep(now);
+        }
         prop_assert!(store.keys.is_empty(), "free locks cost no memory");
         prop_assert!(store.index.is_empty());
     }
