@@ -34,3 +34,8 @@ pub fn hold_new_grants(now_mono: Micros) {
 pub fn new_grants_held(now_mono: Micros) -> bool {
     now_mono < GRANTS_HELD_UNTIL.load(Ordering::Acquire)
 }
+
+/// The monotonic instant new grants are held back until (in the past when none are).
+pub fn grants_held_until() -> Micros {
+    GRANTS_HELD_UNTIL.load(Ordering::Acquire)
+}

@@ -10,7 +10,7 @@ use redis_module::{Context, KeysCursor, Status, raw};
 use crate::core::Lock;
 use crate::datatype::LOCK_TYPE;
 use crate::state::{self, KeyRef};
-use crate::{config, expiry};
+use crate::{config, expiry, waiters};
 
 /// Subscribes to the server events the module follows.
 pub fn subscribe(ctx: &Context) -> Status {
@@ -72,6 +72,8 @@ unsafe extern "C" fn on_server_event(
                 config::hold_new_grants(crate::clock::now().mono);
                 index_every_lock(&ctx);
             } else {
+                // The server answers blocked clients itself when it turns into a replica.
+                waiters::forget_all();
                 state::with_expiry(|expiry| expiry.index.clear());
             }
         }

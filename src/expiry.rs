@@ -8,13 +8,14 @@
 use std::os::raw::c_void;
 use std::time::Duration;
 
+use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
 
-use crate::clock;
 use crate::core::lock::Due;
 use crate::core::{Lock, Micros, Now};
 use crate::datatype::LOCK_TYPE;
 use crate::state::{self, KeyRef};
+use crate::{clock, settle};
 
 /// Longest a slice of the sweep may run before yielding to clients.
 const SLICE_BUDGET: Duration = Duration::from_millis(1);
@@ -39,12 +40,20 @@ pub fn schedule(ctx: &Context, name: &RedisString, lock: &Lock, now: Now) {
     }
 }
 
+/// Makes the timer look at the key `name` of the selected database at `deadline`.
+pub fn wake_at(ctx: &Context, name: &RedisString, deadline: Micros, now: Now) {
+    if decides_expiry(ctx) {
+        insert(ctx, key_ref(ctx, name.as_slice()), deadline, now);
+    }
+}
+
 fn insert(ctx: &Context, key: KeyRef, deadline: Micros, now: Now) {
     state::with_expiry(|expiry| expiry.index.insert(deadline, key));
     arm(ctx, now);
 }
 
-fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
+/// The index's name for key `name` of the selected database.
+pub fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
     // SAFETY: ctx is the live context of the current call.
     let db = unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) };
     KeyRef { db, name: name.into() }
@@ -68,7 +77,10 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
 pub fn arm(ctx: &Context, now: Now) {
-    let Some(next) = state::with_expiry(|expiry| expiry.index.next_deadline()) else { return };
+    let next = state::with_expiry(|expiry| {
+        if expiry.to_prune.is_empty() { expiry.index.next_deadline() } else { Some(now.mono) }
+    });
+    let Some(next) = next else { return };
     let stale_timer = state::with_expiry(|expiry| match expiry.timer {
         Some((_, due)) if due <= next => None,
         armed => Some(armed.map(|(id, _)| id)),
@@ -98,6 +110,11 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         return;
     }
     let started = clock::now();
+    for key in state::with_expiry(|expiry| std::mem::take(&mut expiry.to_prune)) {
+        with_lock_at(&ctx, &key, |ctx, handle, name, lock| {
+            settle::settle(ctx, handle, name, lock, started)
+        });
+    }
     let mut now = started;
     let mut backlog = false;
     for seen in 0..SLICE_MAX_ENTRIES {
@@ -121,8 +138,24 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     arm(&ctx, now);
 }
 
-/// Looks at one due entry: removes an expired lease, reschedules a renewed one.
+/// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
+/// renewed one.
 fn sweep_one(ctx: &Context, entry_deadline: Micros, key: KeyRef, now: Now) {
+    with_lock_at(ctx, &key, |ctx, handle, name, lock| match lock.on_due(entry_deadline, now) {
+        Due::Stale => {}
+        Due::Reschedule(deadline) => {
+            state::with_expiry(|expiry| expiry.index.insert(deadline, key.clone()));
+        }
+        Due::Expired | Due::Vacant => settle::settle(ctx, handle, name, lock, now),
+    });
+}
+
+/// Opens the lock at `key` for writing and runs `f` on it; nothing when it is gone.
+fn with_lock_at(
+    ctx: &Context,
+    key: &KeyRef,
+    f: impl FnOnce(&Context, &RedisKeyWritable, &RedisString, &mut Lock),
+) {
     // SAFETY: ctx is live; SelectDb only changes which database this context addresses.
     if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, key.db)) } != 0 {
         return;
@@ -130,16 +163,5 @@ fn sweep_one(ctx: &Context, entry_deadline: Micros, key: KeyRef, now: Now) {
     let name = RedisString::create_from_slice(ctx.ctx, &key.name);
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
-    match lock.on_due(entry_deadline, now) {
-        Due::Stale => {}
-        Due::Reschedule(deadline) => {
-            state::with_expiry(|expiry| expiry.index.insert(deadline, key));
-        }
-        Due::Expired | Due::Vacant => {
-            lock.expire(now);
-            if lock.is_vacant(now) {
-                crate::commands::delete_lock_key(ctx, &handle, &name);
-            }
-        }
-    }
+    f(ctx, &handle, &name, lock);
 }

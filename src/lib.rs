@@ -11,7 +11,9 @@ pub mod datatype;
 pub mod events;
 pub mod expiry;
 pub mod keyspec;
+pub mod settle;
 pub mod state;
+pub mod waiters;
 
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 

@@ -48,6 +48,8 @@ pub struct Expiry {
     pub index: ExpiryIndex<KeyRef>,
     /// The armed timer and the monotonic instant it is due, if one is armed.
     pub timer: Option<(u64, Micros)>,
+    /// Keys whose queue lost a waiter (timeout, disconnect): settled on the next timer turn.
+    pub to_prune: Vec<KeyRef>,
 }
 
 static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
@@ -57,4 +59,9 @@ pub fn with_expiry<T>(f: impl FnOnce(&mut Expiry) -> T) -> T {
     let mut guard: MutexGuard<'_, Option<Expiry>> =
         EXPIRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     f(guard.get_or_insert_with(Expiry::default))
+}
+
+/// Asks the timer to settle `key` soon: a waiter of its queue is gone.
+pub fn prune_later(key: KeyRef) {
+    with_expiry(|expiry| expiry.to_prune.push(key));
 }

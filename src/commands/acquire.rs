@@ -1,12 +1,13 @@
 //! `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms]`: fence, or nil when held by another.
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::args;
-use crate::core::{Acquired, DlockError, Lock};
+use crate::core::{Acquired, Lock, Now, Waiter};
 use crate::datatype::LOCK_TYPE;
-use crate::{clock, config, expiry, state};
+use crate::waiters::{self, Outcome};
+use crate::{clock, config, expiry, settle, state};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
@@ -16,38 +17,75 @@ pub const META: CommandMeta = CommandMeta {
         | raw::REDISMODULE_CMD_KEY_ACCESS
         | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Acquires a lease on a resource and returns its fencing token",
-    complexity: "O(log N) where N is the number of leases with a deadline",
+    complexity: "O(log N) where N is the number of leases with a deadline; O(W) with WAIT, W the waiters on the resource",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
     primary_only(ctx)?;
     let request = args::acquire(&rest, config::max_ttl_ms())?;
-    if request.wait_ms.is_some() {
-        return Err(DlockError::WaitNotSupported.into());
-    }
     let now = clock::now();
+    // Just started or promoted: a lease lost with the old primary may still run elsewhere.
+    let held = config::new_grants_held(now.mono);
     let key = ctx.open_key_writable(resource);
     let mut created = None;
     let lock = match lock_at(&key)? {
-        Some(lock) => lock,
-        // Just started or promoted: a lease lost with the old primary may still run elsewhere.
-        None if config::new_grants_held(now.mono) => return Ok(RedisValue::Null),
+        Some(lock) => {
+            settle::pass_on(ctx, resource, lock, now)?;
+            lock
+        }
         None => created.insert(Lock::default()),
     };
     let outcome = state::with_fences(|fences| {
-        lock.acquire(request.token, request.ttl_ms, now, fences, false)
+        lock.acquire(request.token, request.ttl_ms, now, fences, held)
     })?;
-    let fence = match outcome {
-        Acquired::Busy | Acquired::Held => return Ok(RedisValue::Null),
-        Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => fence,
+    let reply = match outcome {
+        Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
+            if let Some(lease) = lock.lease() {
+                replicate_lease(ctx, resource, lease);
+            }
+            RedisValue::Integer(fence as i64)
+        }
+        Acquired::Busy | Acquired::Held => match request.wait_ms {
+            Some(timeout_ms) if may_block(ctx) => {
+                wait(ctx, resource, lock, &request, timeout_ms, now)
+            }
+            _ => RedisValue::Null,
+        },
     };
-    if let Some(lease) = lock.lease() {
-        replicate_lease(ctx, resource, lease);
-    }
-    expiry::schedule(ctx, resource, lock, now);
-    if let Some(lock) = created {
+    if let Some(lock) = created.take().filter(|lock| !lock.is_vacant(now)) {
         key.set_value(&LOCK_TYPE, lock)?;
     }
-    Ok(RedisValue::Integer(fence as i64))
+    if let Some(lock) = lock_at(&key)? {
+        settle::tidy(ctx, &key, resource, lock, now);
+    }
+    Ok(reply)
+}
+
+/// Whether this call may block: not inside MULTI/EXEC or a script (they answer at once, as
+/// BLPOP does there).
+fn may_block(ctx: &Context) -> bool {
+    !ctx.get_flags()
+        .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
+}
+
+/// Blocks the caller and puts it in line; the reply comes from the hand-over or the timeout.
+fn wait(
+    ctx: &Context,
+    resource: &RedisString,
+    lock: &mut Lock,
+    request: &args::AcquireArgs<'_>,
+    timeout_ms: u64,
+    now: Now,
+) -> RedisValue {
+    let Some(id) = waiters::block(ctx, expiry::key_ref(ctx, resource.as_slice()), timeout_ms)
+    else {
+        return RedisValue::Null;
+    };
+    let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
+    let waiter = Waiter { id, token: request.token.into(), ttl_ms: request.ttl_ms, gives_up_at };
+    if let Some(superseded) = lock.enqueue(waiter) {
+        waiters::answer(superseded, Outcome::Nil);
+    }
+    RedisValue::NoReply
 }

@@ -3,8 +3,8 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, FieldValue, lock_in, reply_fields, split_args};
-use crate::clock;
 use crate::core::DlockError;
+use crate::{clock, waiters};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.info",
@@ -22,16 +22,28 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     let now = clock::now();
     let key = ctx.open_key(resource);
-    let Some(lease) = lock_in(&key)?.and_then(|lock| lock.live_lease(now)) else {
+    let Some(lock) = lock_in(&key)? else {
         return Ok(RedisValue::Null);
     };
+    let waiting = lock.waiters().filter(|waiter| waiters::is_alive(waiter.id)).count();
+    let lease = lock.live_lease(now);
+    if lease.is_none() && waiting == 0 {
+        return Ok(RedisValue::Null);
+    }
+    // A queue without a lease (grants held after a restart) shows null owner and fence.
     reply_fields(
         ctx,
         &[
-            ("owner", FieldValue::Bytes(&lease.token)),
-            ("fence", FieldValue::Integer(lease.fence as i64)),
-            ("ttl-ms", FieldValue::Integer(lease.remaining_ms(now) as i64)),
-            ("waiters", FieldValue::Integer(0)),
+            ("owner", lease.map_or(FieldValue::Null, |lease| FieldValue::Bytes(&lease.token))),
+            (
+                "fence",
+                lease.map_or(FieldValue::Null, |lease| FieldValue::Integer(lease.fence as i64)),
+            ),
+            (
+                "ttl-ms",
+                FieldValue::Integer(lease.map_or(0, |lease| lease.remaining_ms(now)) as i64),
+            ),
+            ("waiters", FieldValue::Integer(waiting as i64)),
         ],
     )
 }

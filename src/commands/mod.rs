@@ -120,6 +120,7 @@ pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult
         ctx.reply(Ok(match value {
             FieldValue::Bytes(bytes) => redis_module::RedisValue::StringBuffer(bytes.to_vec()),
             FieldValue::Integer(n) => redis_module::RedisValue::Integer(*n),
+            FieldValue::Null => redis_module::RedisValue::Null,
         }));
     }
     Ok(redis_module::RedisValue::NoReply)
@@ -131,4 +132,6 @@ pub enum FieldValue<'a> {
     Bytes(&'a [u8]),
     /// An integer.
     Integer(i64),
+    /// Nil (RESP2) or null (RESP3).
+    Null,
 }

@@ -2,9 +2,9 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, delete_lock_key, lock_at, primary_only, split_args};
-use crate::clock;
+use super::{CommandMeta, lock_at, primary_only, split_args};
 use crate::core::args;
+use crate::{clock, settle};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
@@ -25,9 +25,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         return Ok(RedisValue::Integer(0));
     };
     let released = lock.release(token, now);
-    // Deleting also covers a lease that expired unnoticed: the key goes either way.
-    if lock.is_vacant(now) {
-        delete_lock_key(ctx, &key, resource);
-    }
+    // The lease (released, or expired unnoticed) passes to the queue, or the key goes.
+    settle::settle(ctx, &key, resource, lock, now);
     Ok(RedisValue::Integer(i64::from(released)))
 }

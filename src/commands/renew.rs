@@ -2,9 +2,9 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, delete_lock_key, lock_at, primary_only, replicate_lease, split_args};
+use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::args;
-use crate::{clock, config, expiry};
+use crate::{clock, config, settle};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.renew",
@@ -24,14 +24,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
+    // An expired lease passes to the queue first: its old owner renews nothing.
+    settle::pass_on(ctx, resource, lock, now)?;
     let renewed = lock.renew(request.token, request.ttl_ms, now);
-    if renewed {
-        if let Some(lease) = lock.lease() {
-            replicate_lease(ctx, resource, lease);
-        }
-        expiry::schedule(ctx, resource, lock, now);
-    } else if lock.is_vacant(now) {
-        delete_lock_key(ctx, &key, resource);
+    if let Some(lease) = lock.lease().filter(|_| renewed) {
+        replicate_lease(ctx, resource, lease);
     }
+    settle::tidy(ctx, &key, resource, lock, now);
     Ok(RedisValue::Integer(i64::from(renewed)))
 }

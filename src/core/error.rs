@@ -22,8 +22,6 @@ pub enum DlockError {
     UnknownOption(String),
     /// `WAIT` given without its timeout.
     WaitWithoutTimeout,
-    /// `WAIT` is parsed but blocking acquisition is not in this version.
-    WaitNotSupported,
     /// The fence counter reached [`MAX_FENCE`]; no further grant is possible.
     FencesExhausted,
     /// A lease decision asked of a (writable) replica.
@@ -56,10 +54,6 @@ impl fmt::Display for DlockError {
             Self::BadFence => write!(f, "ERR fence must be a positive integer"),
             Self::UnknownOption(arg) => write!(f, "ERR syntax error: unexpected argument '{arg}'"),
             Self::WaitWithoutTimeout => write!(f, "ERR WAIT needs a timeout-ms argument"),
-            Self::WaitNotSupported => write!(
-                f,
-                "ERR WAIT is not supported yet by this version of dlock; acquire without WAIT"
-            ),
             Self::NotPrimary => {
                 write!(f, "READONLY dlock grants, renews and releases leases only on the primary")
             }
@@ -90,7 +84,6 @@ mod tests {
             (DlockError::BadFence, "fence"),
             (DlockError::UnknownOption("FOO".into()), "FOO"),
             (DlockError::WaitWithoutTimeout, "WAIT"),
-            (DlockError::WaitNotSupported, "WAIT"),
             (DlockError::FencesExhausted, "fence"),
             (DlockError::InternalCommand("DLOCK.SETLEASE"), "DLOCK.SETLEASE"),
             (DlockError::BadReplicatedLease("deadline"), "deadline"),

@@ -183,6 +183,11 @@ impl Lock {
         }
     }
 
+    /// Keeps only the waiters for which `alive` holds (the others timed out or disconnected).
+    pub fn retain_waiters(&mut self, mut alive: impl FnMut(&Waiter) -> bool) {
+        self.waiters.retain(|waiter| alive(waiter));
+    }
+
     /// Takes a waiter out of line (timed out, disconnected, unblocked).
     pub fn remove_waiter(&mut self, id: u64) -> bool {
         let before = self.waiters.len();
@@ -527,7 +532,7 @@ mod tests {
         assert!(lock.remove_waiter(2));
         assert!(!lock.remove_waiter(2));
         assert!(!lock.is_vacant(at(0)), "a waiter keeps the key alive");
-        assert!(lock.remove_waiter(3));
+        lock.retain_waiters(|w| w.id != 3);
         assert!(lock.is_vacant(at(0)));
     }
 

@@ -1,0 +1,62 @@
+//! Bringing a lock up to date before and after every decision: gone waiters leave the queue, an
+//! expired lease ends, the head of the queue gets the lease, and a lock with nothing left in it
+//! loses its key. Commands, the expiry timer and waiter clean-up all go through here, so a
+//! hand-over happens the same way (one propagated grant, one answered waiter) wherever it starts.
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::{Context, RedisString};
+
+use crate::commands::{delete_lock_key, replicate_lease};
+use crate::core::{DlockError, Lock, Now};
+use crate::waiters::{self, Outcome};
+use crate::{config, expiry, state};
+
+/// Prunes gone waiters, ends an expired lease and hands a free lock to the head of its queue
+/// (propagating the grant and answering the waiter). Never deletes the key.
+pub fn pass_on(
+    ctx: &Context,
+    name: &RedisString,
+    lock: &mut Lock,
+    now: Now,
+) -> Result<(), DlockError> {
+    lock.retain_waiters(|waiter| waiters::is_alive(waiter.id));
+    lock.expire(now);
+    let held = config::new_grants_held(now.mono);
+    let handed = state::with_fences(|fences| {
+        lock.hand_over(now, fences, held, |waiter| waiters::is_alive(waiter.id))
+    })?;
+    if let Some(handed) = handed {
+        if let Some(lease) = lock.lease() {
+            replicate_lease(ctx, name, lease);
+        }
+        waiters::answer(handed.waiter, Outcome::Granted(handed.fence));
+    }
+    Ok(())
+}
+
+/// After a decision: deletes the key of a vacant lock, or makes sure the timer will come back
+/// for it (its lease's deadline, or the end of the grant delay for a queue without a lease).
+pub fn tidy(ctx: &Context, key: &RedisKeyWritable, name: &RedisString, lock: &Lock, now: Now) {
+    if lock.is_vacant(now) {
+        delete_lock_key(ctx, key, name);
+        return;
+    }
+    expiry::schedule(ctx, name, lock, now);
+    if lock.lease().is_none() {
+        expiry::wake_at(ctx, name, config::grants_held_until(), now);
+    }
+}
+
+/// [`pass_on`] then [`tidy`].
+pub fn settle(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    lock: &mut Lock,
+    now: Now,
+) {
+    if let Err(error) = pass_on(ctx, name, lock, now) {
+        ctx.log_warning(&format!("dlock: hand-over failed: {error}"));
+    }
+    tidy(ctx, key, name, lock, now);
+}

@@ -1,0 +1,343 @@
+//! `DLOCK.ACQUIRE … WAIT`: the server holds a FIFO queue and hands the lease over itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A client blocked in ACQUIRE WAIT on its own connection: its reply and when it came.
+fn wait_in_thread(
+    server: &Server,
+    resource: &str,
+    token: &str,
+    ttl_ms: u64,
+    timeout_ms: u64,
+) -> JoinHandle<(redis::RedisResult<Option<i64>>, Instant)> {
+    let mut con = server.client();
+    let (resource, token) = (resource.to_owned(), token.to_owned());
+    thread::spawn(move || {
+        let reply = redis::cmd("DLOCK.ACQUIRE")
+            .arg(resource)
+            .arg(token)
+            .arg(ttl_ms)
+            .arg("WAIT")
+            .arg(timeout_ms)
+            .query(&mut con);
+        (reply, Instant::now())
+    })
+}
+
+fn waiters(con: &mut redis::Connection, resource: &str) -> i64 {
+    info_field(con, resource, "waiters").map_or(0, |n| n.parse().expect("integer"))
+}
+
+/// Blocks until `n` clients wait on `resource`.
+fn until_waiting(con: &mut redis::Connection, resource: &str, n: i64) {
+    assert!(
+        eventually(Duration::from_secs(5), || waiters(con, resource) == n),
+        "{n} waiters expected"
+    );
+}
+
+#[test]
+fn release_hands_the_lease_straight_to_the_waiter() {
+    let server = Server::start();
+    let mut a = server.client();
+    let first = acquire(&mut a, "job", "worker-a", 60_000).expect("granted");
+    let b = wait_in_thread(&server, "job", "worker-b", 10_000, 0);
+    until_waiting(&mut a, "job", 1);
+    let released_at = Instant::now();
+    assert_eq!(release(&mut a, "job", "worker-a"), 1);
+    let (reply, answered_at) = b.join().expect("waiter");
+    let fence = reply.expect("reply").expect("granted");
+    assert!(fence > first);
+    assert_eq!(info_field(&mut a, "job", "owner").as_deref(), Some("worker-b"));
+    assert_eq!(fencecheck(&mut a, "job", fence), 1);
+    let latency = answered_at.duration_since(released_at);
+    eprintln!("hand-over on release answered the waiter after {latency:?}");
+    assert!(latency < Duration::from_secs(2), "answered at once, not on some later event");
+}
+
+#[test]
+fn an_expiring_lease_is_handed_over_on_time_without_any_other_command() {
+    let server = Server::start();
+    let mut a = server.client();
+    let granted_at = Instant::now();
+    acquire(&mut a, "job", "worker-a", 500).expect("granted");
+    let b = wait_in_thread(&server, "job", "worker-b", 10_000, 0);
+    let (reply, answered_at) = b.join().expect("waiter");
+    assert!(reply.expect("reply").is_some());
+    let after = answered_at.duration_since(granted_at);
+    eprintln!("hand-over at expiry answered {after:?} after a 500 ms grant");
+    assert!(after >= Duration::from_millis(500), "never before the deadline");
+    assert!(after < Duration::from_millis(2_500), "on time, by the timer");
+}
+
+#[test]
+fn a_wait_that_times_out_answers_nil_and_leaves_the_queue() {
+    let server = Server::start();
+    let mut a = server.client();
+    acquire(&mut a, "job", "worker-a", 60_000).expect("granted");
+    let started = Instant::now();
+    let (reply, answered_at) =
+        wait_in_thread(&server, "job", "worker-b", 10_000, 300).join().expect("waiter");
+    assert_eq!(reply.expect("reply"), None);
+    let waited = answered_at.duration_since(started);
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_millis(2_300),
+        "{waited:?}"
+    );
+    assert_eq!(waiters(&mut a, "job"), 0);
+    assert_eq!(release(&mut a, "job", "worker-a"), 1);
+    assert_eq!(dbsize(&mut a), 0, "nobody left: the key is gone");
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order_with_increasing_fences() {
+    let server = Server::start();
+    let mut con = server.client();
+    let mut last = acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let mut queue = Vec::new();
+    for (i, token) in ["w1", "w2", "w3", "w4"].iter().enumerate() {
+        queue.push((*token, wait_in_thread(&server, "job", token, 60_000, 0)));
+        until_waiting(&mut con, "job", i as i64 + 1);
+    }
+    let mut holder = "holder".to_owned();
+    for (token, waiter) in queue {
+        assert_eq!(release(&mut con, "job", &holder), 1);
+        let fence = waiter.join().expect("waiter").0.expect("reply").expect("granted");
+        assert!(fence > last, "{token}: {fence} after {last}");
+        assert_eq!(info_field(&mut con, "job", "owner").as_deref(), Some(token));
+        last = fence;
+        holder = token.to_owned();
+    }
+    assert_eq!(release(&mut con, "job", &holder), 1);
+    assert_eq!(dbsize(&mut con), 0);
+}
+
+#[test]
+fn a_killed_or_unblocked_waiter_leaves_the_queue_and_never_owns_the_lock() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let ids: Vec<i64> = (0..3)
+        .map(|_| {
+            let mut waiter = server.client();
+            let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut waiter).expect("CLIENT ID");
+            let _ = redis::cmd("DLOCK.ACQUIRE")
+                .arg("job")
+                .arg(format!("w{id}"))
+                .arg(60_000)
+                .arg("WAIT")
+                .arg(0);
+            thread::spawn(move || {
+                redis::cmd("DLOCK.ACQUIRE")
+                    .arg("job")
+                    .arg(format!("w{id}"))
+                    .arg(60_000)
+                    .arg("WAIT")
+                    .arg(0)
+                    .query::<Option<i64>>(&mut waiter)
+            });
+            id
+        })
+        .collect();
+    until_waiting(&mut con, "job", 3);
+    let killed: i64 =
+        redis::cmd("CLIENT").arg("KILL").arg("ID").arg(ids[0]).query(&mut con).expect("KILL");
+    assert_eq!(killed, 1);
+    let unblocked: i64 =
+        redis::cmd("CLIENT").arg("UNBLOCK").arg(ids[1]).query(&mut con).expect("UNBLOCK");
+    assert_eq!(unblocked, 1);
+    let unblocked: i64 = redis::cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(ids[2])
+        .arg("ERROR")
+        .query(&mut con)
+        .expect("UNBLOCK");
+    assert_eq!(unblocked, 1);
+    until_waiting(&mut con, "job", 0);
+    assert_eq!(release(&mut con, "job", "holder"), 1);
+    assert_eq!(dbsize(&mut con), 0, "no ghost owner: the lock is free");
+    assert!(acquire(&mut con, "job", "newcomer", 1_000).is_some());
+}
+
+#[test]
+fn a_token_waiting_again_takes_over_its_place_and_the_older_wait_answers_nil() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let first = wait_in_thread(&server, "job", "retrying", 60_000, 0);
+    until_waiting(&mut con, "job", 1);
+    let second = wait_in_thread(&server, "job", "retrying", 60_000, 0);
+    assert_eq!(first.join().expect("first").0.expect("reply"), None, "superseded");
+    until_waiting(&mut con, "job", 1);
+    assert_eq!(release(&mut con, "job", "holder"), 1);
+    assert!(second.join().expect("second").0.expect("reply").is_some());
+}
+
+#[test]
+fn wait_does_not_block_inside_multi_or_a_script() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let started = Instant::now();
+    let (busy, free): (Option<i64>, Option<i64>) = redis::pipe()
+        .atomic()
+        .cmd("DLOCK.ACQUIRE")
+        .arg("job")
+        .arg("other")
+        .arg(1_000)
+        .arg("WAIT")
+        .arg(0)
+        .cmd("DLOCK.ACQUIRE")
+        .arg("free")
+        .arg("other")
+        .arg(1_000)
+        .arg("WAIT")
+        .arg(0)
+        .query(&mut con)
+        .expect("EXEC");
+    assert_eq!(busy, None);
+    assert!(free.is_some());
+    let scripted: Option<i64> = redis::cmd("EVAL")
+        .arg("return redis.call('DLOCK.ACQUIRE', KEYS[1], 'other', 1000, 'WAIT', 0)")
+        .arg(1)
+        .arg("job")
+        .query(&mut con)
+        .expect("EVAL");
+    assert_eq!(scripted, None);
+    assert!(started.elapsed() < Duration::from_secs(5), "nothing blocked");
+    assert_eq!(waiters(&mut con, "job"), 0);
+}
+
+#[test]
+fn sixteen_clients_cycling_on_one_resource_lose_no_grant_and_never_overlap() {
+    let server = Server::start();
+    let inside = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..16)
+        .map(|worker| {
+            let mut con = server.client();
+            let (inside, grants) = (inside.clone(), grants.clone());
+            thread::spawn(move || {
+                let mut fences = Vec::new();
+                for cycle in 0..25 {
+                    let token = format!("w{worker}-{cycle}");
+                    let fence: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+                        .arg("hot")
+                        .arg(&token)
+                        .arg(10_000)
+                        .arg("WAIT")
+                        .arg(20_000)
+                        .query(&mut con)
+                        .expect("ACQUIRE");
+                    let fence = fence.expect("granted within the wait");
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    let valid: i64 = redis::cmd("DLOCK.FENCECHECK")
+                        .arg("hot")
+                        .arg(fence)
+                        .query(&mut con)
+                        .expect("FENCECHECK");
+                    assert_eq!(valid, 1, "the fence is current inside the critical section");
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    let released: i64 = redis::cmd("DLOCK.RELEASE")
+                        .arg("hot")
+                        .arg(&token)
+                        .query(&mut con)
+                        .expect("RELEASE");
+                    assert_eq!(released, 1);
+                    fences.push(fence);
+                }
+                fences
+            })
+        })
+        .collect();
+    let mut fences: Vec<i64> =
+        workers.into_iter().flat_map(|w| w.join().expect("worker")).collect();
+    assert_eq!(grants.load(Ordering::SeqCst), 16 * 25);
+    fences.sort_unstable();
+    fences.dedup();
+    assert_eq!(fences.len(), 16 * 25, "every grant had its own fence");
+    let mut con = server.client();
+    assert_eq!(dbsize(&mut con), 0);
+}
+
+#[test]
+fn a_hand_over_is_propagated_once_to_the_replica_and_the_aof() {
+    let primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port.to_string(),
+    ]);
+    let (mut p, mut r) = (primary.client(), replica.client());
+    assert!(eventually(Duration::from_secs(20), || {
+        let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
+        exists(&mut r, "sync-marker")
+    }));
+    acquire(&mut p, "job", "worker-a", 60_000).expect("granted");
+    let b = wait_in_thread(&primary, "job", "worker-b", 60_000, 0);
+    until_waiting(&mut p, "job", 1);
+    assert_eq!(release(&mut p, "job", "worker-a"), 1);
+    let fence = b.join().expect("waiter").0.expect("reply").expect("granted");
+    assert!(
+        eventually(Duration::from_secs(5), || fencecheck(&mut r, "job", fence) == 1),
+        "replica sees B"
+    );
+    assert_eq!(info_field(&mut r, "job", "owner").as_deref(), Some("worker-b"));
+    let aof = String::from_utf8_lossy(&primary.aof_contents()).into_owned();
+    assert_eq!(aof.matches(&fence.to_string()).count(), 1, "one grant with B's fence:\n{aof}");
+}
+
+#[test]
+fn waiters_of_a_demoted_primary_get_an_error_instead_of_hanging() {
+    let primary = Server::start();
+    let other = Server::start();
+    let mut p = primary.client();
+    acquire(&mut p, "job", "holder", 60_000).expect("granted");
+    let b = wait_in_thread(&primary, "job", "worker-b", 60_000, 0);
+    until_waiting(&mut p, "job", 1);
+    let _: () =
+        redis::cmd("REPLICAOF").arg("127.0.0.1").arg(other.port).query(&mut p).expect("demote");
+    let (reply, _) = b.join().expect("waiter");
+    let error = reply.expect_err("an error, not a hang");
+    assert!(error.to_string().contains("UNBLOCKED"), "{error}");
+}
+
+#[test]
+fn a_wait_during_the_grant_delay_is_granted_when_the_delay_ends() {
+    let started = Instant::now();
+    let server = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dlock.restart-grant-delay-ms",
+        "1500",
+    ]);
+    let mut con = server.client();
+    assert_eq!(acquire(&mut con, "job", "impatient", 1_000), None, "held back");
+    let (reply, answered_at) =
+        wait_in_thread(&server, "job", "patient", 1_000, 10_000).join().expect("waiter");
+    assert!(reply.expect("reply").is_some(), "granted once the delay ended");
+    assert!(answered_at.duration_since(started) >= Duration::from_millis(1_500));
+}
