@@ -370,25 +370,7 @@ fn exists_bytes(con: &mut redis::Connection, key: &[u8]) -> bool {
 
 #[test]
 fn a_writable_replica_refuses_lease_decisions() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
-    let replica = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replica-read-only",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-    ]);
+    let (_primary, replica) = primary_and_replica_with(&[], &["--replica-read-only", "no"]);
     let mut r = replica.client();
     for args in [
         &[&b"DLOCK.ACQUIRE"[..], b"lock:w", b"t", b"1000"][..],

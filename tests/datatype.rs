@@ -7,12 +7,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn digest(con: &mut redis::Connection, key: &str) -> String {
-    let digests: Vec<String> =
-        redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).expect("DIGEST-VALUE");
-    digests.into_iter().next().expect("one digest")
-}
-
 #[test]
 fn copy_duplicates_the_lease_and_both_keys_expire_on_time() {
     let server = Server::start();

@@ -24,20 +24,10 @@ fn debug_reload_keeps_leases_fences_and_deadlines() {
     let server = Server::start();
     let mut con = server.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
-    let digest_before: String = redis::cmd("DEBUG")
-        .arg("DIGEST-VALUE")
-        .arg("invoice:1")
-        .query(&mut con)
-        .map(|v: Vec<String>| v[0].clone())
-        .expect("digest");
+    let digest_before = digest(&mut con, "invoice:1");
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
     assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
-    let digest_after: String = redis::cmd("DEBUG")
-        .arg("DIGEST-VALUE")
-        .arg("invoice:1")
-        .query(&mut con)
-        .map(|v: Vec<String>| v[0].clone())
-        .expect("digest");
+    let digest_after = digest(&mut con, "invoice:1");
     assert_eq!(digest_before, digest_after, "the value survives the round trip bit for bit");
     assert!(acquire(&mut con, "invoice:2", "worker-b", 1_000).expect("granted") > fence);
 }
@@ -154,15 +144,7 @@ fn a_lock_loaded_from_the_aof_raises_the_fence_counter_even_after_its_key_is_gon
     // A hand-written legacy AOF whose lease carries a fence far ahead of the wall clock.
     let future_fence = now_us() + 1_000_000_000_000;
     let deadline = now_us() + 60_000_000;
-    let mut aof = resp_command(&[b"SELECT", b"0"]);
-    aof.extend(resp_command(&[
-        b"DLOCK.SETLEASE",
-        b"lock:x",
-        b"tok",
-        future_fence.to_string().as_bytes(),
-        deadline.to_string().as_bytes(),
-    ]));
-    aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    let aof = legacy_aof_with_a_deleted_lock(future_fence, deadline);
     let mut server = Server::start_with_files(
         &[("appendonly.aof", &aof)],
         &["--appendonly", "yes", "--appendfsync", "always", "--save", ""],
@@ -285,15 +267,7 @@ fn a_restarted_server_holds_new_grants_for_the_restart_grant_delay_then_lifts_it
 fn the_fence_counter_survives_an_aof_rewrite_without_preamble_and_without_any_lock_key() {
     // A legacy AOF puts the counter far ahead of the wall clock, then its only key is deleted.
     let future_fence = now_us() + 1_000_000_000_000;
-    let mut aof = resp_command(&[b"SELECT", b"0"]);
-    aof.extend(resp_command(&[
-        b"DLOCK.SETLEASE",
-        b"lock:x",
-        b"tok",
-        future_fence.to_string().as_bytes(),
-        (now_us() + 60_000_000).to_string().as_bytes(),
-    ]));
-    aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    let aof = legacy_aof_with_a_deleted_lock(future_fence, now_us() + 60_000_000);
     let mut server = Server::start_with_files(
         &[("appendonly.aof", &aof)],
         &[
@@ -319,4 +293,19 @@ fn the_fence_counter_survives_an_aof_rewrite_without_preamble_and_without_any_lo
     assert_eq!(acquire(&mut con, "lock:y", "worker", 60_000), Some(future_fence + 1));
     let refused = error_text(redis::cmd("DLOCK.SETFENCE").arg(1).query::<redis::Value>(&mut con));
     assert!(refused.contains("internal"), "{refused}");
+}
+
+/// A legacy (single-file) AOF that grants `lock:x` with `fence`, then deletes the key: only the
+/// fence counter remembers it.
+fn legacy_aof_with_a_deleted_lock(fence: i64, deadline_us: i64) -> Vec<u8> {
+    let mut aof = resp_command(&[b"SELECT", b"0"]);
+    aof.extend(resp_command(&[
+        b"DLOCK.SETLEASE",
+        b"lock:x",
+        b"tok",
+        fence.to_string().as_bytes(),
+        deadline_us.to_string().as_bytes(),
+    ]));
+    aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    aof
 }

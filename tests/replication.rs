@@ -8,51 +8,13 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn primary_and_replica() -> (Server, Server) {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
-    let replica = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-    ]);
-    let mut con = replica.client();
-    let link_up = |con: &mut redis::Connection| {
-        info_line(con, "replication", "master_link_status").as_deref() == Some("up")
-    };
-    assert!(eventually(Duration::from_secs(20), || link_up(&mut con)), "replica did not sync");
-    // After a diskless sync the primary streams to the replica only once the replica has
-    // acknowledged (up to a second later): wait until a marker write arrives.
-    let mut p = primary.client();
-    let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
-    assert!(
-        eventually(Duration::from_secs(20), || exists(&mut con, "sync-marker")),
-        "not streaming"
-    );
-    let _: () = redis::cmd("DEL").arg("sync-marker").query(&mut p).expect("DEL");
-    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "sync-marker")));
-    (primary, replica)
+    primary_and_replica_with(&[], &[])
 }
 
 /// Blocks until the replica acknowledged everything written so far.
 fn sync(primary: &mut redis::Connection) {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(primary).expect("WAIT");
     assert_eq!(acked, 1, "the replica acknowledged");
-}
-
-fn digest(con: &mut redis::Connection, key: &str) -> String {
-    let digests: Vec<String> =
-        redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).expect("DIGEST-VALUE");
-    digests.into_iter().next().expect("one digest")
 }
 
 #[test]
@@ -217,31 +179,9 @@ fn killing_the_primary_mid_stream_then_promoting_never_repeats_a_fence() {
 
 #[test]
 fn a_promoted_replica_holds_new_grants_for_the_restart_grant_delay() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
-    let replica = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dlock.restart-grant-delay-ms",
-        "1500",
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-    ]);
-    let mut p = primary.client();
-    let mut r = replica.client();
-    assert!(eventually(Duration::from_secs(20), || {
-        let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
-        exists(&mut r, "sync-marker")
-    }));
+    let (primary, replica) =
+        primary_and_replica_with(&[], &["--dlock.restart-grant-delay-ms", "1500"]);
+    let (mut p, mut r) = (primary.client(), replica.client());
     let held = acquire(&mut p, "invoice:held", "worker-a", 60_000).expect("granted");
     assert!(eventually(Duration::from_secs(5), || exists(&mut r, "invoice:held")), "replicated");
     drop(primary);

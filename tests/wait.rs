@@ -270,30 +270,9 @@ fn sixteen_clients_cycling_on_one_resource_lose_no_grant_and_never_overlap() {
 
 #[test]
 fn a_hand_over_is_propagated_once_to_the_replica_and_the_aof() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
-    let replica = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-    ]);
+    let (primary, replica) =
+        primary_and_replica_with(&["--appendonly", "yes", "--appendfsync", "always"], &[]);
     let (mut p, mut r) = (primary.client(), replica.client());
-    assert!(eventually(Duration::from_secs(20), || {
-        let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
-        exists(&mut r, "sync-marker")
-    }));
     acquire(&mut p, "job", "worker-a", 60_000).expect("granted");
     let b = wait_in_thread(&primary, "job", "worker-b", 60_000, 0);
     until_waiting(&mut p, "job", 1);

@@ -389,3 +389,34 @@ impl LinkProxy {
         }
     }
 }
+
+/// A primary and a replica that streams from it, each without persistence unless the extra
+/// arguments (applied after the defaults) say otherwise. Returns once writes reach the replica.
+pub fn primary_and_replica_with(primary_args: &[&str], replica_args: &[&str]) -> (Server, Server) {
+    let mut args = vec!["--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"];
+    args.extend_from_slice(primary_args);
+    let primary = Server::start_with(&args);
+    let port = primary.port.to_string();
+    let mut args = vec!["--save", "", "--appendonly", "no"];
+    args.extend_from_slice(replica_args);
+    args.extend_from_slice(&["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start_with(&args);
+    // After a diskless sync the primary streams to the replica only once the replica has
+    // acknowledged (up to a second later): wait until a marker write arrives.
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let streaming = eventually(Duration::from_secs(20), || {
+        let _: () = redis::cmd("SET").arg("sync-marker").arg(1).query(&mut p).expect("SET");
+        exists(&mut r, "sync-marker")
+    });
+    assert!(streaming, "the replica does not receive the primary's writes");
+    let _: () = redis::cmd("DEL").arg("sync-marker").query(&mut p).expect("DEL");
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "sync-marker")));
+    (primary, replica)
+}
+
+/// `DEBUG DIGEST-VALUE` of one key.
+pub fn digest(con: &mut redis::Connection, key: &str) -> String {
+    let digests: Vec<String> =
+        redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).expect("DIGEST-VALUE");
+    digests.into_iter().next().expect("one digest")
+}
