@@ -17,7 +17,9 @@ pub mod waiters;
 
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
-use crate::commands::{acquire, fencecheck, guarded, info, release, renew, setfence, setlease};
+use crate::commands::{
+    acquire, fencecheck, fenced, guarded, info, release, renew, setfence, setlease,
+};
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
 
@@ -50,6 +52,7 @@ redis_module! {
         [release::META.name, |ctx, args| guarded(ctx, args, release::run), release::META.flags, 1, 1, 1, ""],
         [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
+        [fenced::META.name, |ctx, args| guarded(ctx, args, fenced::run), fenced::META.flags, 1, 1, 1, ""],
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
         [setfence::META.name, |ctx, args| guarded(ctx, args, setfence::run), setfence::META.flags, 0, 0, 0, ""],
     ],

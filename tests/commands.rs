@@ -81,6 +81,11 @@ fn every_bad_input_gets_an_error_naming_the_argument_and_changes_nothing() {
         (vec![b"DLOCK.FENCECHECK", b"lock:a", b"-3"], fence),
         (vec![b"DLOCK.FENCECHECK", b"lock:a", b"12abc"], fence),
         (
+            vec![b"DLOCK.FENCED", b"lock:a", b"1"],
+            "ERR wrong number of arguments for 'dlock.fenced' command",
+        ),
+        (vec![b"DLOCK.FENCED", b"lock:a", b"x", b"SET", b"k", b"v"], fence),
+        (
             vec![b"DLOCK.SETLEASE", b"lock:a", b"forger", b"1", b"99999999999999"],
             "ERR DLOCK.SETLEASE is internal: only the primary's replication stream and the AOF may send it",
         ),
@@ -252,6 +257,7 @@ fn every_command_declares_its_key_and_flags() {
         ("DLOCK.RELEASE", vec!["lock:x", "t"]),
         ("DLOCK.FENCECHECK", vec!["lock:x", "7"]),
         ("DLOCK.INFO", vec!["lock:x"]),
+        ("DLOCK.FENCED", vec!["lock:x", "5", "SET", "data", "v"]),
     ] {
         let keys: Vec<String> = redis::cmd("COMMAND")
             .arg("GETKEYS")
@@ -267,6 +273,7 @@ fn every_command_declares_its_key_and_flags() {
         ("dlock.release", &["write", "fast"], &["denyoom"]),
         ("dlock.fencecheck", &["readonly", "fast"], &["write"]),
         ("dlock.info", &["readonly", "fast"], &["write"]),
+        ("dlock.fenced", &["write"], &["fast", "readonly"]),
     ];
     for (command, present, absent) in expected_flags {
         let value: redis::Value =

@@ -2,6 +2,7 @@
 
 pub mod acquire;
 pub mod fencecheck;
+pub mod fenced;
 pub mod info;
 pub mod release;
 pub mod renew;

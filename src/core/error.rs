@@ -26,6 +26,14 @@ pub enum DlockError {
     FencesExhausted,
     /// A lease decision asked of a (writable) replica.
     NotPrimary,
+    /// DLOCK.FENCED with a fence that is not the live lease's; `current` when a lease lives.
+    Stale { fence: u64, resource: String, current: Option<u64> },
+    /// DLOCK.FENCED with an inner command that cannot run under a fence.
+    FencedRefused { command: String, reason: &'static str },
+    /// DLOCK.FENCED in cluster mode with an inner key outside the resource's slot.
+    CrossSlot { key: String, resource: String },
+    /// An inner command of DLOCK.FENCED that the server could not run (unknown, bad arity, …).
+    InnerCommand(String),
     /// The key holds a value of another type.
     WrongType,
     /// An internal replication command sent by a client rather than the primary or the AOF.
@@ -57,6 +65,20 @@ impl fmt::Display for DlockError {
             Self::NotPrimary => {
                 write!(f, "READONLY dlock grants, renews and releases leases only on the primary")
             }
+            Self::Stale { fence, resource, current: Some(current) } => {
+                write!(f, "STALE fence {fence} does not hold {resource} (current fence {current})")
+            }
+            Self::Stale { fence, resource, current: None } => {
+                write!(f, "STALE fence {fence} does not hold {resource} (no live lease)")
+            }
+            Self::FencedRefused { command, reason } => {
+                write!(f, "ERR DLOCK.FENCED refuses '{command}': {reason}")
+            }
+            Self::CrossSlot { key, resource } => write!(
+                f,
+                "CROSSSLOT key '{key}' of the fenced command does not hash to the slot of '{resource}'"
+            ),
+            Self::InnerCommand(message) => write!(f, "{message}"),
             Self::WrongType => {
                 write!(f, "WRONGTYPE Operation against a key holding the wrong kind of value")
             }
@@ -89,6 +111,16 @@ mod tests {
             (DlockError::BadReplicatedLease("deadline"), "deadline"),
         ];
         assert!(DlockError::NotPrimary.to_string().starts_with("READONLY "));
+        assert_eq!(
+            DlockError::Stale { fence: 5, resource: "invoice:1".into(), current: Some(7) }
+                .to_string(),
+            "STALE fence 5 does not hold invoice:1 (current fence 7)"
+        );
+        assert!(
+            DlockError::CrossSlot { key: "a".into(), resource: "b".into() }
+                .to_string()
+                .starts_with("CROSSSLOT ")
+        );
         assert!(DlockError::WrongType.to_string().starts_with("WRONGTYPE "));
         for (error, names) in cases {
             let text = error.to_string();

@@ -7,6 +7,7 @@ pub mod args;
 pub mod error;
 pub mod expiry;
 pub mod fence;
+pub mod fenced;
 pub mod lock;
 #[cfg(test)]
 mod model_tests;
