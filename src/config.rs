@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use crate::core::Micros;
 use crate::core::args::DEFAULT_MAX_TTL_MS;
+use crate::core::{Micros, Rules};
 
 /// `dlock.max-ttl-ms`: the largest `ttl-ms` and `timeout-ms` a command accepts.
 pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS as i64);
@@ -15,8 +15,20 @@ pub const MAX_TTL_MS_LIMIT: i64 = 365 * 86_400_000;
 /// on a resource this server has no lease record for.
 pub static RESTART_GRANT_DELAY_MS: AtomicI64 = AtomicI64::new(0);
 
+/// `dlock.max-hold-ms`: no lease lasts longer than this after its grant, however often it is
+/// renewed, so a stuck worker's renewal loop cannot keep a lock forever (0: no limit).
+pub static MAX_HOLD_MS: AtomicI64 = AtomicI64::new(0);
+
 /// Monotonic instant until which new grants are held back (0: none).
 static GRANTS_HELD_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// The rules grants and renewals follow at `now_mono`.
+pub fn rules(now_mono: Micros) -> Rules {
+    Rules {
+        new_grants_held: new_grants_held(now_mono),
+        max_hold_ms: MAX_HOLD_MS.load(Ordering::Acquire).max(0) as u64,
+    }
+}
 
 /// The current `dlock.max-ttl-ms`.
 pub fn max_ttl_ms() -> u64 {

@@ -16,7 +16,7 @@ use redis_module::raw;
 use crate::clock;
 use crate::core::error::MAX_FENCE;
 use crate::core::{Lease, Lock};
-use crate::state;
+use crate::{metrics, state};
 
 /// RDB encoding version written by this build; loading refuses any other.
 pub const ENCODING_VERSION: i32 = 1;
@@ -73,7 +73,10 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         return ptr::null_mut();
     }
     match load_lock(rdb) {
-        Some(lock) => Box::into_raw(Box::new(lock)).cast(),
+        Some(lock) => {
+            metrics::lock_key_created();
+            Box::into_raw(Box::new(lock)).cast()
+        }
         None => ptr::null_mut(),
     }
 }
@@ -162,6 +165,7 @@ unsafe extern "C" fn free(value: *mut c_void) {
     if !value.is_null() {
         // SAFETY: value came from Box::into_raw of a Lock.
         drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+        metrics::lock_key_freed();
     }
 }
 
@@ -174,6 +178,7 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     // SAFETY: as in rdb_save.
     let lock = unsafe { &*value.cast::<Lock>() };
+    metrics::lock_key_created();
     Box::into_raw(Box::new(lock.copied())).cast()
 }
 

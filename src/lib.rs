@@ -11,6 +11,7 @@ pub mod datatype;
 pub mod events;
 pub mod expiry;
 pub mod keyspec;
+pub mod metrics;
 pub mod settle;
 pub mod state;
 pub mod waiters;
@@ -34,7 +35,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     config::hold_new_grants(clock::now().mono);
-    if events::subscribe(ctx) == Status::Err {
+    if metrics::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
         return Status::Err;
     }
     keyspec::register_all(ctx)
@@ -63,6 +64,7 @@ redis_module! {
         i64: [
             ["max-ttl-ms", &config::MAX_TTL_MS, DEFAULT_MAX_TTL_MS as i64, 1, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["restart-grant-delay-ms", &config::RESTART_GRANT_DELAY_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["max-hold-ms", &config::MAX_HOLD_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

@@ -9,7 +9,7 @@ use redis_module::{Context, RedisString};
 use crate::commands::{delete_lock_key, replicate_lease};
 use crate::core::{DlockError, Lock, Now};
 use crate::waiters::{self, Outcome};
-use crate::{config, expiry, state};
+use crate::{config, expiry, metrics, state};
 
 /// Prunes gone waiters, ends an expired lease and hands a free lock to the head of its queue
 /// (propagating the grant and answering the waiter). Never deletes the key.
@@ -20,16 +20,25 @@ pub fn pass_on(
     now: Now,
 ) -> Result<(), DlockError> {
     lock.retain_waiters(|waiter| waiters::is_alive(waiter.id));
-    lock.expire(now);
-    let held = config::new_grants_held(now.mono);
+    if let Some(expired) = lock.expire(now) {
+        metrics::count(|stats| {
+            stats.leases_expired += 1;
+            stats.hold_time.record(expired.deadline_mono.saturating_sub(expired.granted_mono));
+        });
+    }
+    let rules = config::rules(now.mono);
     let handed = state::with_fences(|fences| {
-        lock.hand_over(now, fences, held, |waiter| waiters::is_alive(waiter.id))
+        lock.hand_over(now, fences, rules, |waiter| waiters::is_alive(waiter.id))
     })?;
     if let Some(handed) = handed {
         if let Some(lease) = lock.lease() {
             replicate_lease(ctx, name, lease);
         }
         waiters::answer(handed.waiter, Outcome::Granted(handed.fence));
+        metrics::count(|stats| {
+            stats.waits_granted += 1;
+            stats.wait_time.record(handed.waited);
+        });
     }
     Ok(())
 }

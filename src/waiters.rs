@@ -44,6 +44,11 @@ fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     f(registry().get_or_insert_with(Registry::default))
 }
 
+/// How many clients are blocked in ACQUIRE … WAIT now.
+pub fn count() -> usize {
+    with_registry(|registry| registry.by_id.len())
+}
+
 /// Whether waiter `id` is still blocked and can be answered.
 pub fn is_alive(id: u64) -> bool {
     with_registry(|registry| registry.by_id.contains_key(&id))
@@ -155,8 +160,9 @@ unsafe extern "C" fn on_timeout(
 ) -> c_int {
     // SAFETY: ctx is the blocked client's context for this call.
     unsafe {
-        if let Some(handle) = raw::RedisModule_GetBlockedClientHandle.map(|f| f(ctx)) {
-            forget_blocked(ctx, handle);
+        let handle = raw::RedisModule_GetBlockedClientHandle.map(|f| f(ctx));
+        if handle.is_some_and(|handle| forget_blocked(ctx, handle)) {
+            crate::metrics::count(|stats| stats.waits_timed_out += 1);
         }
         raw::RedisModule_ReplyWithNull.map(|f| f(ctx));
     }
@@ -164,11 +170,14 @@ unsafe extern "C" fn on_timeout(
 }
 
 /// The server gave up on a blocked client: end its registration and have its queue pruned.
-fn forget_blocked(ctx: *mut raw::RedisModuleCtx, handle: *mut raw::RedisModuleBlockedClient) {
-    if let Some(key) = give_up(handle) {
-        state::prune_later(key);
-        crate::expiry::arm(&Context::new(ctx), crate::clock::now());
-    }
+fn forget_blocked(
+    ctx: *mut raw::RedisModuleCtx,
+    handle: *mut raw::RedisModuleBlockedClient,
+) -> bool {
+    let Some(key) = give_up(handle) else { return false };
+    state::prune_later(key);
+    crate::expiry::arm(&Context::new(ctx), crate::clock::now());
+    true
 }
 
 /// # Safety
@@ -177,7 +186,9 @@ unsafe extern "C" fn on_disconnect(
     ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
-    forget_blocked(ctx, handle);
+    if forget_blocked(ctx, handle) {
+        crate::metrics::count(|stats| stats.waits_abandoned += 1);
+    }
 }
 
 /// # Safety

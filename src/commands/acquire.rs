@@ -7,7 +7,7 @@ use crate::core::args;
 use crate::core::{Acquired, Lock, Now, Waiter};
 use crate::datatype::LOCK_TYPE;
 use crate::waiters::{self, Outcome};
-use crate::{clock, config, expiry, settle, state};
+use crate::{clock, config, expiry, metrics, settle, state};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
@@ -25,8 +25,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     primary_only(ctx)?;
     let request = args::acquire(&rest, config::max_ttl_ms())?;
     let now = clock::now();
-    // Just started or promoted: a lease lost with the old primary may still run elsewhere.
-    let held = config::new_grants_held(now.mono);
+    let rules = config::rules(now.mono);
     let key = ctx.open_key_writable(resource);
     let mut created = None;
     let lock = match lock_at(&key)? {
@@ -37,10 +36,18 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         None => created.insert(Lock::default()),
     };
     let outcome = state::with_fences(|fences| {
-        lock.acquire(request.token, request.ttl_ms, now, fences, held)
+        lock.acquire(request.token, request.ttl_ms, now, fences, rules)
     })?;
     let reply = match outcome {
         Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
+            let fresh = matches!(outcome, Acquired::Granted { .. });
+            metrics::count(|stats| {
+                *(if fresh {
+                    &mut stats.acquire_granted
+                } else {
+                    &mut stats.acquire_reacquired
+                }) += 1;
+            });
             if let Some(lease) = lock.lease() {
                 replicate_lease(ctx, resource, lease);
             }
@@ -50,11 +57,15 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             Some(timeout_ms) if may_block(ctx) => {
                 wait(ctx, resource, lock, &request, timeout_ms, now)
             }
-            _ => RedisValue::Null,
+            _ => {
+                metrics::count(|stats| stats.acquire_contended += 1);
+                RedisValue::Null
+            }
         },
     };
     if let Some(lock) = created.take().filter(|lock| !lock.is_vacant(now)) {
         key.set_value(&LOCK_TYPE, lock)?;
+        metrics::lock_key_created();
     }
     if let Some(lock) = lock_at(&key)? {
         settle::tidy(ctx, &key, resource, lock, now);
@@ -83,7 +94,14 @@ fn wait(
         return RedisValue::Null;
     };
     let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
-    let waiter = Waiter { id, token: request.token.into(), ttl_ms: request.ttl_ms, gives_up_at };
+    let waiter = Waiter {
+        id,
+        token: request.token.into(),
+        ttl_ms: request.ttl_ms,
+        gives_up_at,
+        queued_at: now.mono,
+    };
+    metrics::count(|stats| stats.waits_started += 1);
     if let Some(superseded) = lock.enqueue(waiter) {
         waiters::answer(superseded, Outcome::Nil);
     }

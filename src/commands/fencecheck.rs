@@ -3,8 +3,8 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_in, split_args};
-use crate::clock;
 use crate::core::args;
+use crate::{clock, metrics};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.fencecheck",
@@ -20,5 +20,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let fence = args::fencecheck(&rest)?;
     let key = ctx.open_key(resource);
     let valid = lock_in(&key)?.is_some_and(|lock| lock.fence_check(fence, clock::now()));
+    metrics::count(|stats| {
+        *(if valid { &mut stats.fencecheck_passed } else { &mut stats.fencecheck_stale }) += 1;
+    });
     Ok(RedisValue::Integer(i64::from(valid)))
 }

@@ -8,10 +8,10 @@ use std::os::raw::c_int;
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_in};
-use crate::clock;
 use crate::core::DlockError;
 use crate::core::args::{parse_fence, printable};
 use crate::core::fenced::{key_slot, refusal};
+use crate::{clock, metrics};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.fenced",
@@ -38,7 +38,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             DlockError::FencedRefused { command: printable(command.as_slice()), reason }.into()
         );
     }
-    check_fence(ctx, resource, fence)?;
+    if let Err(stale) = check_fence(ctx, resource, fence) {
+        if matches!(stale, DlockError::Stale { .. }) {
+            metrics::count(|stats| stats.fenced_writes_refused += 1);
+        }
+        return Err(stale.into());
+    }
     if ctx.get_flags().contains(ContextFlags::CLUSTER) {
         check_slots(ctx, resource, &args[3..])?;
     }
@@ -105,6 +110,7 @@ fn call(ctx: &Context, command: &RedisString, inner: &[RedisString]) -> RedisRes
         if reply.is_null() {
             return Err(call_failure(command).into());
         }
+        metrics::count(|stats| stats.fenced_writes_ok += 1);
         raw::RedisModule_ReplyWithCallReply.map(|f| f(ctx.ctx, reply));
         if let Some(free) = raw::RedisModule_FreeCallReply {
             free(reply);

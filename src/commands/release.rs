@@ -4,7 +4,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_at, primary_only, split_args};
 use crate::core::args;
-use crate::{clock, settle};
+use crate::{clock, metrics, settle};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
@@ -25,7 +25,14 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         return Ok(RedisValue::Integer(0));
     };
     let released = lock.release(token, now);
+    metrics::count(|stats| match &released {
+        Some(lease) => {
+            stats.release_ok += 1;
+            stats.hold_time.record(now.mono.saturating_sub(lease.granted_mono));
+        }
+        None => stats.release_not_owner += 1,
+    });
     // The lease (released, or expired unnoticed) passes to the queue, or the key goes.
     settle::settle(ctx, &key, resource, lock, now);
-    Ok(RedisValue::Integer(i64::from(released)))
+    Ok(RedisValue::Integer(i64::from(released.is_some())))
 }

@@ -3,8 +3,9 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
+use crate::core::Renewal;
 use crate::core::args;
-use crate::{clock, config, settle};
+use crate::{clock, config, metrics, settle};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.renew",
@@ -26,7 +27,16 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     };
     // An expired lease passes to the queue first: its old owner renews nothing.
     settle::pass_on(ctx, resource, lock, now)?;
-    let renewed = lock.renew(request.token, request.ttl_ms, now);
+    let renewal = lock.renew(request.token, request.ttl_ms, now, config::rules(now.mono));
+    metrics::count(|stats| match renewal {
+        Renewal::Renewed => stats.renew_ok += 1,
+        Renewal::NotHeld => stats.renew_refused += 1,
+        Renewal::PastMaxHold => {
+            stats.renew_refused += 1;
+            stats.renew_refused_max_hold += 1;
+        }
+    });
+    let renewed = renewal == Renewal::Renewed;
     if let Some(lease) = lock.lease().filter(|_| renewed) {
         replicate_lease(ctx, resource, lease);
     }

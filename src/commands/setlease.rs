@@ -7,7 +7,7 @@ use super::{CommandMeta, internal_only, lock_at, split_args};
 use crate::core::args::{parse_fence, parse_int, parse_token};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
-use crate::{clock, expiry, state};
+use crate::{clock, expiry, metrics, state};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
@@ -37,6 +37,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     state::observe_fence(fence);
     expiry::schedule(ctx, resource, &lock, now);
     key.set_value(&LOCK_TYPE, lock)?;
+    metrics::lock_key_created();
     // The arguments are absolute, so passing the command on unchanged is deterministic.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))

@@ -20,12 +20,23 @@ pub struct Lease {
     /// The same instant as Unix time, as decided when the deadline was set. Persistence and
     /// replication carry this value unchanged, so every copy of a lease is byte-identical.
     pub deadline_wall: Micros,
+    /// When this grant was made (monotonic): hold time and `held-ms` count from here.
+    pub granted_mono: Micros,
+    /// How many times the holder renewed this grant.
+    pub renewals: u64,
 }
 
 impl Lease {
     /// A lease of `token` with `fence` that ends `ttl_ms` after `now`.
     pub fn new(token: &[u8], fence: u64, ttl_ms: u64, now: Now) -> Self {
-        let mut lease = Self { token: token.into(), fence, deadline_mono: 0, deadline_wall: 0 };
+        let mut lease = Self {
+            token: token.into(),
+            fence,
+            deadline_mono: 0,
+            deadline_wall: 0,
+            granted_mono: now.mono,
+            renewals: 0,
+        };
         lease.extend(ttl_ms, now);
         lease
     }
@@ -53,12 +64,19 @@ impl Lease {
             fence,
             deadline_mono: now.mono_from_wall(deadline_wall),
             deadline_wall,
+            granted_mono: now.mono,
+            renewals: 0,
         })
     }
 
     /// Whether the lease still holds at `now`.
     pub fn is_live(&self, now: Now) -> bool {
         self.deadline_mono > now.mono
+    }
+
+    /// Milliseconds since the grant at `now`.
+    pub fn held_ms(&self, now: Now) -> u64 {
+        now.mono.saturating_sub(self.granted_mono) / 1_000
     }
 
     /// Milliseconds left at `now`, rounded up so that a live lease never reads as 0.
@@ -71,6 +89,34 @@ impl Lease {
         self.deadline_mono = now.mono.saturating_add(ttl);
         self.deadline_wall = now.wall.saturating_add(ttl);
     }
+}
+
+/// Server-wide rules every grant and renewal follows (from the module's configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Just started or promoted: no new lease on a resource without a lease record.
+    pub new_grants_held: bool,
+    /// `dlock.max-hold-ms`: no lease lasts longer than this after its grant (0: no limit).
+    pub max_hold_ms: u64,
+}
+
+impl Rules {
+    /// The latest deadline a lease granted at `granted` may reach.
+    fn hold_limit(&self, granted: Micros) -> Option<Micros> {
+        (self.max_hold_ms > 0)
+            .then(|| granted.saturating_add(self.max_hold_ms.saturating_mul(1_000)))
+    }
+}
+
+/// The outcome of a RENEW.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease now ends `ttl-ms` from now.
+    Renewed,
+    /// The token does not hold a live lease; nothing changed.
+    NotHeld,
+    /// The renewal would carry the lease past `dlock.max-hold-ms`; nothing changed.
+    PastMaxHold,
 }
 
 /// The outcome of an ACQUIRE.
@@ -105,6 +151,8 @@ pub struct Waiter {
     pub ttl_ms: u64,
     /// When its wait ends (monotonic), `None` for `WAIT 0`.
     pub gives_up_at: Option<Micros>,
+    /// When it joined the queue (monotonic), for the wait-time histogram.
+    pub queued_at: Micros,
 }
 
 /// A waiter whose wait ends this close to the hand-over is skipped: the server's own timeout
@@ -118,6 +166,8 @@ pub struct HandOver {
     pub waiter: u64,
     /// The fence minted for it.
     pub fence: u64,
+    /// How long it waited, in µs.
+    pub waited: Micros,
 }
 
 /// What the active expiry cycle should do with a key whose index entry came due.
@@ -202,10 +252,10 @@ impl Lock {
         &mut self,
         now: Now,
         fences: &mut FenceCounter,
-        new_grants_held: bool,
+        rules: Rules,
         mut alive: impl FnMut(&Waiter) -> bool,
     ) -> Result<Option<HandOver>, DlockError> {
-        if self.live_lease(now).is_some() || (new_grants_held && self.lease.is_none()) {
+        if self.live_lease(now).is_some() || (rules.new_grants_held && self.lease.is_none()) {
             return Ok(None);
         }
         while let Some(waiter) = self.waiters.pop_front() {
@@ -223,7 +273,8 @@ impl Lock {
                 }
             };
             self.lease = Some(Lease::new(&waiter.token, fence, waiter.ttl_ms, now));
-            return Ok(Some(HandOver { waiter: waiter.id, fence }));
+            let waited = now.mono.saturating_sub(waiter.queued_at);
+            return Ok(Some(HandOver { waiter: waiter.id, fence, waited }));
         }
         Ok(None)
     }
@@ -231,25 +282,29 @@ impl Lock {
     /// ACQUIRE: grants a free (or expired) lock, re-acquires for the current owner, or refuses.
     /// Waiters come first: a lock with a queue is never granted past it. With
     /// `new_grants_held`, a lock without any lease record is not granted either.
+    /// A re-acquire never carries the lease past `max_hold_ms` (its deadline is capped there).
     pub fn acquire(
         &mut self,
         token: &[u8],
         ttl_ms: u64,
         now: Now,
         fences: &mut FenceCounter,
-        new_grants_held: bool,
+        rules: Rules,
     ) -> Result<Acquired, DlockError> {
         if let Some(lease) = self.lease.as_mut().filter(|lease| lease.is_live(now)) {
             if *lease.token != *token {
                 return Ok(Acquired::Busy);
             }
-            lease.extend(ttl_ms, now);
+            let cap = rules.hold_limit(lease.granted_mono);
+            let capped_ms =
+                cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
+            lease.extend(capped_ms.max(1), now);
             return Ok(Acquired::Reacquired { fence: lease.fence });
         }
         if !self.waiters.is_empty() {
             return Ok(Acquired::Busy);
         }
-        if new_grants_held && self.lease.is_none() {
+        if rules.new_grants_held && self.lease.is_none() {
             return Ok(Acquired::Held);
         }
         let fence = fences.mint(now.wall)?;
@@ -260,23 +315,23 @@ impl Lock {
 
     /// RENEW: the owner of the live lease moves its deadline to `now + ttl_ms`. An expired lease
     /// is never renewed back to life.
-    pub fn renew(&mut self, token: &[u8], ttl_ms: u64, now: Now) -> bool {
-        match self.owned_mut(token, now) {
-            Some(lease) => {
-                lease.extend(ttl_ms, now);
-                true
-            }
-            None => false,
+    pub fn renew(&mut self, token: &[u8], ttl_ms: u64, now: Now, rules: Rules) -> Renewal {
+        let Some(lease) = self.owned_mut(token, now) else {
+            return Renewal::NotHeld;
+        };
+        let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
+        if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
+            return Renewal::PastMaxHold;
         }
+        lease.extend(ttl_ms, now);
+        lease.renewals += 1;
+        Renewal::Renewed
     }
 
-    /// RELEASE: the owner of the live lease gives it up.
-    pub fn release(&mut self, token: &[u8], now: Now) -> bool {
-        let owned = self.owned_mut(token, now).is_some();
-        if owned {
-            self.lease = None;
-        }
-        owned
+    /// RELEASE: the owner of the live lease gives it up; returns the released lease.
+    pub fn release(&mut self, token: &[u8], now: Now) -> Option<Lease> {
+        self.owned_mut(token, now)?;
+        self.lease.take()
     }
 
     /// FENCECHECK: whether `fence` is the fence of the live lease.
@@ -368,7 +423,7 @@ mod tests {
         now: Now,
         fences: &mut FenceCounter,
     ) -> u64 {
-        match lock.acquire(token, ttl_ms, now, fences, false) {
+        match lock.acquire(token, ttl_ms, now, fences, Rules::default()) {
             Ok(Acquired::Granted { fence, .. }) => fence,
             other => panic!("expected a grant, got {other:?}"),
         }
@@ -390,7 +445,7 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let fence = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(
-            lock.acquire(b"A", 10_000, at(5), &mut fences, false),
+            lock.acquire(b"A", 10_000, at(5), &mut fences, Rules::default()),
             Ok(Acquired::Reacquired { fence })
         );
         assert!(lock.live_lease(at(14)).is_some(), "deadline reset to 5 s + 10 s");
@@ -401,9 +456,12 @@ mod tests {
     fn another_token_is_refused_while_the_lease_lives_and_granted_after() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
-        assert_eq!(lock.acquire(b"B", 10_000, at(9), &mut fences, false), Ok(Acquired::Busy));
         assert_eq!(
-            lock.acquire(b"B", 10_000, at(10), &mut fences, false),
+            lock.acquire(b"B", 10_000, at(9), &mut fences, Rules::default()),
+            Ok(Acquired::Busy)
+        );
+        assert_eq!(
+            lock.acquire(b"B", 10_000, at(10), &mut fences, Rules::default()),
             Ok(Acquired::Granted { fence: at(10).wall, replaced_expired: true })
         );
         assert!(at(10).wall > first);
@@ -414,8 +472,12 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let stale = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         let fresh = granted(&mut lock, b"B", 10_000, at(11), &mut fences);
-        assert!(!lock.renew(b"A", 10_000, at(12)), "late RENEW");
-        assert!(!lock.release(b"A", at(12)), "late RELEASE");
+        assert_ne!(
+            lock.renew(b"A", 10_000, at(12), Rules::default()),
+            Renewal::Renewed,
+            "late RENEW"
+        );
+        assert!(lock.release(b"A", at(12)).is_none(), "late RELEASE");
         assert!(!lock.fence_check(stale, at(12)));
         assert!(lock.fence_check(fresh, at(12)));
         assert_eq!(&*lock.live_lease(at(12)).expect("B holds").token, b"B");
@@ -425,7 +487,7 @@ mod tests {
     fn an_expired_lease_is_never_renewed_back_to_life() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"A", 1_000, at(0), &mut fences);
-        assert!(!lock.renew(b"A", 10_000, at(1)));
+        assert_ne!(lock.renew(b"A", 10_000, at(1), Rules::default()), Renewal::Renewed);
         assert!(lock.is_vacant(at(1)));
     }
 
@@ -433,10 +495,10 @@ mod tests {
     fn release_frees_the_lock_and_the_next_grant_has_a_larger_fence() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
-        assert!(!lock.release(b"B", at(1)), "owner checks are exact");
-        assert!(lock.release(b"A", at(1)));
+        assert!(lock.release(b"B", at(1)).is_none(), "owner checks are exact");
+        assert_eq!(lock.release(b"A", at(1)).map(|lease| lease.held_ms(at(1))), Some(1_000));
         assert!(lock.is_vacant(at(1)));
-        assert!(!lock.release(b"A", at(1)), "a second release finds nothing");
+        assert!(lock.release(b"A", at(1)).is_none(), "a second release finds nothing");
         let second = granted(&mut lock, b"B", 10_000, at(1), &mut fences);
         assert!(second > first);
     }
@@ -445,9 +507,9 @@ mod tests {
     fn tokens_compare_byte_for_byte() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"worker\0a", 10_000, at(0), &mut fences);
-        assert!(!lock.renew(b"worker\0b", 10_000, at(1)));
-        assert!(!lock.renew(b"worker", 10_000, at(1)));
-        assert!(lock.renew(b"worker\0a", 10_000, at(1)));
+        assert_ne!(lock.renew(b"worker\0b", 10_000, at(1), Rules::default()), Renewal::Renewed);
+        assert_ne!(lock.renew(b"worker", 10_000, at(1), Rules::default()), Renewal::Renewed);
+        assert_eq!(lock.renew(b"worker\0a", 10_000, at(1), Rules::default()), Renewal::Renewed);
     }
 
     #[test]
@@ -455,7 +517,7 @@ mod tests {
         let mut lock = Lock::default();
         let mut fences = FenceCounter::new(crate::core::error::MAX_FENCE);
         assert_eq!(
-            lock.acquire(b"A", 1_000, at(0), &mut fences, false),
+            lock.acquire(b"A", 1_000, at(0), &mut fences, Rules::default()),
             Err(DlockError::FencesExhausted)
         );
         assert_eq!(lock, Lock::default());
@@ -482,8 +544,29 @@ mod tests {
         }
     }
 
+    const HELD: Rules = Rules { new_grants_held: true, max_hold_ms: 0 };
+
+    #[test]
+    fn max_hold_refuses_the_renewal_that_would_outlast_it_and_caps_reacquires() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let rules = Rules { new_grants_held: false, max_hold_ms: 30_000 };
+        let fence = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.renew(b"A", 10_000, at(5), rules), Renewal::Renewed);
+        assert_eq!(lock.renew(b"A", 10_000, at(14), rules), Renewal::Renewed);
+        assert_eq!(lock.renew(b"A", 10_000, at(19), rules), Renewal::Renewed, "ends at 29 s");
+        assert_eq!(lock.renew(b"A", 10_000, at(25), rules), Renewal::PastMaxHold);
+        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono), Some(29 * SEC), "unchanged");
+        assert_eq!(
+            lock.acquire(b"A", 60_000, at(25), &mut fences, rules),
+            Ok(Acquired::Reacquired { fence })
+        );
+        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono), Some(30 * SEC), "capped");
+        assert!(lock.live_lease(at(30)).is_none());
+        assert_eq!(lock.renew(b"B", 1_000, at(1), rules), Renewal::NotHeld);
+    }
+
     fn waiter(id: u64, token: &[u8], gives_up_at: Option<Micros>) -> Waiter {
-        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at }
+        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at, queued_at: 0 }
     }
 
     #[test]
@@ -492,10 +575,20 @@ mod tests {
         let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(lock.enqueue(waiter(1, b"B", None)), None);
         assert_eq!(lock.enqueue(waiter(2, b"C", None)), None);
-        assert_eq!(lock.acquire(b"D", 1_000, at(1), &mut fences, false), Ok(Acquired::Busy));
-        assert_eq!(lock.hand_over(at(1), &mut fences, false, |_| true), Ok(None), "A still holds");
-        assert!(lock.release(b"A", at(1)));
-        let to_b = lock.hand_over(at(1), &mut fences, false, |_| true).expect("mint").expect("B");
+        assert_eq!(
+            lock.acquire(b"D", 1_000, at(1), &mut fences, Rules::default()),
+            Ok(Acquired::Busy)
+        );
+        assert_eq!(
+            lock.hand_over(at(1), &mut fences, Rules::default(), |_| true),
+            Ok(None),
+            "A still holds"
+        );
+        assert!(lock.release(b"A", at(1)).is_some());
+        let to_b = lock
+            .hand_over(at(1), &mut fences, Rules::default(), |_| true)
+            .expect("mint")
+            .expect("B");
         assert_eq!(to_b.waiter, 1);
         assert!(to_b.fence > first);
         assert_eq!(
@@ -504,8 +597,14 @@ mod tests {
             "ttl counts from hand-over"
         );
         // B's lease expires: C is next, even against a newcomer.
-        assert_eq!(lock.acquire(b"D", 1_000, at(12), &mut fences, false), Ok(Acquired::Busy));
-        let to_c = lock.hand_over(at(12), &mut fences, false, |_| true).expect("mint").expect("C");
+        assert_eq!(
+            lock.acquire(b"D", 1_000, at(12), &mut fences, Rules::default()),
+            Ok(Acquired::Busy)
+        );
+        let to_c = lock
+            .hand_over(at(12), &mut fences, Rules::default(), |_| true)
+            .expect("mint")
+            .expect("C");
         assert_eq!((to_c.waiter, to_c.fence > to_b.fence), (2, true));
         assert_eq!(lock.waiters().len(), 0);
     }
@@ -516,7 +615,8 @@ mod tests {
         lock.enqueue(waiter(1, b"gone", None));
         lock.enqueue(waiter(2, b"late", Some(at(5).mono + HAND_OVER_MARGIN)));
         lock.enqueue(waiter(3, b"ready", Some(at(9).mono)));
-        let handed = lock.hand_over(at(5), &mut fences, false, |w| w.id != 1).expect("mint");
+        let handed =
+            lock.hand_over(at(5), &mut fences, Rules::default(), |w| w.id != 1).expect("mint");
         assert_eq!(handed.map(|h| h.waiter), Some(3));
         assert_eq!(lock.waiters().len(), 0, "skipped waiters left the queue");
     }
@@ -539,13 +639,15 @@ mod tests {
     #[test]
     fn held_grants_wait_for_the_delay_but_known_leases_follow_the_usual_rules() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
-        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences, true), Ok(Acquired::Held));
+        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences, HELD), Ok(Acquired::Held));
         lock.enqueue(waiter(1, b"A", None));
-        assert_eq!(lock.hand_over(at(0), &mut fences, true, |_| true), Ok(None));
-        assert!(lock.hand_over(at(0), &mut fences, false, |_| true).expect("mint").is_some());
+        assert_eq!(lock.hand_over(at(0), &mut fences, HELD, |_| true), Ok(None));
+        assert!(
+            lock.hand_over(at(0), &mut fences, Rules::default(), |_| true).expect("mint").is_some()
+        );
         // An expired lease is a record: the resource can be granted during the delay.
         assert_eq!(
-            lock.acquire(b"B", 1_000, at(11), &mut fences, true)
+            lock.acquire(b"B", 1_000, at(11), &mut fences, HELD)
                 .map(|a| matches!(a, Acquired::Granted { .. })),
             Ok(true)
         );
@@ -556,7 +658,7 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
-        assert!(lock.renew(b"A", 10_000, at(5)));
+        assert_eq!(lock.renew(b"A", 10_000, at(5), Rules::default()), Renewal::Renewed);
         assert_eq!(lock.needs_index_entry(at(5)), None, "the 10 s entry fires first");
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Reschedule(15 * SEC));
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Stale, "a duplicate entry is dropped");
@@ -571,11 +673,11 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"A", 1_000, at(0), &mut fences);
         assert_eq!(lock.needs_index_entry(at(0)), Some(SEC));
-        assert!(lock.renew(b"A", 60_000, at(0)));
+        assert_eq!(lock.renew(b"A", 60_000, at(0), Rules::default()), Renewal::Renewed);
         assert_eq!(lock.needs_index_entry(at(0)), None);
         // The rename handler inserts an entry for the new name and records it.
         lock.note_index_entry(lock.index_deadline());
-        assert!(lock.renew(b"A", 2_000, at(0)));
+        assert_eq!(lock.renew(b"A", 2_000, at(0), Rules::default()), Renewal::Renewed);
         assert_eq!(lock.needs_index_entry(at(0)), Some(2 * SEC), "a shorter deadline is indexed");
     }
 

@@ -11,9 +11,10 @@ pub mod fenced;
 pub mod lock;
 #[cfg(test)]
 mod model_tests;
+pub mod stats;
 
 pub use error::DlockError;
-pub use lock::{Acquired, HandOver, Lease, Lock, Waiter};
+pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};
 
 /// Microseconds, on whichever clock the field's name says.
 pub type Micros = u64;

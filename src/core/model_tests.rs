@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 use super::expiry::ExpiryIndex;
 use super::fence::FenceCounter;
-use super::lock::Due;
+use super::lock::{Due, Renewal, Rules};
 use super::{Acquired, Lock, Now, Waiter};
 
 type Resource = u8;
@@ -100,7 +100,8 @@ impl Store {
     fn settle(&mut self, resource: Resource, now: Now) {
         let Some(lock) = self.keys.get_mut(&resource) else { return };
         lock.expire(now);
-        if let Some(handed) = lock.hand_over(now, &mut self.fences, false, |_| true).expect("mint")
+        if let Some(handed) =
+            lock.hand_over(now, &mut self.fences, Rules::default(), |_| true).expect("mint")
         {
             self.handed.push((resource, handed.waiter, handed.fence));
         }
@@ -114,7 +115,8 @@ impl Store {
     fn acquire(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> Acquired {
         self.settle(resource, now);
         let lock = self.keys.entry(resource).or_default();
-        let outcome = lock.acquire(token, ttl_ms, now, &mut self.fences, false).expect("fences");
+        let outcome =
+            lock.acquire(token, ttl_ms, now, &mut self.fences, Rules::default()).expect("fences");
         self.settle(resource, now);
         outcome
     }
@@ -132,8 +134,13 @@ impl Store {
                 self.next_waiter += 1;
                 let id = self.next_waiter;
                 let lock = self.keys.entry(resource).or_default();
-                let replaced =
-                    lock.enqueue(Waiter { id, token: token.into(), ttl_ms, gives_up_at: None });
+                let replaced = lock.enqueue(Waiter {
+                    id,
+                    token: token.into(),
+                    ttl_ms,
+                    gives_up_at: None,
+                    queued_at: now.mono,
+                });
                 assert_eq!(replaced, None, "the model never queues a token twice");
                 Err(id)
             }
@@ -150,15 +157,17 @@ impl Store {
 
     fn renew(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> bool {
         self.settle(resource, now);
-        let renewed =
-            self.keys.get_mut(&resource).is_some_and(|lock| lock.renew(token, ttl_ms, now));
+        let renewed = self.keys.get_mut(&resource).is_some_and(|lock| {
+            lock.renew(token, ttl_ms, now, Rules::default()) == Renewal::Renewed
+        });
         self.settle(resource, now);
         renewed
     }
 
     fn release(&mut self, resource: Resource, token: &[u8], now: Now) -> bool {
         self.settle(resource, now);
-        let released = self.keys.get_mut(&resource).is_some_and(|lock| lock.release(token, now));
+        let released =
+            self.keys.get_mut(&resource).is_some_and(|lock| lock.release(token, now).is_some());
         self.settle(resource, now);
         released
     }
