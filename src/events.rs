@@ -20,6 +20,7 @@ pub fn subscribe(ctx: &Context) -> Status {
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_FORK_CHILD,
+        raw::REDISMODULE_EVENT_CONFIG,
     ];
     // SAFETY: ctx is the load context; the callback is a plain function that lives forever.
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
@@ -92,6 +93,7 @@ unsafe extern "C" fn on_server_event(
             // there, next to a base that may hold no lock key (and, without a preamble, no aux).
             crate::commands::setfence::propagate_counter(&ctx);
         }
+        raw::REDISMODULE_EVENT_CONFIG => crate::notify::refresh_log_level(&ctx),
         _ => {}
     }
 }

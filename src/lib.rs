@@ -12,6 +12,7 @@ pub mod events;
 pub mod expiry;
 pub mod keyspec;
 pub mod metrics;
+pub mod notify;
 pub mod settle;
 pub mod state;
 pub mod waiters;
@@ -35,6 +36,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     config::hold_new_grants(clock::now().mono);
+    notify::refresh_log_level(ctx);
     if metrics::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
         return Status::Err;
     }

@@ -7,7 +7,9 @@ use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString};
 
 use crate::commands::{delete_lock_key, replicate_lease};
+use crate::core::args::printable;
 use crate::core::{DlockError, Lock, Now};
+use crate::notify::{self, Transition};
 use crate::waiters::{self, Outcome};
 use crate::{config, expiry, metrics, state};
 
@@ -25,6 +27,17 @@ pub fn pass_on(
             stats.leases_expired += 1;
             stats.hold_time.record(expired.deadline_mono.saturating_sub(expired.granted_mono));
         });
+        notify::transition(ctx, Transition::Expired, name, &expired, now);
+        notify::anomaly(ctx, now, || {
+            format!(
+                "lease expired under its holder resource={} owner={} fence={} held-ms={} renewals={}",
+                printable(name.as_slice()),
+                printable(&expired.token),
+                expired.fence,
+                expired.deadline_mono.saturating_sub(expired.granted_mono) / 1_000,
+                expired.renewals
+            )
+        });
     }
     let rules = config::rules(now.mono);
     let handed = state::with_fences(|fences| {
@@ -33,6 +46,7 @@ pub fn pass_on(
     if let Some(handed) = handed {
         if let Some(lease) = lock.lease() {
             replicate_lease(ctx, name, lease);
+            notify::transition(ctx, Transition::Handoff, name, lease, now);
         }
         waiters::answer(handed.waiter, Outcome::Granted(handed.fence));
         metrics::count(|stats| {

@@ -179,24 +179,34 @@ fn a_renewed_lease_is_not_swept_at_its_first_deadline() {
 }
 
 #[test]
-fn info_reports_owner_fence_remaining_ttl_and_waiters() {
+fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     let server = Server::start();
     let mut con = server.client();
     assert_eq!(info(&mut con, "invoice:10"), None);
+    let granted_at = Instant::now();
     let fence = acquire(&mut con, "invoice:10", "worker-a", 5_000).expect("granted");
+    assert_eq!(renew(&mut con, "invoice:10", "worker-a", 5_000), 1);
+    assert_eq!(renew(&mut con, "invoice:10", "worker-a", 5_000), 1);
+    sleep(Duration::from_millis(50));
     let fields = info(&mut con, "invoice:10").expect("live");
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["owner", "fence", "ttl-ms", "waiters"]);
+    assert_eq!(
+        names,
+        ["owner", "fence", "ttl-ms", "held-ms", "renewals", "waiters", "next-waiters"]
+    );
     assert_eq!(fields[0].1, "worker-a");
     assert_eq!(fields[1].1, fence.to_string());
     let ttl: i64 = fields[2].1.parse().expect("int");
     assert!((1..=5_000).contains(&ttl), "{ttl}");
-    assert_eq!(fields[3].1, "0");
+    let held: u128 = fields[3].1.parse().expect("int");
+    assert!(held >= 50 && held <= granted_at.elapsed().as_millis(), "{held}");
+    assert_eq!(fields[4].1, "2", "two renewals");
+    assert_eq!(fields[5].1, "0");
 
     let mut resp3 = server.client_resp3();
     let value: redis::Value =
         redis::cmd("DLOCK.INFO").arg("invoice:10").query(&mut resp3).expect("INFO");
-    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 4), "{value:?}");
+    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 7), "{value:?}");
     assert_eq!(info_field(&mut resp3, "invoice:10", "owner").as_deref(), Some("worker-a"));
 }
 

@@ -6,6 +6,7 @@ use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::args;
 use crate::core::{Acquired, Lock, Now, Waiter};
 use crate::datatype::LOCK_TYPE;
+use crate::notify::{self, Transition};
 use crate::waiters::{self, Outcome};
 use crate::{clock, config, expiry, metrics, settle, state};
 
@@ -50,6 +51,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             });
             if let Some(lease) = lock.lease() {
                 replicate_lease(ctx, resource, lease);
+                let what = if fresh { Transition::Acquired } else { Transition::Renewed };
+                notify::transition(ctx, what, resource, lease, now);
             }
             RedisValue::Integer(fence as i64)
         }

@@ -15,6 +15,9 @@ pub const META: CommandMeta = CommandMeta {
     complexity: "O(1)",
 };
 
+/// How many waiting tokens `next-waiters` shows, head of the queue first.
+const NEXT_WAITERS_SHOWN: usize = 5;
+
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
     if !rest.is_empty() {
@@ -25,25 +28,27 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_in(&key)? else {
         return Ok(RedisValue::Null);
     };
-    let waiting = lock.waiters().filter(|waiter| waiters::is_alive(waiter.id)).count();
+    let queue: Vec<&[u8]> = lock
+        .waiters()
+        .filter(|waiter| waiters::is_alive(waiter.id))
+        .map(|waiter| &*waiter.token)
+        .collect();
     let lease = lock.live_lease(now);
-    if lease.is_none() && waiting == 0 {
+    if lease.is_none() && queue.is_empty() {
         return Ok(RedisValue::Null);
     }
+    let number = |value: u64| FieldValue::Integer(i64::try_from(value).unwrap_or(i64::MAX));
     // A queue without a lease (grants held after a restart) shows null owner and fence.
     reply_fields(
         ctx,
         &[
             ("owner", lease.map_or(FieldValue::Null, |lease| FieldValue::Bytes(&lease.token))),
-            (
-                "fence",
-                lease.map_or(FieldValue::Null, |lease| FieldValue::Integer(lease.fence as i64)),
-            ),
-            (
-                "ttl-ms",
-                FieldValue::Integer(lease.map_or(0, |lease| lease.remaining_ms(now)) as i64),
-            ),
-            ("waiters", FieldValue::Integer(waiting as i64)),
+            ("fence", lease.map_or(FieldValue::Null, |lease| number(lease.fence))),
+            ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
+            ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
+            ("renewals", number(lease.map_or(0, |lease| lease.renewals))),
+            ("waiters", number(queue.len() as u64)),
+            ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
         ],
     )
 }

@@ -122,6 +122,12 @@ pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult
             FieldValue::Bytes(bytes) => redis_module::RedisValue::StringBuffer(bytes.to_vec()),
             FieldValue::Integer(n) => redis_module::RedisValue::Integer(*n),
             FieldValue::Null => redis_module::RedisValue::Null,
+            FieldValue::List(items) => redis_module::RedisValue::Array(
+                items
+                    .iter()
+                    .map(|item| redis_module::RedisValue::StringBuffer(item.to_vec()))
+                    .collect(),
+            ),
         }));
     }
     Ok(redis_module::RedisValue::NoReply)
@@ -135,4 +141,6 @@ pub enum FieldValue<'a> {
     Integer(i64),
     /// Nil (RESP2) or null (RESP3).
     Null,
+    /// An array of bulk strings.
+    List(&'a [&'a [u8]]),
 }

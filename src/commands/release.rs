@@ -4,6 +4,8 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{CommandMeta, lock_at, primary_only, split_args};
 use crate::core::args;
+use crate::core::args::printable;
+use crate::notify::{self, Transition};
 use crate::{clock, metrics, settle};
 
 pub const META: CommandMeta = CommandMeta {
@@ -24,7 +26,20 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
+    let holder = lock.live_lease(now).map(|lease| lease.token.clone());
     let released = lock.release(token, now);
+    match (&released, holder) {
+        (Some(lease), _) => notify::transition(ctx, Transition::Released, resource, lease, now),
+        (None, Some(holder)) => notify::anomaly(ctx, now, || {
+            format!(
+                "release by a non-owner refused resource={} token={} holder={}",
+                printable(resource.as_slice()),
+                printable(token),
+                printable(&holder)
+            )
+        }),
+        (None, None) => {}
+    }
     metrics::count(|stats| match &released {
         Some(lease) => {
             stats.release_ok += 1;

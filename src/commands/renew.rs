@@ -5,6 +5,8 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::Renewal;
 use crate::core::args;
+use crate::core::args::printable;
+use crate::notify::{self, Transition};
 use crate::{clock, config, metrics, settle};
 
 pub const META: CommandMeta = CommandMeta {
@@ -37,8 +39,26 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         }
     });
     let renewed = renewal == Renewal::Renewed;
-    if let Some(lease) = lock.lease().filter(|_| renewed) {
-        replicate_lease(ctx, resource, lease);
+    match (renewal, lock.live_lease(now)) {
+        (Renewal::Renewed, Some(lease)) => {
+            replicate_lease(ctx, resource, lease);
+            notify::transition(ctx, Transition::Renewed, resource, lease, now);
+        }
+        (_, Some(lease)) => notify::anomaly(ctx, now, || {
+            let why = if renewal == Renewal::PastMaxHold {
+                "past dlock.max-hold-ms"
+            } else {
+                "not the owner"
+            };
+            format!(
+                "renewal refused ({why}) resource={} token={} holder={} held-ms={}",
+                printable(resource.as_slice()),
+                printable(request.token),
+                printable(&lease.token),
+                lease.held_ms(now)
+            )
+        }),
+        (_, None) => {}
     }
     settle::tidy(ctx, &key, resource, lock, now);
     Ok(RedisValue::Integer(i64::from(renewed)))

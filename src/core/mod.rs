@@ -11,6 +11,7 @@ pub mod fenced;
 pub mod lock;
 #[cfg(test)]
 mod model_tests;
+pub mod ratelimit;
 pub mod stats;
 
 pub use error::DlockError;

@@ -1,0 +1,104 @@
+//! Ownership transitions made visible: keyspace notifications (module class, `dlock.*` events)
+//! and greppable `key=value` log lines, verbose for transitions and rate-limited notices for
+//! anomalies.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis_module::{Context, NotifyEvent, RedisString, RedisValue};
+
+use crate::core::args::printable;
+use crate::core::ratelimit::{RateLimit, Verdict};
+use crate::core::{Lease, Now};
+
+/// An ownership change, as its event name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// A new lease was granted.
+    Acquired,
+    /// The holder moved its deadline (RENEW, or ACQUIRE by the holder).
+    Renewed,
+    /// The holder released the lease.
+    Released,
+    /// The lease ended at its deadline, nobody having released it.
+    Expired,
+    /// The lease was handed to the head of the queue.
+    Handoff,
+}
+
+impl Transition {
+    fn event(self) -> &'static str {
+        match self {
+            Self::Acquired => "dlock.acquired",
+            Self::Renewed => "dlock.renewed",
+            Self::Released => "dlock.released",
+            Self::Expired => "dlock.expired",
+            Self::Handoff => "dlock.handoff",
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Renewed => "renewed",
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::Handoff => "handed over",
+        }
+    }
+}
+
+/// Whether the server logs at `verbose` (or `debug`): read at load and on every CONFIG change,
+/// so that no line is formatted when it would be dropped.
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Notice lines for anomalies: at most this many a second.
+const NOTICES_PER_SECOND: u32 = 10;
+static NOTICES: Mutex<Option<RateLimit>> = Mutex::new(None);
+
+/// Publishes a transition of `resource` (in the selected database) and logs it at verbose level.
+pub fn transition(
+    ctx: &Context,
+    what: Transition,
+    resource: &RedisString,
+    lease: &Lease,
+    now: Now,
+) {
+    ctx.notify_keyspace_event(NotifyEvent::MODULE, what.event(), resource);
+    if VERBOSE.load(Ordering::Relaxed) {
+        ctx.log_verbose(&format!(
+            "lease {} resource={} owner={} fence={} ttl-ms={} held-ms={}",
+            what.verb(),
+            printable(resource.as_slice()),
+            printable(&lease.token),
+            lease.fence,
+            lease.remaining_ms(now),
+            lease.held_ms(now),
+        ));
+    }
+}
+
+/// Logs an anomaly at notice level, unless too many were logged this second.
+pub fn anomaly(ctx: &Context, now: Now, line: impl FnOnce() -> String) {
+    let verdict = NOTICES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get_or_insert_with(RateLimit::default)
+        .check(now.mono, NOTICES_PER_SECOND);
+    match verdict {
+        Verdict::Suppress => {}
+        Verdict::Log => ctx.log_notice(&line()),
+        Verdict::LogAfterSuppressed(n) => {
+            ctx.log_notice(&format!("{n} anomaly lines suppressed in the last second"));
+            ctx.log_notice(&line());
+        }
+    }
+}
+
+/// Re-reads the server's log level (at load and after CONFIG SET).
+pub fn refresh_log_level(ctx: &Context) {
+    let level = ctx.call("CONFIG", &["GET", "loglevel"]);
+    let verbose = matches!(level, Ok(RedisValue::Array(ref values))
+        if values.iter().any(|v| matches!(v, RedisValue::SimpleString(s) | RedisValue::BulkString(s) if s == "verbose" || s == "debug")));
+    VERBOSE.store(verbose, Ordering::Relaxed);
+}
