@@ -7,7 +7,7 @@ use std::os::raw::c_char;
 
 use redis_module::{Context, Status, raw};
 
-use crate::commands::{ALL, CommandMeta};
+use crate::commands::{ALL, ArgKind, ArgMeta, CommandMeta};
 
 /// Declares every command's metadata; logs and fails the load if the server refuses one.
 pub fn register_all(ctx: &Context) -> Status {
@@ -23,6 +23,32 @@ pub fn register_all(ctx: &Context) -> Status {
 /// Leaks a C string: command info is set once at load and lives as long as the server.
 fn leaked(text: &str) -> Result<*const c_char, &'static str> {
     CString::new(text).map(|s| s.into_raw().cast_const()).map_err(|_| "text contains NUL")
+}
+
+/// The zero-terminated argument array `COMMAND DOCS` shows, leaked like the rest.
+fn command_args(args: &[ArgMeta]) -> Result<*mut raw::RedisModuleCommandArg, &'static str> {
+    let mut described = Vec::with_capacity(args.len() + 1);
+    for arg in args {
+        // SAFETY: all-zero is the "unset" value of every field of this C struct.
+        let mut c_arg: raw::RedisModuleCommandArg = unsafe { zeroed() };
+        c_arg.name = leaked(arg.name)?;
+        c_arg.type_ = match arg.kind {
+            ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+            ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+            ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+        };
+        c_arg.key_spec_index = if matches!(arg.kind, ArgKind::Key) { 0 } else { -1 };
+        if let Some(token) = arg.token {
+            c_arg.token = leaked(token)?;
+        }
+        let optional = if arg.optional { raw::REDISMODULE_CMD_ARG_OPTIONAL } else { 0 };
+        let multiple = if arg.multiple { raw::REDISMODULE_CMD_ARG_MULTIPLE } else { 0 };
+        c_arg.flags = (optional | multiple) as i32;
+        described.push(c_arg);
+    }
+    // SAFETY: as above; a zeroed entry ends the array.
+    described.push(unsafe { zeroed() });
+    Ok(Box::leak(described.into_boxed_slice()).as_mut_ptr())
 }
 
 fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
@@ -66,6 +92,7 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     if meta.key_flags != 0 {
         info.key_specs = key_specs.as_mut_ptr();
     }
+    info.args = command_args(meta.args)?;
     // SAFETY: command is a live command of this module; info and everything it points to
     // outlive the call (they are leaked).
     if unsafe { set_info(command, &info) } == raw::REDISMODULE_OK as i32 {

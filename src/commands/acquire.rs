@@ -2,7 +2,7 @@
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::args;
 use crate::core::{Acquired, Lock, Now, Waiter};
 use crate::datatype::LOCK_TYPE;
@@ -18,7 +18,19 @@ pub const META: CommandMeta = CommandMeta {
         | raw::REDISMODULE_CMD_KEY_ACCESS
         | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Acquires a lease on a resource and returns its fencing token",
-    complexity: "O(log N) where N is the number of leases with a deadline; O(W) with WAIT, W the waiters on the resource",
+    complexity: "O(log N) where N is the number of leases with a deadline, plus O(W) for W waiters on the resource",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("token", ArgKind::String),
+        ArgMeta::required("ttl-ms", ArgKind::Integer),
+        ArgMeta {
+            name: "timeout-ms",
+            kind: ArgKind::Integer,
+            token: Some("WAIT"),
+            optional: true,
+            multiple: false,
+        },
+    ],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

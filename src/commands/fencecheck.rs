@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_in, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_in, split_args};
 use crate::core::args;
 use crate::{clock, metrics};
 
@@ -13,6 +13,10 @@ pub const META: CommandMeta = CommandMeta {
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
     summary: "Tells whether a fence is the fence of the live lease on a resource",
     complexity: "O(1)",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("fence", ArgKind::Integer),
+    ],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_in};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_in};
 use crate::core::DlockError;
 use crate::core::args::{parse_fence, printable};
 use crate::core::fenced::{key_slot, refusal};
@@ -20,6 +20,12 @@ pub const META: CommandMeta = CommandMeta {
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
     summary: "Runs a command only if a fence is the fence of the live lease on a resource",
     complexity: "O(1) plus the complexity of the fenced command",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("fence", ArgKind::Integer),
+        ArgMeta::required("command", ArgKind::String),
+        ArgMeta { name: "arg", kind: ArgKind::String, token: None, optional: true, multiple: true },
+    ],
 };
 
 /// `RM_Call` flags: `v` argv array, `!` replicate the inner command (and nothing else), `C` check

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, FieldValue, lock_in, reply_fields, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, lock_in, reply_fields, split_args};
 use crate::core::DlockError;
 use crate::{clock, waiters};
 
@@ -11,8 +11,9 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 2,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, waiters",
-    complexity: "O(1)",
+    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, hold time, renewals, waiters",
+    complexity: "O(W) where W is the number of waiters on the resource",
+    args: &[ArgMeta::required("resource", ArgKind::Key)],
 };
 
 /// How many waiting tokens `next-waiters` shows, head of the queue first.

@@ -31,11 +31,53 @@ pub struct CommandMeta {
     pub summary: &'static str,
     /// Time complexity for `COMMAND DOCS`.
     pub complexity: &'static str,
+    /// Arguments after the command name, for `COMMAND DOCS`.
+    pub args: &'static [ArgMeta],
+}
+
+/// One argument as `COMMAND DOCS` describes it.
+pub struct ArgMeta {
+    /// Its name in the syntax line.
+    pub name: &'static str,
+    /// What kind of value it takes.
+    pub kind: ArgKind,
+    /// The keyword that introduces it (`WAIT`), if any.
+    pub token: Option<&'static str>,
+    /// Whether it may be left out.
+    pub optional: bool,
+    /// Whether it may repeat.
+    pub multiple: bool,
+}
+
+/// The value kinds our commands take.
+#[derive(Clone, Copy)]
+pub enum ArgKind {
+    /// The resource key.
+    Key,
+    /// A binary-safe string.
+    String,
+    /// An integer.
+    Integer,
+}
+
+impl ArgMeta {
+    /// A required argument.
+    pub const fn required(name: &'static str, kind: ArgKind) -> Self {
+        Self { name, kind, token: None, optional: false, multiple: false }
+    }
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 6] =
-    [&acquire::META, &renew::META, &release::META, &fencecheck::META, &info::META, &setlease::META];
+pub const ALL: [&CommandMeta; 8] = [
+    &acquire::META,
+    &renew::META,
+    &release::META,
+    &fencecheck::META,
+    &info::META,
+    &fenced::META,
+    &setlease::META,
+    &setfence::META,
+];
 
 impl From<DlockError> for RedisError {
     fn from(error: DlockError) -> Self {

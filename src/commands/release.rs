@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, split_args};
 use crate::core::args;
 use crate::core::args::printable;
 use crate::notify::{self, Transition};
@@ -14,7 +14,11 @@ pub const META: CommandMeta = CommandMeta {
     arity: 3,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
     summary: "Releases the caller's live lease",
-    complexity: "O(1)",
+    complexity: "O(log N) where N is the number of leases with a deadline, plus O(W) for W waiters when the lease passes to one",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("token", ArgKind::String),
+    ],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, lock_at, primary_only, replicate_lease, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, replicate_lease, split_args};
 use crate::core::Renewal;
 use crate::core::args;
 use crate::core::args::printable;
@@ -16,6 +16,11 @@ pub const META: CommandMeta = CommandMeta {
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Extends the caller's live lease to ttl-ms from now",
     complexity: "O(log N) where N is the number of leases with a deadline",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("token", ArgKind::String),
+        ArgMeta::required("ttl-ms", ArgKind::Integer),
+    ],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -4,7 +4,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
-use super::{CommandMeta, internal_only};
+use super::{ArgKind, ArgMeta, CommandMeta, internal_only};
 use crate::core::DlockError;
 use crate::core::args::parse_fence;
 use crate::state;
@@ -16,6 +16,7 @@ pub const META: CommandMeta = CommandMeta {
     key_flags: 0,
     summary: "Internal: raises the fence counter (AOF and replication stream only)",
     complexity: "O(1)",
+    args: &[ArgMeta::required("fence", ArgKind::Integer)],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

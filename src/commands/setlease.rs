@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{CommandMeta, internal_only, lock_at, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
 use crate::core::args::{parse_fence, parse_int, parse_token};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -16,6 +16,12 @@ pub const META: CommandMeta = CommandMeta {
     key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
     complexity: "O(log N) where N is the number of leases with a deadline",
+    args: &[
+        ArgMeta::required("resource", ArgKind::Key),
+        ArgMeta::required("token", ArgKind::String),
+        ArgMeta::required("fence", ArgKind::Integer),
+        ArgMeta::required("deadline-unix-us", ArgKind::Integer),
+    ],
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
