@@ -172,6 +172,17 @@ fn transitions_are_logged_greppable_and_anomalies_are_rate_limited() {
             .log()
             .contains(&format!("lease acquired resource=invoice:42 owner=worker-a fence={fence}"))
     );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("loglevel")
+        .arg("notice")
+        .query(&mut con)
+        .expect("CONFIG");
+    acquire(&mut con, "invoice:43", "worker-a", 60_000).expect("granted");
+    assert!(
+        !server.log().contains("resource=invoice:43"),
+        "no verbose line once the level is notice"
+    );
     for _ in 0..200 {
         assert_eq!(release(&mut con, "invoice:42", "intruder"), 0);
     }
