@@ -383,6 +383,7 @@ fn a_writable_replica_refuses_lease_decisions() {
         &[&b"DLOCK.ACQUIRE"[..], b"lock:w", b"t", b"1000"][..],
         &[b"DLOCK.RENEW", b"lock:w", b"t", b"1000"],
         &[b"DLOCK.RELEASE", b"lock:w", b"t"],
+        &[b"DLOCK.FENCED", b"lock:w", b"1", b"SET", b"data", b"v"],
     ] {
         assert_eq!(
             error_text(run(&mut r, args)),

@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_in};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_in, primary_only};
 use crate::core::DlockError;
 use crate::core::args::{parse_fence, printable};
 use crate::core::fenced::{key_slot, refusal};
@@ -38,6 +38,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         return Err(DlockError::WrongArity(META.name).into());
     };
     let fence = parse_fence(fence.as_slice())?;
+    primary_only(ctx)?;
     let inner: Vec<&[u8]> = inner_args.iter().map(RedisString::as_slice).collect();
     if let Some(reason) = refusal(command.as_slice(), &inner) {
         return Err(

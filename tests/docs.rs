@@ -1,0 +1,106 @@
+//! `docs/commands/*.md` and `COMMAND DOCS` say the same thing, so neither can drift.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+
+const COMMANDS: [&str; 8] = [
+    "dlock.acquire",
+    "dlock.renew",
+    "dlock.release",
+    "dlock.fencecheck",
+    "dlock.info",
+    "dlock.fenced",
+    "dlock.setlease",
+    "dlock.setfence",
+];
+
+fn text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A flat `[name, value, …]` reply as a map.
+fn pairs(value: &redis::Value) -> BTreeMap<String, redis::Value> {
+    match value {
+        redis::Value::Array(items) => {
+            items.chunks(2).map(|pair| (text(&pair[0]), pair[1].clone())).collect()
+        }
+        redis::Value::Map(items) => items.iter().map(|(k, v)| (text(k), v.clone())).collect(),
+        other => panic!("expected pairs, got {other:?}"),
+    }
+}
+
+/// The syntax line Redis's own pages would print for these `COMMAND DOCS` arguments.
+fn syntax(name: &str, arguments: Option<&redis::Value>) -> String {
+    let mut line = name.to_uppercase();
+    let Some(redis::Value::Array(arguments)) = arguments else { return line };
+    for argument in arguments {
+        let fields = pairs(argument);
+        let arg_name = text(&fields["name"]);
+        let flags = fields.get("flags").map(|f| format!("{f:?}")).unwrap_or_default();
+        let mut part = match fields.get("token") {
+            Some(token) => format!("{} {arg_name}", text(token)),
+            None => arg_name.clone(),
+        };
+        if flags.contains("multiple") {
+            part = format!("{part} [{arg_name} ...]");
+        }
+        if flags.contains("optional") {
+            part = format!("[{part}]");
+        }
+        line.push(' ');
+        line.push_str(&part);
+    }
+    line
+}
+
+fn field<'a>(page: &'a str, label: &str) -> Option<&'a str> {
+    page.lines().find_map(|line| line.strip_prefix(&format!("- **{label}:** ")))
+}
+
+#[test]
+fn every_command_page_matches_command_docs() {
+    let server = Server::start();
+    let mut con = server.client();
+    let docs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands");
+    for command in COMMANDS {
+        let reply: redis::Value =
+            redis::cmd("COMMAND").arg("DOCS").arg(command).query(&mut con).expect("DOCS");
+        let docs = pairs(&reply);
+        let docs = pairs(&docs[command]);
+        let path = docs_dir.join(format!("{command}.md"));
+        let page =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            field(&page, "Summary"),
+            Some(text(&docs["summary"]).as_str()),
+            "{command} summary"
+        );
+        assert_eq!(field(&page, "Since"), Some(text(&docs["since"]).as_str()), "{command} since");
+        assert_eq!(
+            field(&page, "Time complexity"),
+            Some(text(&docs["complexity"]).as_str()),
+            "{command} complexity"
+        );
+        let first_block = page.split("```").nth(1).map(str::trim).unwrap_or_default();
+        assert_eq!(first_block, syntax(command, docs.get("arguments")), "{command} syntax");
+        let arguments_section = page.split("## Arguments").nth(1).unwrap_or_default();
+        if let Some(redis::Value::Array(arguments)) = docs.get("arguments") {
+            for argument in arguments {
+                let name = text(&pairs(argument)["name"]);
+                assert!(
+                    arguments_section.contains(&format!("`{name}`")),
+                    "{command} documents `{name}`"
+                );
+            }
+        }
+        assert_eq!(text(&docs["group"]), "module");
+    }
+}
