@@ -1,8 +1,10 @@
 //! The `dlocklock` module data type: one value per lock key, and its callbacks.
 //!
-//! RDB layout, encoding version 1:
+//! RDB layout, encoding version 2:
 //! `flags: unsigned` (bit 0: a lease follows; other bits must be 0), then, when bit 0 is set,
-//! `token: string buffer`, `fence: unsigned`, `deadline: unsigned` (absolute Unix µs).
+//! `token: string buffer`, `fence: unsigned`, `deadline: unsigned` (absolute Unix µs),
+//! `held: unsigned` (µs from the grant to the deadline), `renewals: unsigned`.
+//! Version 1 (still loaded) ends after `deadline`.
 //! Module aux data (before the keyspace): `last_fence: unsigned`.
 //! The AOF form of a lock is `DLOCK.SETLEASE key token fence deadline-unix-us`.
 
@@ -19,7 +21,9 @@ use crate::core::{Lease, Lock};
 use crate::{metrics, state};
 
 /// RDB encoding version written by this build; loading refuses any other.
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
+/// The first encoding, without hold history; still loaded.
+const ENCODING_V1: i32 = 1;
 const HAS_LEASE: u64 = 1;
 
 /// The module type of every lock key (`TYPE key` answers `dlocklock`).
@@ -50,7 +54,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
 );
 
 /// Reads one lock; `None` on a short read, an unknown flag or an invalid lease.
-fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
     let flags = raw::load_unsigned(rdb).ok()?;
     if flags & !HAS_LEASE != 0 {
         return None;
@@ -61,7 +65,12 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
     let token = raw::load_string_buffer(rdb).ok()?;
     let fence = raw::load_unsigned(rdb).ok()?;
     let deadline_wall = raw::load_unsigned(rdb).ok()?;
-    let lease = Lease::restore(token.as_ref(), fence, deadline_wall, clock::now()).ok()?;
+    let mut lease = Lease::restore(token.as_ref(), fence, deadline_wall, clock::now()).ok()?;
+    if encver >= ENCODING_VERSION {
+        let held = raw::load_unsigned(rdb).ok()?;
+        lease.renewals = raw::load_unsigned(rdb).ok()?;
+        lease.granted_mono = lease.deadline_mono.saturating_sub(held);
+    }
     state::observe_fence(lease.fence);
     Some(Lock::with_lease(lease))
 }
@@ -69,10 +78,10 @@ fn load_lock(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
 /// # Safety
 /// Called by Redis with a valid IO handle; returns an owned `Lock` or null (load error).
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    if encver != ENCODING_VERSION {
+    if encver != ENCODING_VERSION && encver != ENCODING_V1 {
         return ptr::null_mut();
     }
-    match load_lock(rdb) {
+    match load_lock(rdb, encver) {
         Some(lock) => {
             metrics::lock_key_created();
             Box::into_raw(Box::new(lock)).cast()
@@ -92,6 +101,8 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
             raw::save_slice(rdb, &lease.token);
             raw::save_unsigned(rdb, lease.fence);
             raw::save_unsigned(rdb, lease.deadline_wall);
+            raw::save_unsigned(rdb, lease.deadline_mono.saturating_sub(lease.granted_mono));
+            raw::save_unsigned(rdb, lease.renewals);
         }
         None => raw::save_unsigned(rdb, 0),
     }
@@ -191,7 +202,7 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, _when: c_int) {
 /// # Safety
 /// `rdb` is a valid IO handle.
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, _when: c_int) -> c_int {
-    if encver != ENCODING_VERSION {
+    if encver != ENCODING_VERSION && encver != ENCODING_V1 {
         return raw::REDISMODULE_ERR as c_int;
     }
     match raw::load_unsigned(rdb) {

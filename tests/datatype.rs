@@ -188,9 +188,10 @@ fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
     acquire(&mut con, "lock:ok", "worker", 60_000).expect("granted");
     let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(&mut con).expect("DUMP");
     let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
-    // The object ends with the deadline (opcode 2, 0x81, 8 big-endian bytes) and the EOF opcode.
+    // After the token come the fence and the deadline, each as opcode 2, 0x81, 8 big-endian bytes.
     let mut forged = object.to_vec();
-    let at = forged.len() - 9;
+    let token_at = forged.windows(6).position(|w| w == b"worker").expect("token in the dump");
+    let at = token_at + 6 + 10 + 2;
     assert_eq!(forged[at - 1], 0x81, "the deadline is a 64-bit length");
     forged[at..at + 8].copy_from_slice(&u64::MAX.to_be_bytes());
     let reply: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")

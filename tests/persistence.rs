@@ -24,11 +24,18 @@ fn debug_reload_keeps_leases_fences_and_deadlines() {
     let server = Server::start();
     let mut con = server.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    assert_eq!(renew(&mut con, "invoice:1", "worker-a", 60_000), 1);
+    assert_eq!(renew(&mut con, "invoice:1", "worker-a", 60_000), 1);
+    std::thread::sleep(Duration::from_millis(100));
     let digest_before = digest(&mut con, "invoice:1");
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
     assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
     let digest_after = digest(&mut con, "invoice:1");
     assert_eq!(digest_before, digest_after, "the value survives the round trip bit for bit");
+    assert_eq!(info_field(&mut con, "invoice:1", "renewals").as_deref(), Some("2"), "history kept");
+    let held: u64 =
+        info_field(&mut con, "invoice:1", "held-ms").expect("held").parse().expect("int");
+    assert!(held >= 100, "held-ms counts from the original grant: {held}");
     assert!(acquire(&mut con, "invoice:2", "worker-b", 1_000).expect("granted") > fence);
 }
 

@@ -27,6 +27,11 @@ fn the_replica_mirrors_grants_renewals_and_releases_with_equal_digests() {
     sync(&mut p);
     assert_eq!(info_field(&mut r, "invoice:1", "owner").as_deref(), Some("worker-a"));
     assert_eq!(fencecheck(&mut r, "invoice:1", fence), 1);
+    assert_eq!(
+        info_field(&mut r, "invoice:2", "renewals").as_deref(),
+        Some("1"),
+        "renewal mirrored"
+    );
     for key in ["invoice:1", "invoice:2"] {
         assert_eq!(digest(&mut p, key), digest(&mut r, key), "{key}");
     }

@@ -36,10 +36,19 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         .and_then(|n| u64::try_from(n).ok())
         .ok_or(DlockError::BadReplicatedLease("deadline"))?;
     let now = clock::now();
-    let lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
+    let mut lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
     let key = ctx.open_key_writable(resource);
-    // Checks the type before anything changes: another type at the key is WRONGTYPE.
-    lock_at(&key)?;
+    // Checks the type before anything changes: another type at the key is WRONGTYPE. A renewal
+    // of the grant this copy already has keeps its hold history.
+    if let Some(previous) =
+        lock_at(&key)?.and_then(|lock| lock.lease()).filter(|l| l.fence == fence)
+    {
+        let renewed = previous.deadline_wall != deadline;
+        if let Some(lease) = lock.lease_mut() {
+            lease.granted_mono = previous.granted_mono;
+            lease.renewals = previous.renewals + u64::from(renewed);
+        }
+    }
     state::observe_fence(fence);
     expiry::schedule(ctx, resource, &lock, now);
     key.set_value(&LOCK_TYPE, lock)?;

@@ -206,6 +206,11 @@ impl Lock {
         self.lease.as_ref()
     }
 
+    /// The lease, for restoring history that travels beside it (RDB, replication).
+    pub fn lease_mut(&mut self) -> Option<&mut Lease> {
+        self.lease.as_mut()
+    }
+
     /// The lease if it is live at `now`.
     pub fn live_lease(&self, now: Now) -> Option<&Lease> {
         self.lease.as_ref().filter(|lease| lease.is_live(now))
