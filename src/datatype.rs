@@ -175,7 +175,12 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 unsafe extern "C" fn free(value: *mut c_void) {
     if !value.is_null() {
         // SAFETY: value came from Box::into_raw of a Lock.
-        drop(unsafe { Box::from_raw(value.cast::<Lock>()) });
+        let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
+        // The key is gone (DEL, FLUSHALL, overwrite, reload): its waiters wait for nothing now.
+        for waiter in lock.waiters() {
+            crate::waiters::answer(waiter.id, crate::waiters::Outcome::Nil, None);
+        }
+        drop(lock);
         metrics::lock_key_freed();
     }
 }

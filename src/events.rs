@@ -10,7 +10,7 @@ use redis_module::{Context, KeysCursor, Status, raw};
 use crate::core::Lock;
 use crate::datatype::LOCK_TYPE;
 use crate::state::{self, KeyRef};
-use crate::{config, expiry, waiters};
+use crate::{config, expiry};
 
 /// Subscribes to the server events the module follows.
 pub fn subscribe(ctx: &Context) -> Status {
@@ -31,7 +31,11 @@ pub fn subscribe(ctx: &Context) -> Status {
         // SAFETY: as above.
         if unsafe { subscribe(ctx.ctx, event, Some(on_server_event)) } != raw::REDISMODULE_OK as i32
         {
-            ctx.log_warning(&format!("dlock: cannot subscribe to server event {id}"));
+            crate::notify::log(
+                ctx,
+                crate::notify::Level::Warning,
+                &format!("dlock: cannot subscribe to server event {id}"),
+            );
             return Status::Err;
         }
     }
@@ -74,7 +78,6 @@ unsafe extern "C" fn on_server_event(
                 index_every_lock(&ctx);
             } else {
                 // The server answers blocked clients itself when it turns into a replica.
-                waiters::forget_all();
                 state::with_expiry(|expiry| expiry.index.clear());
             }
         }
@@ -141,7 +144,11 @@ fn index_every_lock(ctx: &Context) {
         }
     });
     expiry::arm(ctx, now);
-    ctx.log_notice(&format!("dlock: now primary; {count} lock keys indexed for expiry"));
+    crate::notify::log(
+        ctx,
+        crate::notify::Level::Notice,
+        &format!("dlock: now primary; {count} lock keys indexed for expiry"),
+    );
 }
 
 #[cfg(test)]

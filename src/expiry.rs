@@ -77,10 +77,20 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
 pub fn arm(ctx: &Context, now: Now) {
-    let next = state::with_expiry(|expiry| {
-        if expiry.to_prune.is_empty() { expiry.index.next_deadline() } else { Some(now.mono) }
+    let pending = state::with_expiry(|expiry| {
+        if expiry.to_prune.is_empty() && expiry.to_release.is_empty() {
+            expiry.index.next_deadline()
+        } else {
+            Some(now.mono)
+        }
     });
-    let Some(next) = next else { return };
+    let next = match (pending, crate::waiters::next_timeout()) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => match a.or(b) {
+            Some(next) => next,
+            None => return,
+        },
+    };
     let stale_timer = state::with_expiry(|expiry| match expiry.timer {
         Some((_, due)) if due <= next => None,
         armed => Some(armed.map(|(id, _)| id)),
@@ -110,9 +120,19 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         return;
     }
     let started = clock::now();
-    for key in state::with_expiry(|expiry| std::mem::take(&mut expiry.to_prune)) {
+    crate::waiters::time_out(started.mono);
+    let (to_prune, to_release) = state::with_expiry(|expiry| {
+        (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
+    });
+    for key in to_prune {
         with_lock_at(&ctx, &key, |ctx, handle, name, lock| {
-            settle::settle(ctx, handle, name, lock, started)
+            lock.retain_waiters(|waiter| crate::waiters::is_alive(waiter.id));
+            settle::settle(ctx, handle, name, lock, started);
+        });
+    }
+    for grant in to_release {
+        with_lock_at(&ctx, &grant.key, |ctx, handle, name, lock| {
+            settle::release_lost_grant(ctx, handle, name, lock, &grant, started);
         });
     }
     let mut now = started;

@@ -13,7 +13,11 @@ use crate::commands::{ALL, ArgKind, ArgMeta, CommandMeta};
 pub fn register_all(ctx: &Context) -> Status {
     for meta in ALL {
         if let Err(reason) = register(ctx, meta) {
-            ctx.log_warning(&format!("dlock: cannot set command info of {}: {reason}", meta.name));
+            crate::notify::log(
+                ctx,
+                crate::notify::Level::Warning,
+                &format!("dlock: cannot set command info of {}: {reason}", meta.name),
+            );
             return Status::Err;
         }
     }

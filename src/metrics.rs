@@ -51,9 +51,13 @@ pub fn register(ctx: &Context) -> Status {
 /// # Safety
 /// Called by Redis with an INFO context valid for this call.
 unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
-    let fields = stats()
+    // A crash report must not wait on a lock the crashing code may hold.
+    let Ok(mut stats) = STATS.try_lock() else { return };
+    let Some(waiters) = crate::waiters::count_now() else { return };
+    let fields = stats
         .get_or_insert_with(Stats::default)
-        .fields(LOCK_KEYS.load(Ordering::Relaxed), crate::waiters::count() as u64);
+        .fields(LOCK_KEYS.load(Ordering::Relaxed), waiters as u64);
+    drop(stats);
     // SAFETY: ctx is the INFO context of this call; names are NUL-terminated ASCII.
     unsafe {
         let (Some(add_section), Some(add_field)) =

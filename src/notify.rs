@@ -5,7 +5,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis_module::{Context, NotifyEvent, RedisString, RedisValue};
+use std::ffi::CString;
+
+use redis_module::{Context, NotifyEvent, RedisString, RedisValue, raw};
 
 use crate::core::args::printable;
 use crate::core::ratelimit::{RateLimit, Verdict};
@@ -56,6 +58,34 @@ static VERBOSE: AtomicBool = AtomicBool::new(false);
 const NOTICES_PER_SECOND: u32 = 10;
 static NOTICES: Mutex<Option<RateLimit>> = Mutex::new(None);
 
+/// Log levels of the server log.
+#[derive(Clone, Copy)]
+pub enum Level {
+    /// `verbose`
+    Verbose,
+    /// `notice`
+    Notice,
+    /// `warning`
+    Warning,
+}
+
+/// Writes one line to the server log. The text is passed as data (`"%s"`), never as a format
+/// string, so a `%` in a resource name or token cannot make the server read what is not there.
+pub fn log(ctx: &Context, level: Level, line: &str) {
+    let level = match level {
+        Level::Verbose => c"verbose",
+        Level::Notice => c"notice",
+        Level::Warning => c"warning",
+    };
+    let Ok(line) = CString::new(line.replace('\0', "?")) else { return };
+    // SAFETY: the level and "%s" are NUL-terminated; `line` fills the one %s and outlives the call.
+    unsafe {
+        if let Some(write) = raw::RedisModule_Log {
+            write(ctx.ctx, level.as_ptr(), c"%s".as_ptr(), line.as_ptr());
+        }
+    }
+}
+
 /// Publishes a transition of `resource` (in the selected database) and logs it at verbose level.
 pub fn transition(
     ctx: &Context,
@@ -66,15 +96,19 @@ pub fn transition(
 ) {
     ctx.notify_keyspace_event(NotifyEvent::MODULE, what.event(), resource);
     if VERBOSE.load(Ordering::Relaxed) {
-        ctx.log_verbose(&format!(
-            "lease {} resource={} owner={} fence={} ttl-ms={} held-ms={}",
-            what.verb(),
-            printable(resource.as_slice()),
-            printable(&lease.token),
-            lease.fence,
-            lease.remaining_ms(now),
-            lease.held_ms(now),
-        ));
+        log(
+            ctx,
+            Level::Verbose,
+            &format!(
+                "lease {} resource={} owner={} fence={} ttl-ms={} held-ms={}",
+                what.verb(),
+                printable(resource.as_slice()),
+                printable(&lease.token),
+                lease.fence,
+                lease.remaining_ms(now),
+                lease.held_ms(now),
+            ),
+        );
     }
 }
 
@@ -87,10 +121,10 @@ pub fn anomaly(ctx: &Context, now: Now, line: impl FnOnce() -> String) {
         .check(now.mono, NOTICES_PER_SECOND);
     match verdict {
         Verdict::Suppress => {}
-        Verdict::Log => ctx.log_notice(&line()),
+        Verdict::Log => log(ctx, Level::Notice, &line()),
         Verdict::LogAfterSuppressed(n) => {
-            ctx.log_notice(&format!("{n} anomaly lines suppressed in the last second"));
-            ctx.log_notice(&line());
+            log(ctx, Level::Notice, &format!("{n} anomaly lines suppressed in the last second"));
+            log(ctx, Level::Notice, &line());
         }
     }
 }

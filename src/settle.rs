@@ -10,6 +10,7 @@ use crate::commands::{delete_lock_key, replicate_lease};
 use crate::core::args::printable;
 use crate::core::{DlockError, Lock, Now};
 use crate::notify::{self, Transition};
+use crate::state::Grant;
 use crate::waiters::{self, Outcome};
 use crate::{config, expiry, metrics, state};
 
@@ -21,7 +22,6 @@ pub fn pass_on(
     lock: &mut Lock,
     now: Now,
 ) -> Result<(), DlockError> {
-    lock.retain_waiters(|waiter| waiters::is_alive(waiter.id));
     if let Some(expired) = lock.expire(now) {
         metrics::count(|stats| {
             stats.leases_expired += 1;
@@ -44,11 +44,14 @@ pub fn pass_on(
         lock.hand_over(now, fences, rules, |waiter| waiters::is_alive(waiter.id))
     })?;
     if let Some(handed) = handed {
+        let mut grant = None;
         if let Some(lease) = lock.lease() {
             replicate_lease(ctx, name, lease);
             notify::transition(ctx, Transition::Handoff, name, lease, now);
+            let key = expiry::key_ref(ctx, name.as_slice());
+            grant = Some(Grant { key, token: lease.token.clone(), fence: lease.fence });
         }
-        waiters::answer(handed.waiter, Outcome::Granted(handed.fence));
+        waiters::answer(handed.waiter, Outcome::Granted(handed.fence), grant);
         metrics::count(|stats| {
             stats.waits_granted += 1;
             stats.wait_time.record(handed.waited);
@@ -70,6 +73,31 @@ pub fn tidy(ctx: &Context, key: &RedisKeyWritable, name: &RedisString, lock: &Lo
     }
 }
 
+/// Releases a lease handed to a waiter whose reply never arrived (it left in between), if that
+/// lease is still the live one, and passes the lock on.
+pub fn release_lost_grant(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    lock: &mut Lock,
+    grant: &Grant,
+    now: Now,
+) {
+    let current = lock.live_lease(now).is_some_and(|l| l.fence == grant.fence);
+    if let Some(lease) = lock.release(&grant.token, now).filter(|_| current) {
+        notify::transition(ctx, Transition::Released, name, &lease, now);
+        notify::anomaly(ctx, now, || {
+            format!(
+                "lease released: its waiter left before the reply resource={} owner={} fence={}",
+                printable(name.as_slice()),
+                printable(&lease.token),
+                lease.fence
+            )
+        });
+    }
+    settle(ctx, key, name, lock, now);
+}
+
 /// [`pass_on`] then [`tidy`].
 pub fn settle(
     ctx: &Context,
@@ -79,7 +107,7 @@ pub fn settle(
     now: Now,
 ) {
     if let Err(error) = pass_on(ctx, name, lock, now) {
-        ctx.log_warning(&format!("dlock: hand-over failed: {error}"));
+        notify::log(ctx, notify::Level::Warning, &format!("dlock: hand-over failed: {error}"));
     }
     tidy(ctx, key, name, lock, now);
 }

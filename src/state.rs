@@ -50,6 +50,24 @@ pub struct Expiry {
     pub timer: Option<(u64, Micros)>,
     /// Keys whose queue lost a waiter (timeout, disconnect): settled on the next timer turn.
     pub to_prune: Vec<KeyRef>,
+    /// Hand-overs whose reply never reached the waiter: released on the next timer turn.
+    pub to_release: Vec<Grant>,
+}
+
+/// A lease handed to a waiter, as needed to undo it if the reply is lost.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// Where the lease is.
+    pub key: KeyRef,
+    /// Its owner.
+    pub token: Box<[u8]>,
+    /// Its fence.
+    pub fence: u64,
+}
+
+/// Asks the timer to release `grant` if it is still the live lease of its key.
+pub fn release_later(grant: Grant) {
+    with_expiry(|expiry| expiry.to_release.push(grant));
 }
 
 static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);

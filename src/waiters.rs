@@ -1,30 +1,38 @@
 //! Clients blocked in `DLOCK.ACQUIRE … WAIT`: the registry that links a queued waiter to its
-//! blocked client, and the blocking API callbacks.
+//! blocked client, the waiters' own timeouts, and the blocking API callbacks.
 //!
-//! A waiter is alive while it is registered. Its registration ends exactly once: when it is
-//! handed the lease (or superseded) and answered, or when the server reports a timeout, a
-//! `CLIENT UNBLOCK` or a disconnection. The queue entry itself is pruned at the next settle of its
-//! key, which the ending schedules.
+//! A registration goes `Waiting` → `Answered` → gone. Only the module decides: timeouts are
+//! enforced by the module's timer (the client is blocked without a server timeout), so a
+//! hand-over and a timeout can never both answer one client. A grant whose reply never reached
+//! its client (it disconnected, or was unblocked with an error, between the hand-over and the
+//! reply) is released again by the timer, so no lease is left to a client that cannot know it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, raw};
 
-use crate::state::{self, KeyRef};
+use crate::core::Micros;
+use crate::state::{self, Grant, KeyRef};
 
 /// What a blocked ACQUIRE finally answers.
 pub enum Outcome {
     /// The lease was handed over with this fence.
     Granted(u64),
-    /// Not granted (a newer wait of the same token took this one's place).
+    /// Not granted: the wait timed out, or a newer wait of the same token took its place.
     Nil,
+}
+
+enum State {
+    Waiting { gives_up_at: Option<Micros> },
+    Answered { fence: Option<u64>, grant: Option<Grant>, delivered: bool },
 }
 
 struct Blocked {
     handle: usize,
     key: KeyRef,
+    state: State,
 }
 
 #[derive(Default)]
@@ -32,7 +40,11 @@ struct Registry {
     next_id: u64,
     by_id: HashMap<u64, Blocked>,
     by_handle: HashMap<usize, u64>,
+    timeouts: BTreeSet<(Micros, u64)>,
 }
+
+/// Private data handed to `UnblockClient`: which registration it answers.
+struct Answer(u64);
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 
@@ -44,29 +56,30 @@ fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     f(registry().get_or_insert_with(Registry::default))
 }
 
-/// How many clients are blocked in ACQUIRE … WAIT now.
-pub fn count() -> usize {
-    with_registry(|registry| registry.by_id.len())
+/// How many clients wait in ACQUIRE … WAIT now; `None` if the registry is busy (crash report).
+pub fn count_now() -> Option<usize> {
+    let guard = REGISTRY.try_lock().ok()?;
+    Some(guard.as_ref().map_or(0, |registry| {
+        registry.by_id.values().filter(|b| matches!(b.state, State::Waiting { .. })).count()
+    }))
 }
 
-/// Whether waiter `id` is still blocked and can be answered.
+/// Whether waiter `id` still waits (it can be handed the lease).
 pub fn is_alive(id: u64) -> bool {
-    with_registry(|registry| registry.by_id.contains_key(&id))
+    with_registry(|registry| {
+        registry.by_id.get(&id).is_some_and(|b| matches!(b.state, State::Waiting { .. }))
+    })
 }
 
-/// Blocks the client of this command for at most `timeout_ms` (0: no limit). Returns the waiter
-/// id to queue, or `None` when the server refused to block the client.
-pub fn block(ctx: &Context, key: KeyRef, timeout_ms: u64) -> Option<u64> {
-    // SAFETY: ctx is the live command context; the callbacks are plain functions.
+/// Blocks the client of this command until the module answers it; `gives_up_at` is when the
+/// module's timer answers nil (`None`: never). Returns the waiter id, or `None` when the server
+/// refused to block the client.
+pub fn block(ctx: &Context, key: KeyRef, gives_up_at: Option<Micros>) -> Option<u64> {
+    // SAFETY: ctx is the live command context; the callbacks are plain functions. Timeout 0:
+    // the server never times the client out on its own.
     let handle = unsafe {
         let block = raw::RedisModule_BlockClient?;
-        let handle = block(
-            ctx.ctx,
-            Some(on_reply),
-            Some(on_timeout),
-            Some(free_outcome),
-            i64::try_from(timeout_ms).unwrap_or(i64::MAX),
-        );
+        let handle = block(ctx.ctx, Some(on_reply), Some(on_unblock), Some(free_answer), 0);
         if handle.is_null() {
             return None;
         }
@@ -78,53 +91,110 @@ pub fn block(ctx: &Context, key: KeyRef, timeout_ms: u64) -> Option<u64> {
     Some(with_registry(|registry| {
         registry.next_id += 1;
         let id = registry.next_id;
-        registry.by_id.insert(id, Blocked { handle: handle as usize, key });
+        let state = State::Waiting { gives_up_at };
+        registry.by_id.insert(id, Blocked { handle: handle as usize, key, state });
         registry.by_handle.insert(handle as usize, id);
+        if let Some(at) = gives_up_at {
+            registry.timeouts.insert((at, id));
+        }
         id
     }))
 }
 
-/// Answers waiter `id` (if it is still blocked) and ends its registration.
-pub fn answer(id: u64, outcome: Outcome) {
-    let Some(blocked) = with_registry(|registry| {
-        let blocked = registry.by_id.remove(&id)?;
-        registry.by_handle.remove(&blocked.handle);
-        Some(blocked)
-    }) else {
-        return;
-    };
-    let privdata = Box::into_raw(Box::new(outcome)).cast::<c_void>();
-    // SAFETY: the handle came from BlockClient and is unblocked exactly once (its registration
-    // is gone now); the outcome is freed by `free_outcome`.
-    unsafe {
-        if let Some(unblock) = raw::RedisModule_UnblockClient {
-            unblock(blocked.handle as *mut raw::RedisModuleBlockedClient, privdata);
+/// Answers a waiting client: the fence of the lease it was handed (`grant` says where, so the
+/// lease can be undone if the reply is lost), or nil.
+pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) {
+    let handle = with_registry(|registry| {
+        let blocked = registry.by_id.get_mut(&id)?;
+        let State::Waiting { gives_up_at } = blocked.state else { return None };
+        if let Some(at) = gives_up_at {
+            registry.timeouts.remove(&(at, id));
         }
-    }
-}
-
-/// Ends every registration without touching keys (this server stops being primary; the server
-/// itself answers the blocked clients).
-pub fn forget_all() {
-    with_registry(|registry| {
-        registry.by_id.clear();
-        registry.by_handle.clear();
+        let fence = match outcome {
+            Outcome::Granted(fence) => Some(fence),
+            Outcome::Nil => None,
+        };
+        blocked.state = State::Answered { fence, grant, delivered: false };
+        Some(blocked.handle)
     });
-}
-
-/// The registration of a blocked client the server gave up on, if it was still ours.
-fn give_up(handle: *mut raw::RedisModuleBlockedClient) -> Option<KeyRef> {
-    let blocked = with_registry(|registry| {
-        let id = registry.by_handle.remove(&(handle as usize))?;
-        registry.by_id.remove(&id)
-    })?;
-    // SAFETY: still registered, so never unblocked before: this frees the handle.
+    let Some(handle) = handle else { return };
+    let privdata = Box::into_raw(Box::new(Answer(id))).cast::<c_void>();
+    // SAFETY: the handle came from BlockClient and is unblocked once (its state left Waiting);
+    // the private data is freed by `free_answer`.
     unsafe {
         if let Some(unblock) = raw::RedisModule_UnblockClient {
-            unblock(handle, std::ptr::null_mut());
+            unblock(handle as *mut raw::RedisModuleBlockedClient, privdata);
         }
     }
-    Some(blocked.key)
+}
+
+/// The earliest moment a waiter gives up, for the timer.
+pub fn next_timeout() -> Option<Micros> {
+    with_registry(|registry| registry.timeouts.first().map(|(at, _)| *at))
+}
+
+/// Answers nil to every waiter whose wait ended by `now_mono`; their queues get pruned.
+pub fn time_out(now_mono: Micros) -> usize {
+    let due: Vec<(u64, KeyRef)> = with_registry(|registry| {
+        let mut due = Vec::new();
+        while let Some(&(at, id)) = registry.timeouts.first().filter(|(at, _)| *at <= now_mono) {
+            registry.timeouts.remove(&(at, id));
+            if let Some(blocked) = registry.by_id.get(&id) {
+                due.push((id, blocked.key.clone()));
+            }
+        }
+        due
+    });
+    let count = due.len();
+    if count > 0 {
+        crate::metrics::count(|stats| stats.waits_timed_out += count as u64);
+    }
+    for (id, key) in due {
+        answer(id, Outcome::Nil, None);
+        state::prune_later(key);
+    }
+    count
+}
+
+/// How a registration that the server ends on its own (disconnect, `CLIENT UNBLOCK`) ends.
+enum Ended {
+    /// It was still waiting: its queue must be pruned.
+    WasWaiting(KeyRef),
+    /// It had been answered; this is what it was told (if anything yet).
+    WasAnswered(Option<u64>),
+    /// Not ours any more.
+    Unknown,
+}
+
+fn end(handle: *mut raw::RedisModuleBlockedClient, deliver: bool) -> Ended {
+    let ended = with_registry(|registry| {
+        let Some(&id) = registry.by_handle.get(&(handle as usize)) else { return Ended::Unknown };
+        let Some(blocked) = registry.by_id.get_mut(&id) else { return Ended::Unknown };
+        match &mut blocked.state {
+            State::Waiting { gives_up_at } => {
+                if let Some(at) = *gives_up_at {
+                    registry.timeouts.remove(&(at, id));
+                }
+                let key = blocked.key.clone();
+                registry.by_id.remove(&id);
+                registry.by_handle.remove(&(handle as usize));
+                Ended::WasWaiting(key)
+            }
+            State::Answered { fence, delivered, .. } => {
+                *delivered |= deliver;
+                Ended::WasAnswered(*fence)
+            }
+        }
+    });
+    if matches!(ended, Ended::WasWaiting(_)) {
+        // SAFETY: a waiting registration was never unblocked: this frees the handle.
+        unsafe {
+            if let Some(unblock) = raw::RedisModule_UnblockClient {
+                unblock(handle, std::ptr::null_mut());
+            }
+        }
+    }
+    ended
 }
 
 /// # Safety
@@ -134,68 +204,98 @@ unsafe extern "C" fn on_reply(
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    // SAFETY: the private data is the Outcome given to UnblockClient (or null).
-    unsafe {
-        let outcome = raw::RedisModule_GetBlockedClientPrivateData
+    // SAFETY: the private data is the Answer given to UnblockClient (or null).
+    let id = unsafe {
+        raw::RedisModule_GetBlockedClientPrivateData
             .map_or(std::ptr::null_mut(), |f| f(ctx))
-            .cast::<Outcome>();
-        match outcome.as_ref() {
-            Some(Outcome::Granted(fence)) => {
-                raw::RedisModule_ReplyWithLongLong.map(|f| f(ctx, *fence as i64));
+            .cast::<Answer>()
+            .as_ref()
+            .map(|answer| answer.0)
+    };
+    let fence = id.and_then(|id| {
+        with_registry(|registry| match registry.by_id.get_mut(&id).map(|b| &mut b.state) {
+            Some(State::Answered { fence, delivered, .. }) => {
+                *delivered = true;
+                *fence
             }
-            _ => {
+            _ => None,
+        })
+    });
+    reply(ctx, fence);
+    raw::REDISMODULE_OK as c_int
+}
+
+fn reply(ctx: *mut raw::RedisModuleCtx, fence: Option<u64>) {
+    // SAFETY: ctx is the blocked client's context for this call.
+    unsafe {
+        match fence {
+            Some(fence) => {
+                raw::RedisModule_ReplyWithLongLong.map(|f| f(ctx, fence as i64));
+            }
+            None => {
                 raw::RedisModule_ReplyWithNull.map(|f| f(ctx));
             }
         }
     }
-    raw::REDISMODULE_OK as c_int
 }
 
 /// # Safety
-/// Called by Redis when a blocked client's timeout passes or `CLIENT UNBLOCK` ends its wait.
-unsafe extern "C" fn on_timeout(
+/// Called by Redis when `CLIENT UNBLOCK` ends a wait (the module sets no server timeout).
+unsafe extern "C" fn on_unblock(
     ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
     // SAFETY: ctx is the blocked client's context for this call.
-    unsafe {
-        let handle = raw::RedisModule_GetBlockedClientHandle.map(|f| f(ctx));
-        if handle.is_some_and(|handle| forget_blocked(ctx, handle)) {
+    let handle = unsafe { raw::RedisModule_GetBlockedClientHandle.map(|f| f(ctx)) };
+    let ended = handle.map_or(Ended::Unknown, |handle| end(handle, true));
+    match ended {
+        Ended::WasWaiting(key) => {
+            state::prune_later(key);
+            crate::expiry::arm(&Context::new(ctx), crate::clock::now());
             crate::metrics::count(|stats| stats.waits_timed_out += 1);
+            reply(ctx, None);
         }
-        raw::RedisModule_ReplyWithNull.map(|f| f(ctx));
+        // Already answered: the reply callback will not run now, so the answer goes here.
+        Ended::WasAnswered(fence) => reply(ctx, fence),
+        Ended::Unknown => reply(ctx, None),
     }
     raw::REDISMODULE_OK as c_int
 }
 
-/// The server gave up on a blocked client: end its registration and have its queue pruned.
-fn forget_blocked(
-    ctx: *mut raw::RedisModuleCtx,
-    handle: *mut raw::RedisModuleBlockedClient,
-) -> bool {
-    let Some(key) = give_up(handle) else { return false };
-    state::prune_later(key);
-    crate::expiry::arm(&Context::new(ctx), crate::clock::now());
-    true
-}
-
 /// # Safety
-/// Called by Redis when a blocked client disconnects or is killed.
+/// Called by Redis when a blocked client disconnects, is killed, or is unblocked with an error.
 unsafe extern "C" fn on_disconnect(
     ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
-    if forget_blocked(ctx, handle) {
+    if let Ended::WasWaiting(key) = end(handle, false) {
+        state::prune_later(key);
+        crate::expiry::arm(&Context::new(ctx), crate::clock::now());
         crate::metrics::count(|stats| stats.waits_abandoned += 1);
     }
 }
 
 /// # Safety
-/// Called by Redis with the private data given to UnblockClient.
-unsafe extern "C" fn free_outcome(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
-    if !privdata.is_null() {
-        // SAFETY: privdata came from Box::into_raw of an Outcome in `answer`.
-        drop(unsafe { Box::from_raw(privdata.cast::<Outcome>()) });
+/// Called by Redis (main thread) with the private data given to UnblockClient, after the reply
+/// callback had its chance.
+unsafe extern "C" fn free_answer(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    if privdata.is_null() {
+        return;
+    }
+    // SAFETY: privdata came from Box::into_raw of an Answer in `answer`.
+    let Answer(id) = *unsafe { Box::from_raw(privdata.cast::<Answer>()) };
+    let lost = with_registry(|registry| {
+        let blocked = registry.by_id.remove(&id)?;
+        registry.by_handle.remove(&blocked.handle);
+        match blocked.state {
+            State::Answered { grant: Some(grant), delivered: false, .. } => Some(grant),
+            _ => None,
+        }
+    });
+    if let Some(grant) = lost {
+        crate::metrics::count(|stats| stats.waits_abandoned += 1);
+        state::release_later(grant);
+        crate::expiry::arm(&Context::new(ctx), crate::clock::now());
     }
 }

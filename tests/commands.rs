@@ -393,3 +393,17 @@ fn a_writable_replica_refuses_lease_decisions() {
     assert_eq!(dbsize(&mut r), 0);
     assert_eq!(info(&mut r, "lock:w"), None, "reads still work on the replica");
 }
+
+#[test]
+fn percent_signs_in_names_and_tokens_are_logged_as_text() {
+    let mut server = Server::start(); // verbose: every transition is logged
+    let mut con = server.client();
+    let resource = "r%s%s%s%s%n";
+    acquire(&mut con, resource, "%s%s%p", 60_000).expect("granted");
+    for _ in 0..3 {
+        assert_eq!(release(&mut con, resource, "%s%s%s%s%n%n"), 0);
+    }
+    assert_eq!(release(&mut con, resource, "%s%s%p"), 1);
+    assert!(server.is_alive());
+    assert!(server.log().contains("resource=r%s%s%s%s%n"), "the name is logged verbatim");
+}

@@ -320,3 +320,88 @@ fn a_wait_during_the_grant_delay_is_granted_when_the_delay_ends() {
     assert!(reply.expect("reply").is_some(), "granted once the delay ended");
     assert!(answered_at.duration_since(started) >= Duration::from_millis(1_500));
 }
+
+#[test]
+fn a_wait_timing_out_while_the_lease_is_handed_over_gets_one_consistent_answer() {
+    let server = Server::start();
+    let mut con = server.client();
+    for round in 0..10 {
+        let resource = format!("race:{round}");
+        acquire(&mut con, &resource, "holder", 60_000).expect("granted");
+        let waiter = wait_in_thread(&server, &resource, "waiter", 60_000, 40);
+        until_waiting(&mut con, &resource, 1);
+        thread::sleep(Duration::from_millis(25));
+        // The hand-over and a slow command share one turn of the event loop with the timeout.
+        let _: (i64, String) = redis::pipe()
+            .cmd("DLOCK.RELEASE")
+            .arg(&resource)
+            .arg("holder")
+            .cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.05")
+            .query(&mut con)
+            .expect("pipeline");
+        let reply = waiter.join().expect("waiter").0.expect("a reply, never silence");
+        let owner = info_field(&mut con, &resource, "owner");
+        match reply {
+            Some(fence) => {
+                assert_eq!(owner.as_deref(), Some("waiter"), "round {round}");
+                assert_eq!(fencecheck(&mut con, &resource, fence), 1);
+            }
+            None => {
+                assert_ne!(owner.as_deref(), Some("waiter"), "round {round}: told nil but owns it")
+            }
+        }
+    }
+}
+
+#[test]
+fn a_waiter_that_leaves_between_hand_over_and_reply_does_not_keep_the_lock() {
+    let server = Server::start();
+    let mut con = server.client();
+    for (round, ending) in ["KILL", "UNBLOCK_ERROR"].iter().enumerate() {
+        let resource = format!("ghost:{round}");
+        acquire(&mut con, &resource, "holder", 60_000).expect("granted");
+        let mut waiter = server.client();
+        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut waiter).expect("CLIENT ID");
+        let resource_for_waiter = resource.clone();
+        let blocked = thread::spawn(move || {
+            redis::cmd("DLOCK.ACQUIRE")
+                .arg(resource_for_waiter)
+                .arg("leaver")
+                .arg(60_000)
+                .arg("WAIT")
+                .arg(0)
+                .query::<Option<i64>>(&mut waiter)
+        });
+        until_waiting(&mut con, &resource, 1);
+        // Hand over and end the waiter in one transaction: the reply can never reach it.
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("DLOCK.RELEASE").arg(&resource).arg("holder");
+        match *ending {
+            "KILL" => pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(id),
+            _ => pipe.cmd("CLIENT").arg("UNBLOCK").arg(id).arg("ERROR"),
+        };
+        let _: redis::Value = pipe.query(&mut con).expect("EXEC");
+        let _ = blocked.join();
+        assert!(
+            eventually(Duration::from_secs(5), || !exists(&mut con, &resource)),
+            "{ending}: the lease handed to a client that never learned of it is released"
+        );
+        assert!(acquire(&mut con, &resource, "next", 1_000).is_some());
+    }
+}
+
+#[test]
+fn waiters_of_a_deleted_lock_are_answered_nil_and_newcomers_do_not_jump_them() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let waiter = wait_in_thread(&server, "job", "waiter", 60_000, 0);
+    until_waiting(&mut con, "job", 1);
+    let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+    assert_eq!(waiter.join().expect("waiter").0.expect("reply"), None, "its queue is gone");
+    let stats: String = redis::cmd("INFO").arg("dlock").query(&mut con).expect("INFO");
+    assert!(stats.contains("dlock_waiters:0"), "{stats}");
+    assert!(acquire(&mut con, "job", "newcomer", 1_000).is_some());
+}

@@ -104,11 +104,12 @@ fn wait(
     timeout_ms: u64,
     now: Now,
 ) -> RedisValue {
-    let Some(id) = waiters::block(ctx, expiry::key_ref(ctx, resource.as_slice()), timeout_ms)
-    else {
+    let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
+    let key = expiry::key_ref(ctx, resource.as_slice());
+    let Some(id) = waiters::block(ctx, key, gives_up_at) else {
         return RedisValue::Null;
     };
-    let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
+    expiry::arm(ctx, now); // the timer answers the wait when it times out
     let waiter = Waiter {
         id,
         token: request.token.into(),
@@ -118,7 +119,8 @@ fn wait(
     };
     metrics::count(|stats| stats.waits_started += 1);
     if let Some(superseded) = lock.enqueue(waiter) {
-        waiters::answer(superseded, Outcome::Nil);
+        waiters::answer(superseded, Outcome::Nil, None);
+        metrics::count(|stats| stats.waits_timed_out += 1);
     }
     RedisValue::NoReply
 }

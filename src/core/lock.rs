@@ -102,6 +102,11 @@ pub struct Rules {
 
 impl Rules {
     /// The latest deadline a lease granted at `granted` may reach.
+    /// A new grant's ttl: never longer than the hold limit.
+    fn grant_ttl_ms(&self, ttl_ms: u64) -> u64 {
+        if self.max_hold_ms > 0 { ttl_ms.min(self.max_hold_ms) } else { ttl_ms }
+    }
+
     fn hold_limit(&self, granted: Micros) -> Option<Micros> {
         (self.max_hold_ms > 0)
             .then(|| granted.saturating_add(self.max_hold_ms.saturating_mul(1_000)))
@@ -154,10 +159,6 @@ pub struct Waiter {
     /// When it joined the queue (monotonic), for the wait-time histogram.
     pub queued_at: Micros,
 }
-
-/// A waiter whose wait ends this close to the hand-over is skipped: the server's own timeout
-/// (millisecond clock) may already be answering it with nil.
-pub const HAND_OVER_MARGIN: Micros = 2_000;
 
 /// A lease passed to the head of the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,9 +265,7 @@ impl Lock {
             return Ok(None);
         }
         while let Some(waiter) = self.waiters.pop_front() {
-            let timing_out = waiter
-                .gives_up_at
-                .is_some_and(|at| at <= now.mono.saturating_add(HAND_OVER_MARGIN));
+            let timing_out = waiter.gives_up_at.is_some_and(|at| at <= now.mono);
             if timing_out || !alive(&waiter) {
                 continue;
             }
@@ -277,7 +276,8 @@ impl Lock {
                     return Err(error);
                 }
             };
-            self.lease = Some(Lease::new(&waiter.token, fence, waiter.ttl_ms, now));
+            self.lease =
+                Some(Lease::new(&waiter.token, fence, rules.grant_ttl_ms(waiter.ttl_ms), now));
             let waited = now.mono.saturating_sub(waiter.queued_at);
             return Ok(Some(HandOver { waiter: waiter.id, fence, waited }));
         }
@@ -314,7 +314,7 @@ impl Lock {
         }
         let fence = fences.mint(now.wall)?;
         let replaced_expired = self.lease.is_some();
-        self.lease = Some(Lease::new(token, fence, ttl_ms, now));
+        self.lease = Some(Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now));
         Ok(Acquired::Granted { fence, replaced_expired })
     }
 
@@ -568,6 +568,13 @@ mod tests {
         assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono), Some(30 * SEC), "capped");
         assert!(lock.live_lease(at(30)).is_none());
         assert_eq!(lock.renew(b"B", 1_000, at(1), rules), Renewal::NotHeld);
+        let mut fresh = Lock::default();
+        fresh.acquire(b"C", 60_000, at(100), &mut fences, rules).expect("mint");
+        assert_eq!(
+            fresh.live_lease(at(100)).map(|l| l.deadline_mono),
+            Some(130 * SEC),
+            "a grant is capped too"
+        );
     }
 
     fn waiter(id: u64, token: &[u8], gives_up_at: Option<Micros>) -> Waiter {
@@ -618,7 +625,7 @@ mod tests {
     fn gone_and_timing_out_waiters_are_skipped_never_made_owners() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         lock.enqueue(waiter(1, b"gone", None));
-        lock.enqueue(waiter(2, b"late", Some(at(5).mono + HAND_OVER_MARGIN)));
+        lock.enqueue(waiter(2, b"late", Some(at(5).mono)));
         lock.enqueue(waiter(3, b"ready", Some(at(9).mono)));
         let handed =
             lock.hand_over(at(5), &mut fences, Rules::default(), |w| w.id != 1).expect("mint");
