@@ -217,14 +217,7 @@ fn commands_work_from_a_lua_script() {
 fn an_acl_user_limited_to_lock_keys_can_lock_only_those() {
     let server = Server::start();
     let mut admin = server.client();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "worker", "on", ">secret", "~lock:*", "+@all"])
-        .query(&mut admin)
-        .expect("ACL SETUSER");
-    let mut worker =
-        redis::Client::open(format!("redis://worker:secret@127.0.0.1:{}/", server.port))
-            .and_then(|c| c.get_connection())
-            .expect("AUTH as worker");
+    let mut worker = server.client_as("worker", &["~lock:*", "+@all"]);
     assert!(acquire(&mut worker, "lock:1", "w", 10_000).is_some());
     let denied = error_text(run(&mut worker, &[b"DLOCK.ACQUIRE", b"invoice:1", b"w", b"10000"]));
     assert!(denied.starts_with("NOPERM"), "{denied}");
@@ -233,14 +226,7 @@ fn an_acl_user_limited_to_lock_keys_can_lock_only_those() {
     assert!(!exists(&mut admin, "invoice:1"));
 
     // Read-only key permissions allow FENCECHECK and INFO but not a grant.
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "auditor", "on", ">secret", "%R~lock:*", "+@all"])
-        .query(&mut admin)
-        .expect("ACL SETUSER");
-    let mut auditor =
-        redis::Client::open(format!("redis://auditor:secret@127.0.0.1:{}/", server.port))
-            .and_then(|c| c.get_connection())
-            .expect("AUTH as auditor");
+    let mut auditor = server.client_as("auditor", &["%R~lock:*", "+@all"]);
     assert_eq!(info_field(&mut auditor, "lock:1", "owner").as_deref(), Some("w"));
     assert_eq!(fencecheck(&mut auditor, "lock:1", 1), 0);
     let denied = error_text(run(&mut auditor, &[b"DLOCK.RELEASE", b"lock:1", b"w"]));

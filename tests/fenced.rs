@@ -108,14 +108,7 @@ fn a_worker_frozen_past_its_lease_wakes_and_its_write_is_refused() {
 fn the_inner_command_is_checked_against_the_callers_acl() {
     let server = Server::start();
     let mut admin = server.client();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "worker", "on", ">secret", "~invoice:*", "+@all"])
-        .query(&mut admin)
-        .expect("ACL SETUSER");
-    let mut worker =
-        redis::Client::open(format!("redis://worker:secret@127.0.0.1:{}/", server.port))
-            .and_then(|c| c.get_connection())
-            .expect("AUTH");
+    let mut worker = server.client_as("worker", &["~invoice:*", "+@all"]);
     let fence = acquire(&mut worker, "invoice:7", "w", 60_000).expect("granted");
     let denied = error_text(fenced(&mut worker, "invoice:7", fence, &["SET", "payroll", "0"]));
     assert!(denied.contains("acl") || denied.starts_with("NOPERM"), "{denied}");

@@ -59,8 +59,7 @@ fn restart_from_rdb_keeps_leases_and_deadlines() {
 
 #[test]
 fn restart_from_aof_with_fsync_always_keeps_every_acknowledged_lease() {
-    let mut server =
-        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut server = Server::start_with(AOF_ALWAYS);
     let mut con = server.client();
     let kept = acquire(&mut con, "held", "worker-a", 60_000).expect("granted");
     acquire(&mut con, "released", "worker-b", 60_000).expect("granted");
@@ -108,8 +107,7 @@ fn aof_rewrite_without_rdb_preamble_keeps_leases() {
 
 #[test]
 fn aof_rewrite_with_rdb_preamble_keeps_leases() {
-    let mut server =
-        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let mut server = Server::start_with(AOF_ALWAYS);
     let mut con = server.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
     let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
@@ -121,8 +119,7 @@ fn aof_rewrite_with_rdb_preamble_keeps_leases() {
 
 #[test]
 fn the_aof_records_effects_never_a_rerun_of_acquire() {
-    let server =
-        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always", "--save", ""]);
+    let server = Server::start_with(AOF_ALWAYS);
     let mut con = server.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
     assert_eq!(renew(&mut con, "invoice:1", "worker-a", 60_000), 1);

@@ -161,6 +161,21 @@ impl Server {
             .expect("connect with RESP3")
     }
 
+    /// Creates (or updates) ACL user `name` with password `secret` and `rules`, and connects as it.
+    pub fn client_as(&self, name: &str, rules: &[&str]) -> redis::Connection {
+        let mut admin = self.client();
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(name)
+            .arg(&["on", ">secret"])
+            .arg(rules)
+            .query(&mut admin)
+            .expect("ACL SETUSER");
+        redis::Client::open(format!("redis://{name}:secret@127.0.0.1:{}/", self.port))
+            .and_then(|c| c.get_connection())
+            .expect("AUTH")
+    }
+
     /// SIGKILL: the process dies without saving anything.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -301,6 +316,9 @@ pub fn exists(con: &mut redis::Connection, key: &str) -> bool {
 pub fn dbsize(con: &mut redis::Connection) -> i64 {
     redis::cmd("DBSIZE").query(con).expect("DBSIZE")
 }
+
+/// Arguments of a server that fsyncs its AOF before every reply, without RDB snapshots.
+pub const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always", "--save", ""];
 
 /// The `field:value` of a line in `INFO section`.
 pub fn info_line(con: &mut redis::Connection, section: &str, field: &str) -> Option<String> {
