@@ -4,7 +4,7 @@ MODULE   := $(CURDIR)/target/release/libdlock.so
 RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 
-.PHONY: help deps build run test unit integration lint fmt fmt-check clean
+.PHONY: help deps build run test unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,14 +30,18 @@ unit: ## Unit and property tests of the pure core only (no Redis needed)
 integration: deps ## Integration tests against real redis-server processes
 	cargo test --tests
 
+bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/results.md (BENCH_SECONDS=…)
+	cargo build --release --workspace
+	./target/release/dlock-bench
+
 lint: deps ## cargo clippy with warnings as errors
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
 fmt: ## Format the code
-	cargo fmt
+	cargo fmt --all
 
 fmt-check: ## Check formatting
-	cargo fmt --check
+	cargo fmt --all --check
 
 clean: ## Remove build output
 	cargo clean
