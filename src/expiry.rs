@@ -18,7 +18,7 @@ use crate::state::{self, KeyRef};
 use crate::{clock, settle};
 
 /// Longest a slice of the sweep may run before yielding to clients.
-const SLICE_BUDGET: Duration = Duration::from_millis(1);
+const SLICE_BUDGET: Duration = Duration::from_millis(2);
 /// Most entries looked at in one slice, whatever the clock says.
 const SLICE_MAX_ENTRIES: usize = 10_000;
 /// Longest timer period: a far deadline is approached in steps (Redis timers take i64 ms).

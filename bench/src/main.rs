@@ -30,7 +30,32 @@ fn main() -> Result<()> {
     let storm_leases: u64 = env_or("BENCH_STORM_LEASES", 1_000_000);
     let server = Server::start()?;
     let mut report = Report::new(&server)?;
+    // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep).
+    if std::env::var("BENCH_ONLY").map_or(true, |only| only != "storm") {
+        compare(&server, &mut report, seconds)?;
+    }
+    report.section(&format!("Expiry storm ({storm_leases} leases expiring within one second)"));
+    report.header(&[
+        "PING p99 ms",
+        "PING max ms",
+        "ACQUIRE p99 ms",
+        "ACQUIRE max ms",
+        "all gone after last deadline (s)",
+    ]);
+    let storm = expiry_storm(&server, storm_leases)?;
+    report.row(&[
+        format!("{:.2}", storm.ping_p99_ms),
+        format!("{:.2}", storm.ping_max_ms),
+        format!("{:.2}", storm.acquire_p99_ms),
+        format!("{:.2}", storm.acquire_max_ms),
+        format!("{:.2}", storm.gone_after_s),
+    ]);
 
+    report.finish()
+}
+
+/// The side-by-side comparisons: throughput, cycles, contention, memory.
+fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     report.section("Acquire throughput (50 clients, random resources, ops/s)");
     report.header(&[
         "pipeline",
@@ -42,10 +67,10 @@ fn main() -> Result<()> {
         "dlock / Lua",
     ]);
     for pipeline in [1, 16] {
-        let ping = throughput(&server, Op::Ping, 50, pipeline, seconds)?;
-        let set = throughput(&server, Op::SetNx, 50, pipeline, seconds)?;
-        let lua = throughput(&server, Op::LuaAcquire, 50, pipeline, seconds)?;
-        let dlock = throughput(&server, Op::Acquire, 50, pipeline, seconds)?;
+        let ping = throughput(server, Op::Ping, 50, pipeline, seconds)?;
+        let set = throughput(server, Op::SetNx, 50, pipeline, seconds)?;
+        let lua = throughput(server, Op::LuaAcquire, 50, pipeline, seconds)?;
+        let dlock = throughput(server, Op::Acquire, 50, pipeline, seconds)?;
         report.row(&[
             pipeline.to_string(),
             fmt_rate(ping),
@@ -66,9 +91,9 @@ fn main() -> Result<()> {
         "dlock / SET",
         "dlock / Lua",
     ]);
-    let set = cycles(&server, Scheme::SetNx, 50, seconds)?;
-    let lua = cycles(&server, Scheme::Lua, 50, seconds)?;
-    let dlock = cycles(&server, Scheme::Dlock, 50, seconds)?;
+    let set = cycles(server, Scheme::SetNx, 50, seconds)?;
+    let lua = cycles(server, Scheme::Lua, 50, seconds)?;
+    let dlock = cycles(server, Scheme::Dlock, 50, seconds)?;
     report.row(&[
         fmt_rate(set),
         fmt_rate(lua),
@@ -80,8 +105,8 @@ fn main() -> Result<()> {
 
     report.section("Contended hand-over (16 workers, one resource, 1 ms of work each)");
     report.header(&["scheme", "critical sections/s", "wait p50 ms", "wait p99 ms"]);
-    let backoff = contended(&server, false, seconds.max(3))?;
-    let wait = contended(&server, true, seconds.max(3))?;
+    let backoff = contended(server, false, seconds.max(3))?;
+    let wait = contended(server, true, seconds.max(3))?;
     for (name, result) in
         [("retry loop, exponential backoff + jitter", &backoff), ("DLOCK.ACQUIRE … WAIT", &wait)]
     {
@@ -102,9 +127,9 @@ fn main() -> Result<()> {
         "DLOCK.ACQUIRE",
         "dlock / SET",
     ]);
-    let set = memory_per_lock(&server, Scheme::SetNx, 100_000)?;
-    let lua = memory_per_lock(&server, Scheme::Lua, 100_000)?;
-    let dlock = memory_per_lock(&server, Scheme::Dlock, 100_000)?;
+    let set = memory_per_lock(server, Scheme::SetNx, 100_000)?;
+    let lua = memory_per_lock(server, Scheme::Lua, 100_000)?;
+    let dlock = memory_per_lock(server, Scheme::Dlock, 100_000)?;
     report.row(&[
         format!("{set:.0}"),
         format!("{lua:.0}"),
@@ -112,24 +137,7 @@ fn main() -> Result<()> {
         ratio(dlock, set),
     ]);
 
-    report.section(&format!("Expiry storm ({storm_leases} leases expiring within one second)"));
-    report.header(&[
-        "PING p99 ms",
-        "PING max ms",
-        "ACQUIRE p99 ms",
-        "ACQUIRE max ms",
-        "all gone after last deadline (s)",
-    ]);
-    let storm = expiry_storm(&server, storm_leases)?;
-    report.row(&[
-        format!("{:.2}", storm.ping_p99_ms),
-        format!("{:.2}", storm.ping_max_ms),
-        format!("{:.2}", storm.acquire_p99_ms),
-        format!("{:.2}", storm.acquire_max_ms),
-        format!("{:.2}", storm.gone_after_s),
-    ]);
-
-    report.finish()
+    Ok(())
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

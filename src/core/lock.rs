@@ -184,11 +184,64 @@ pub enum Due {
     Vacant,
 }
 
+/// A FIFO queue of waiters that costs one pointer while empty, as almost every lock's is.
+// The box is the point: 8 bytes in every lock instead of a 32-byte empty VecDeque.
+#[allow(clippy::box_collection)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Queue(Option<Box<VecDeque<Waiter>>>);
+
+impl Queue {
+    fn iter(&self) -> std::collections::vec_deque::Iter<'_, Waiter> {
+        static EMPTY: VecDeque<Waiter> = VecDeque::new();
+        self.0.as_deref().unwrap_or(&EMPTY).iter()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Waiter> {
+        self.0.iter_mut().flat_map(|queue| queue.iter_mut())
+    }
+
+    fn push_back(&mut self, waiter: Waiter) {
+        self.0.get_or_insert_with(Box::default).push_back(waiter);
+    }
+
+    fn push_front(&mut self, waiter: Waiter) {
+        self.0.get_or_insert_with(Box::default).push_front(waiter);
+    }
+
+    fn pop_front(&mut self) -> Option<Waiter> {
+        let waiter = self.0.as_mut()?.pop_front();
+        self.shrink();
+        waiter
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&Waiter) -> bool) {
+        if let Some(queue) = self.0.as_mut() {
+            queue.retain(keep);
+        }
+        self.shrink();
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |queue| queue.len())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Gives the memory back once the queue is empty.
+    fn shrink(&mut self) {
+        if self.0.as_ref().is_some_and(|queue| queue.is_empty()) {
+            self.0 = None;
+        }
+    }
+}
+
 /// The state stored in one lock key: at most one lease, and the FIFO queue of waiters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
     lease: Option<Lease>,
-    waiters: VecDeque<Waiter>,
+    waiters: Queue,
     /// Deadline of this key's earliest entry in the expiry index, if one was inserted. Lets a
     /// renewal skip the index when an entry at or before the new deadline is already there.
     /// A `Cell`: it is bookkeeping, updated also where Redis hands out the value read-only
@@ -199,7 +252,7 @@ pub struct Lock {
 impl Lock {
     /// A lock holding `lease`.
     pub fn with_lease(lease: Lease) -> Self {
-        Self { lease: Some(lease), waiters: VecDeque::new(), scheduled: Cell::new(None) }
+        Self { lease: Some(lease), waiters: Queue::default(), scheduled: Cell::new(None) }
     }
 
     /// The lease, live or not (expired leases stay until the key is next touched or swept).
@@ -223,20 +276,18 @@ impl Lock {
     }
 
     /// The queue, head first.
-    pub fn waiters(&self) -> impl ExactSizeIterator<Item = &Waiter> {
+    pub fn waiters(&self) -> impl ExactSizeIterator<Item = &Waiter> + use<'_> {
         self.waiters.iter()
     }
 
     /// Puts a waiter in line. A waiter with the same token takes over the earlier one's place
     /// (a client retrying its wait); the earlier one's id is returned so it can be answered nil.
     pub fn enqueue(&mut self, waiter: Waiter) -> Option<u64> {
-        match self.waiters.iter_mut().find(|queued| queued.token == waiter.token) {
-            Some(queued) => Some(std::mem::replace(queued, waiter).id),
-            None => {
-                self.waiters.push_back(waiter);
-                None
-            }
+        if let Some(queued) = self.waiters.iter_mut().find(|queued| queued.token == waiter.token) {
+            return Some(std::mem::replace(queued, waiter).id);
         }
+        self.waiters.push_back(waiter);
+        None
     }
 
     /// Keeps only the waiters for which `alive` holds (the others timed out or disconnected).
@@ -381,7 +432,7 @@ impl Lock {
     /// A copy for another key name (COPY): the same lease, but no index entry of its own yet
     /// and no waiters (they wait on the original key, on their own connections).
     pub fn copied(&self) -> Self {
-        Self { lease: self.lease.clone(), waiters: VecDeque::new(), scheduled: Cell::new(None) }
+        Self { lease: self.lease.clone(), waiters: Queue::default(), scheduled: Cell::new(None) }
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
