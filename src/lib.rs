@@ -3,6 +3,9 @@
 //! This file holds the module declaration only; see `core` for the lease logic, `commands` for
 //! one file per command, `datatype` for the value's callbacks and `expiry` for active expiry.
 
+// A panic inside a command or callback would take the whole server down.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
 pub mod clock;
 pub mod commands;
 pub mod config;

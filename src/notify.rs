@@ -129,10 +129,39 @@ pub fn anomaly(ctx: &Context, now: Now, line: impl FnOnce() -> String) {
     }
 }
 
-/// Re-reads the server's log level (at load and after CONFIG SET).
+/// The value of one server config, as `CONFIG GET` reports it.
+fn server_config(ctx: &Context, name: &str) -> Option<String> {
+    match ctx.call("CONFIG", &["GET", name]) {
+        Ok(RedisValue::Array(values)) => values.into_iter().nth(1).and_then(|value| match value {
+            RedisValue::SimpleString(s) | RedisValue::BulkString(s) => Some(s),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+/// The eviction policy last warned about, so a warning is written once per change.
+static WARNED_POLICY: Mutex<Option<String>> = Mutex::new(None);
+
+/// Re-reads the settings that change what the module logs (at load and after CONFIG SET):
+/// the log level, and an eviction policy that can drop live leases.
 pub fn refresh_log_level(ctx: &Context) {
-    let level = ctx.call("CONFIG", &["GET", "loglevel"]);
-    let verbose = matches!(level, Ok(RedisValue::Array(ref values))
-        if values.iter().any(|v| matches!(v, RedisValue::SimpleString(s) | RedisValue::BulkString(s) if s == "verbose" || s == "debug")));
-    VERBOSE.store(verbose, Ordering::Relaxed);
+    let level = server_config(ctx, "loglevel");
+    VERBOSE.store(matches!(level.as_deref(), Some("verbose" | "debug")), Ordering::Relaxed);
+    let policy = server_config(ctx, "maxmemory-policy").unwrap_or_default();
+    let mut warned = WARNED_POLICY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if warned.as_deref() != Some(policy.as_str()) {
+        if policy.starts_with("allkeys-") {
+            log(
+                ctx,
+                Level::Warning,
+                &format!(
+                    "maxmemory-policy is {policy}: eviction can delete a live lease and let another \
+                     client acquire it while its holder still works (fences still never repeat); \
+                     use noeviction for lock data"
+                ),
+            );
+        }
+        *warned = Some(policy);
+    }
 }
