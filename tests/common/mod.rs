@@ -29,6 +29,11 @@ pub fn module_path() -> PathBuf {
     panic!("libdlock.so not found next to {}; run through cargo test", exe.display());
 }
 
+/// The server under test: `$DLOCK_SERVER` (e.g. a `valkey-server`), or `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var("DLOCK_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
@@ -91,7 +96,7 @@ impl Server {
 
     fn try_spawn(&mut self) -> Result<(), String> {
         let log = self.dir.path().join("redis.log");
-        let mut child = Command::new("redis-server")
+        let mut child = Command::new(server_binary())
             .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
