@@ -97,6 +97,16 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
         info.key_specs = key_specs.as_mut_ptr();
     }
     info.args = command_args(meta.args)?;
+    // Servers that let modules declare ACL categories (Redis 7.2+, Valkey) get them; on 7.0 the
+    // function does not exist and commands stay in no category.
+    // SAFETY: command is live; the category string is NUL-terminated and leaked.
+    unsafe {
+        if let Some(set_categories) = raw::RedisModule_SetCommandACLCategories
+            && set_categories(command, leaked(meta.acl_categories)?) != raw::REDISMODULE_OK as i32
+        {
+            return Err("the server refused the ACL categories");
+        }
+    }
     // SAFETY: command is a live command of this module; info and everything it points to
     // outlive the call (they are leaked).
     if unsafe { set_info(command, &info) } == raw::REDISMODULE_OK as i32 {

@@ -393,3 +393,39 @@ fn percent_signs_in_names_and_tokens_are_logged_as_text() {
     assert!(server.is_alive());
     assert!(server.log().contains("resource=r%s%s%s%s%n"), "the name is logged verbatim");
 }
+
+#[test]
+fn commands_sit_in_acl_categories_where_the_server_supports_them() {
+    let server = Server::start();
+    let mut con = server.client();
+    let version = info_line(&mut con, "server", "redis_version").unwrap_or_default();
+    let (major, minor) = version
+        .split_once('.')
+        .map(|(a, b)| {
+            (a.parse().unwrap_or(0), b.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0))
+        })
+        .unwrap_or((0, 0));
+    let supported = (major, minor) >= (7, 2); // Redis 7.2+ and Valkey let modules declare categories
+    let category = |con: &mut redis::Connection, name: &str| -> Vec<String> {
+        redis::cmd("ACL").arg("CAT").arg(name).query(con).expect("ACL CAT")
+    };
+    let write = category(&mut con, "write");
+    let read = category(&mut con, "read");
+    for (command, in_write) in [
+        ("dlock.acquire", true),
+        ("dlock.renew", true),
+        ("dlock.release", true),
+        ("dlock.fenced", true),
+        ("dlock.fencecheck", false),
+        ("dlock.info", false),
+    ] {
+        let listed = if in_write { &write } else { &read };
+        assert_eq!(listed.iter().any(|c| c == command), supported, "{command} on Redis {version}");
+    }
+    if supported {
+        let mut reader = server.client_as("reader", &["~*", "+@read"]);
+        assert_eq!(info(&mut reader, "lock:x"), None);
+        let denied = error_text(run(&mut reader, &[b"DLOCK.ACQUIRE", b"lock:x", b"t", b"1000"]));
+        assert!(denied.starts_with("NOPERM"), "{denied}");
+    }
+}

@@ -31,6 +31,7 @@ pub const META: CommandMeta = CommandMeta {
             multiple: false,
         },
     ],
+    acl_categories: "write slow blocking",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -17,6 +17,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("fence", ArgKind::Integer),
     ],
+    acl_categories: "read fast",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -26,6 +26,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("command", ArgKind::String),
         ArgMeta { name: "arg", kind: ArgKind::String, token: None, optional: true, multiple: true },
     ],
+    acl_categories: "write slow",
 };
 
 /// `RM_Call` flags: `v` argv array, `!` replicate the inner command (and nothing else), `C` check

@@ -14,6 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     summary: "Shows the live lease on a resource: owner, fence, remaining ttl, hold time, renewals, waiters",
     complexity: "O(W) where W is the number of waiters on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],
+    acl_categories: "read fast",
 };
 
 /// How many waiting tokens `next-waiters` shows, head of the queue first.

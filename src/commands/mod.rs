@@ -33,6 +33,8 @@ pub struct CommandMeta {
     pub complexity: &'static str,
     /// Arguments after the command name, for `COMMAND DOCS`.
     pub args: &'static [ArgMeta],
+    /// ACL categories, on servers that let modules declare them (Redis 7.2+, Valkey).
+    pub acl_categories: &'static str,
 }
 
 /// One argument as `COMMAND DOCS` describes it.

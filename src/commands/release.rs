@@ -19,6 +19,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
     ],
+    acl_categories: "write fast",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -21,6 +21,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
     ],
+    acl_categories: "write fast",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -17,6 +17,7 @@ pub const META: CommandMeta = CommandMeta {
     summary: "Internal: raises the fence counter (AOF and replication stream only)",
     complexity: "O(1)",
     args: &[ArgMeta::required("fence", ArgKind::Integer)],
+    acl_categories: "write dangerous",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

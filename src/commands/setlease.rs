@@ -22,6 +22,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("fence", ArgKind::Integer),
         ArgMeta::required("deadline-unix-us", ArgKind::Integer),
     ],
+    acl_categories: "write dangerous",
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
