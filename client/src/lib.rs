@@ -1,0 +1,371 @@
+//! An async client for [dlock](https://example.invalid/dlock): leases with fencing tokens, held in
+//! a Redis (or Valkey) server with the dlock module, whose renewal lives and dies with the work
+//! they protect.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! let client = dlock_client::Client::connect("redis://127.0.0.1:6379/").await?;
+//! let lease = client.acquire("invoice:123", Duration::from_secs(30)).await?;
+//! let fence = lease.fence(); // send it with every write the lease protects
+//! let total = lease
+//!     .run(|cancelled| async move {
+//!         // The work: check `cancelled.is_cancelled()` between steps; if the lease is lost the
+//!         // future is cancelled (and dropped if it does not stop by itself).
+//!         fence * 2
+//!     })
+//!     .await?;
+//! # let _ = total;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! What the API guarantees:
+//! - A token is made (UUID v4) before the first send, and an ambiguous ACQUIRE (a timeout, a
+//!   dropped connection) is retried with the *same* token until the caller's deadline, so one
+//!   grant never gets two fences; if the outcome stays unknown the error carries the token.
+//! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
+//!   renewal cannot outlive `run`); a refused renewal, or renewals failing until the lease's
+//!   conservative local expiry, cancel the work and return [`RunError::LockLost`]; when the work
+//!   ends, an owner-checked RELEASE is sent and a failed release is reported, not swallowed.
+//! - The local expiry is conservative: counted from *before* the ACQUIRE or RENEW was sent, so it
+//!   is never later than the server's deadline.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError};
+pub use tokio_util::sync::CancellationToken;
+
+/// Settings of a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one request may take before its outcome counts as unknown (a WAIT adds its own
+    /// timeout to this).
+    pub request_timeout: Duration,
+    /// How long an ACQUIRE keeps retrying an unknown outcome with the same token.
+    pub acquire_deadline: Duration,
+    /// How long `run` lets cancelled work finish before dropping it.
+    pub cancel_grace: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(2),
+            acquire_deadline: Duration::from_secs(10),
+            cancel_grace: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A connection to a dlock server that reconnects by itself. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    connection: ConnectionManager,
+    /// For blocking waits, which must not hold up other requests on the shared connection.
+    redis: redis::Client,
+    options: ClientOptions,
+}
+
+/// Why an ACQUIRE did not give a lease.
+#[derive(Debug)]
+pub enum AcquireError {
+    /// Another token holds the lock (after the wait, if one was asked for).
+    Held,
+    /// The server could not be reached; nothing was granted.
+    Unreachable(RedisError),
+    /// The outcome is unknown: a grant may exist under `token`. Release it with
+    /// [`Client::release`] or let it expire; never retry with another token.
+    Unknown {
+        /// The token the unknown grant would belong to.
+        token: String,
+        /// The last error seen.
+        source: RedisError,
+    },
+    /// The server answered with an error (bad argument, wrong type, not the primary …).
+    Server(RedisError),
+}
+
+impl std::fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Held => write!(f, "the lock is held by another owner"),
+            Self::Unreachable(e) => write!(f, "dlock server unreachable: {e}"),
+            Self::Unknown { token, source } => {
+                write!(f, "acquire outcome unknown for token {token}: {source}")
+            }
+            Self::Server(e) => write!(f, "dlock server refused the acquire: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {}
+
+/// Why [`Lease::run`] did not end cleanly.
+#[derive(Debug)]
+pub enum RunError<T> {
+    /// The lease was lost while the work ran; the work was cancelled.
+    LockLost(LossReason),
+    /// The work finished (`output`), but the lease could not be released: it will expire by itself.
+    NotReleased {
+        /// What the work returned.
+        output: T,
+        /// Why the RELEASE failed (or answered 0: the lease was already gone).
+        reason: String,
+    },
+}
+
+impl<T: std::fmt::Debug> std::fmt::Display for RunError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::LockLost(reason) => write!(f, "lock lost while working: {reason:?}"),
+            Self::NotReleased { reason, .. } => write!(f, "work done but not released: {reason}"),
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
+
+/// How a lease was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// The server refused a renewal: the lease had expired or belongs to someone else.
+    RenewalRefused,
+    /// Renewals failed until the lease's conservative local expiry passed.
+    Unreachable(String),
+}
+
+fn is_ambiguous(error: &RedisError) -> bool {
+    error.is_timeout() || error.is_connection_dropped() || error.is_io_error()
+}
+
+fn timed_out() -> RedisError {
+    RedisError::from((ErrorKind::IoError, "request timed out"))
+}
+
+impl Client {
+    /// Connects to `url` (`redis://host:port/db`) with default options.
+    pub async fn connect(url: &str) -> Result<Self, RedisError> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects to `url` with `options`.
+    pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self, RedisError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(options.request_timeout)
+            .set_number_of_retries(2);
+        let redis = redis::Client::open(url)?;
+        let connection = ConnectionManager::new_with_config(redis.clone(), config).await?;
+        Ok(Self { connection, redis, options })
+    }
+
+    /// Sends one command with a timeout of `request_timeout + extra`. A command that may block
+    /// (`extra` > 0) gets a connection of its own: on the shared one it would hold up every other
+    /// request of this client, its own lease's RELEASE included.
+    async fn send<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        extra: Duration,
+    ) -> Result<T, RedisError> {
+        let limit = self.options.request_timeout + extra;
+        let reply = if extra.is_zero() {
+            let mut connection = self.connection.clone();
+            tokio::time::timeout(limit, cmd.query_async(&mut connection)).await
+        } else {
+            tokio::time::timeout(limit, async {
+                let mut connection = self.redis.get_multiplexed_async_connection().await?;
+                cmd.query_async(&mut connection).await
+            })
+            .await
+        };
+        reply.unwrap_or_else(|_| Err(timed_out()))
+    }
+
+    /// Acquires `resource` for `ttl` without waiting: [`AcquireError::Held`] when someone else has it.
+    pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Lease, AcquireError> {
+        self.acquire_waiting(resource, ttl, None).await
+    }
+
+    /// Acquires `resource` for `ttl`, waiting in the server's queue for at most `wait` (FIFO, no
+    /// polling) when someone else holds it.
+    pub async fn acquire_waiting(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Lease, AcquireError> {
+        let token = uuid::Uuid::new_v4().to_string();
+        let deadline = Instant::now() + self.options.acquire_deadline + wait.unwrap_or_default();
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let mut reached_server = false;
+        let mut waiting = wait;
+        loop {
+            let mut cmd = redis::cmd("DLOCK.ACQUIRE");
+            cmd.arg(resource).arg(&token).arg(ttl_ms);
+            if let Some(wait) = waiting {
+                cmd.arg("WAIT").arg(wait.as_millis().max(1) as u64);
+            }
+            let sent = Instant::now();
+            match self.send::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
+                Ok(Some(fence)) => {
+                    return Ok(Lease {
+                        client: self.clone(),
+                        resource: resource.to_owned(),
+                        token,
+                        fence,
+                        ttl,
+                        local_expiry: sent + ttl,
+                    });
+                }
+                Ok(None) => return Err(AcquireError::Held),
+                Err(error) if is_ambiguous(&error) => {
+                    // A timeout or a dropped connection may have left a grant behind; a refused
+                    // connection cannot have.
+                    reached_server |= error.is_timeout() || error.is_connection_dropped();
+                    if Instant::now() >= deadline {
+                        return Err(if reached_server {
+                            AcquireError::Unknown { token, source: error }
+                        } else {
+                            AcquireError::Unreachable(error)
+                        });
+                    }
+                    // Retry with the same token: the server's idempotent ACQUIRE tells the truth.
+                    // A retry does not wait again: the first wait may have been granted already.
+                    waiting = None;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => return Err(AcquireError::Server(error)),
+            }
+        }
+    }
+
+    /// Releases a grant known only by its token (after [`AcquireError::Unknown`]): `true` if it
+    /// was held and is released now.
+    pub async fn release(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
+        let released: i64 =
+            self.send(redis::cmd("DLOCK.RELEASE").arg(resource).arg(token), Duration::ZERO).await?;
+        Ok(released == 1)
+    }
+}
+
+/// A granted lease: `token` owns `resource` with `fence` until the server's deadline.
+pub struct Lease {
+    client: Client,
+    resource: String,
+    token: String,
+    fence: u64,
+    ttl: Duration,
+    local_expiry: Instant,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &self.resource)
+            .field("token", &self.token)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// The locked resource.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// This lease's owner token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The fencing token: send it with every write the lease protects.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// A conservative end of the lease on this machine's clock: never after the server's deadline.
+    pub fn local_expiry(&self) -> Instant {
+        self.local_expiry
+    }
+
+    /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
+    /// lost), `Err` when the server did not answer.
+    pub async fn renew(&mut self) -> Result<bool, RedisError> {
+        let renewed = renew_once(&self.client, &self.resource, &self.token, self.ttl).await?;
+        if let Some(expiry) = renewed {
+            self.local_expiry = expiry;
+        }
+        Ok(renewed.is_some())
+    }
+
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
+    pub async fn release(self) -> Result<bool, RedisError> {
+        self.client.release(&self.resource, &self.token).await
+    }
+
+    /// Runs `work` while keeping the lease: renewals every third of the ttl, in this task, only
+    /// while `work` runs. If the lease is lost, `work`'s token is cancelled, `work` gets
+    /// `cancel_grace` to stop and is then dropped, and `run` returns [`RunError::LockLost`].
+    /// When `work` ends, the lease is released; a failed release is [`RunError::NotReleased`].
+    pub async fn run<F, Fut, T>(mut self, work: F) -> Result<T, RunError<T>>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let cancelled = CancellationToken::new();
+        let work = work(cancelled.clone());
+        tokio::pin!(work);
+        let lost = loop {
+            // The renewal is polled beside the work, so the work never waits for a round trip.
+            let (client, resource, token, ttl) =
+                (&self.client, &self.resource, &self.token, self.ttl);
+            let renewal = async move {
+                tokio::time::sleep(ttl / 3).await;
+                renew_once(client, resource, token, ttl).await
+            };
+            tokio::select! {
+                output = &mut work => {
+                    return match self.release().await {
+                        Ok(true) => Ok(output),
+                        Ok(false) => Err(RunError::NotReleased {
+                            output,
+                            reason: "the lease was no longer held".into(),
+                        }),
+                        Err(error) => Err(RunError::NotReleased { output, reason: error.to_string() }),
+                    };
+                }
+                renewed = renewal => match renewed {
+                    Ok(Some(expiry)) => self.local_expiry = expiry,
+                    Ok(None) => break LossReason::RenewalRefused,
+                    Err(error) if Instant::now() >= self.local_expiry => {
+                        break LossReason::Unreachable(error.to_string());
+                    }
+                    Err(_) => {} // keep trying until the conservative local expiry
+                },
+            }
+        };
+        cancelled.cancel();
+        let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
+        Err(RunError::LockLost(lost))
+    }
+}
+
+/// One RENEW: the new conservative local expiry when renewed, `None` when refused.
+async fn renew_once(
+    client: &Client,
+    resource: &str,
+    token: &str,
+    ttl: Duration,
+) -> Result<Option<Instant>, RedisError> {
+    let sent = Instant::now();
+    let ttl_ms = ttl.as_millis().max(1) as u64;
+    let renewed: i64 = client
+        .send(redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms), Duration::ZERO)
+        .await?;
+    Ok((renewed == 1).then_some(sent + ttl))
+}

@@ -1,0 +1,151 @@
+//! The client against a real redis-server with the module (started per test by the shared harness).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use dlock_client::{AcquireError, Client, ClientOptions, LossReason, RunError};
+
+async fn client(server: &Server) -> Client {
+    Client::connect(&server.url()).await.expect("connect")
+}
+
+fn renew_count(con: &mut redis::Connection) -> u64 {
+    let text: String = redis::cmd("INFO").arg("dlock").query(con).expect("INFO");
+    ["dlock_renew_ok:", "dlock_renew_refused:"]
+        .iter()
+        .map(|field| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_run_release_happy_path() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("invoice:1", Duration::from_secs(10)).await.expect("granted");
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "invoice:1", "fence"), Some(lease.fence().to_string()));
+    assert_eq!(info_field(&mut con, "invoice:1", "owner").as_deref(), Some(lease.token()));
+    assert!(lease.local_expiry() <= Instant::now() + Duration::from_secs(10));
+    let fence = lease.fence();
+    let out = lease.run(|_| async move { fence + 1 }).await.expect("ran and released");
+    assert_eq!(out, fence + 1);
+    assert!(!exists(&mut con, "invoice:1"), "released when the work ended");
+    assert!(dlock.acquire("invoice:1", Duration::from_secs(1)).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_is_reported_as_held_and_a_waiter_gets_it_in_turn() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let first = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
+    assert!(matches!(dlock.acquire("job", Duration::from_secs(10)).await, Err(AcquireError::Held)));
+    let first_fence = first.fence();
+    let holder = tokio::spawn(first.run(|_| tokio::time::sleep(Duration::from_millis(300))));
+    let waiter =
+        dlock.acquire_waiting("job", Duration::from_secs(10), Some(Duration::from_secs(5))).await;
+    let second = waiter.expect("granted after the first holder finished");
+    assert!(second.fence() > first_fence);
+    holder.await.expect("task").expect("first run released");
+    second.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_mid_work_cancels_the_work_and_returns_lock_lost() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("job", Duration::from_millis(600)).await.expect("granted");
+    let saw_cancel = Arc::new(AtomicBool::new(false));
+    let observed = saw_cancel.clone();
+    let mut con = server.client();
+    let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL"); // an operator frees it
+    let started = Instant::now();
+    let result = lease
+        .run(|cancelled| async move {
+            cancelled.cancelled().await;
+            observed.store(true, Ordering::SeqCst);
+        })
+        .await;
+    assert!(matches!(result, Err(RunError::LockLost(LossReason::RenewalRefused))), "{result:?}");
+    assert!(saw_cancel.load(Ordering::SeqCst), "the work saw the cancellation");
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "lost at the first renewal, within the ttl"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_that_ignores_cancellation_is_dropped_and_the_renewal_stops_with_run() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("job", Duration::from_millis(300)).await.expect("granted");
+    let mut con = server.client();
+    let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+    let started = Instant::now();
+    let result = lease.run(|_| tokio::time::sleep(Duration::from_secs(30))).await;
+    assert!(matches!(result, Err(RunError::LockLost(_))));
+    assert!(started.elapsed() < Duration::from_secs(2), "the stubborn work was dropped");
+    let renewals = renew_count(&mut con);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(renew_count(&mut con), renewals, "no renewal after run returned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_a_lease_alive_past_its_ttl_while_the_work_runs() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("job", Duration::from_millis(300)).await.expect("granted");
+    let fence = lease.fence();
+    let port = server.port;
+    let out = lease
+        .run(|_| async move {
+            tokio::time::sleep(Duration::from_millis(1_000)).await; // more than three ttls
+            let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .expect("connect");
+            fencecheck(&mut con, "job", fence as i64)
+        })
+        .await
+        .expect("ran and released");
+    assert_eq!(out, 1, "still the live fence after 1 s on a 300 ms ttl");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_reported_not_swallowed() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
+    let port = server.port;
+    let result = lease
+        .run(|_| async move {
+            let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .expect("connect");
+            let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+            "done"
+        })
+        .await;
+    assert!(matches!(result, Err(RunError::NotReleased { output: "done", .. })), "{result:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_not_mistaken_for_a_held_lock() {
+    let mut server = Server::start();
+    let options =
+        ClientOptions { acquire_deadline: Duration::from_millis(500), ..ClientOptions::default() };
+    let dlock = Client::connect_with(&server.url(), options).await.expect("connect");
+    server.kill();
+    match dlock.acquire("job", Duration::from_secs(1)).await {
+        Err(AcquireError::Unreachable(_)) | Err(AcquireError::Unknown { .. }) => {}
+        other => panic!("expected unreachable or unknown, got {other:?}"),
+    }
+}
