@@ -32,9 +32,9 @@ fn fill_until_oom(con: &mut redis::Connection) {
     }
 }
 
-#[test]
-fn when_memory_is_full_acquire_is_refused_but_renew_and_release_still_work() {
-    let server = Server::start_with(&[
+/// A server with 4 MB of memory and `policy` for when it is full.
+fn small_server(policy: &str) -> Server {
+    Server::start_with(&[
         "--save",
         "",
         "--appendonly",
@@ -42,8 +42,13 @@ fn when_memory_is_full_acquire_is_refused_but_renew_and_release_still_work() {
         "--maxmemory",
         "4mb",
         "--maxmemory-policy",
-        "noeviction",
-    ]);
+        policy,
+    ])
+}
+
+#[test]
+fn when_memory_is_full_acquire_is_refused_but_renew_and_release_still_work() {
+    let server = small_server("noeviction");
     let mut con = server.client();
     let fence =
         acquire(&mut con, "lock:held", "worker", 60_000).expect("granted before the pressure");
@@ -64,16 +69,7 @@ fn when_memory_is_full_acquire_is_refused_but_renew_and_release_still_work() {
 
 #[test]
 fn an_evicting_policy_is_warned_about_and_evicted_locks_never_repeat_a_fence() {
-    let server = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--maxmemory",
-        "4mb",
-        "--maxmemory-policy",
-        "allkeys-random",
-    ]);
+    let server = small_server("allkeys-random");
     assert!(server.log().contains("maxmemory-policy is allkeys-random"), "warned at load");
     let mut con = server.client();
     let mut fences: Vec<i64> = (0..200)

@@ -251,11 +251,12 @@ enum Op {
     Acquire,
 }
 
-fn add_op(pipe: &mut redis::Pipeline, op: Op, resource: u64, lua: &redis::Script) {
+/// Adds one acquisition of `resource` (or a PING) to `pipe`, the way each scheme does it.
+fn add_op(pipe: &mut redis::Pipeline, op: Op, resource: u64, ttl_ms: u64, lua: &redis::Script) {
     let key = format!("lock:{resource}");
     match op {
         Op::Ping => pipe.cmd("PING"),
-        Op::SetNx => pipe.cmd("SET").arg(&key).arg(TOKEN).arg("NX").arg("PX").arg(1_000),
+        Op::SetNx => pipe.cmd("SET").arg(&key).arg(TOKEN).arg("NX").arg("PX").arg(ttl_ms),
         Op::LuaAcquire => pipe
             .cmd("EVALSHA")
             .arg(lua.get_hash())
@@ -263,8 +264,8 @@ fn add_op(pipe: &mut redis::Pipeline, op: Op, resource: u64, lua: &redis::Script
             .arg(&key)
             .arg(format!("fence:{resource}"))
             .arg(TOKEN)
-            .arg(1_000),
-        Op::Acquire => pipe.cmd("DLOCK.ACQUIRE").arg(&key).arg(TOKEN).arg(1_000),
+            .arg(ttl_ms),
+        Op::Acquire => pipe.cmd("DLOCK.ACQUIRE").arg(&key).arg(TOKEN).arg(ttl_ms),
     };
 }
 
@@ -320,7 +321,7 @@ fn throughput(
         while running() {
             let mut pipe = redis::pipe();
             for _ in 0..pipeline {
-                add_op(&mut pipe, op, rng.next() % RESOURCES, &lua);
+                add_op(&mut pipe, op, rng.next() % RESOURCES, 1_000, &lua);
             }
             pipe.query::<redis::Value>(con)?;
             done += pipeline as u64;
@@ -480,22 +481,13 @@ fn memory_per_lock(server: &Server, scheme: Scheme, locks: u64) -> Result<f64> {
     let before = server.used_memory()?;
     for batch in 0..locks / 1_000 {
         let mut pipe = redis::pipe();
+        let op = match scheme {
+            Scheme::SetNx => Op::SetNx,
+            Scheme::Lua => Op::LuaAcquire,
+            Scheme::Dlock => Op::Acquire,
+        };
         for i in batch * 1_000..(batch + 1) * 1_000 {
-            let key = format!("lock:{i}");
-            match scheme {
-                Scheme::SetNx => {
-                    pipe.cmd("SET").arg(&key).arg(TOKEN).arg("NX").arg("PX").arg(600_000)
-                }
-                Scheme::Lua => pipe
-                    .cmd("EVALSHA")
-                    .arg(acquire.get_hash())
-                    .arg(2)
-                    .arg(&key)
-                    .arg(format!("{key}:fence"))
-                    .arg(TOKEN)
-                    .arg(600_000),
-                Scheme::Dlock => pipe.cmd("DLOCK.ACQUIRE").arg(&key).arg(TOKEN).arg(600_000),
-            };
+            add_op(&mut pipe, op, i, 600_000, &acquire);
         }
         pipe.query::<redis::Value>(&mut con)?;
     }
