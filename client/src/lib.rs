@@ -129,6 +129,26 @@ impl<T: std::fmt::Debug> std::fmt::Display for RunError<T> {
 
 impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
 
+/// Why a fenced write did not happen.
+#[derive(Debug)]
+pub enum FencedError {
+    /// The fence is no longer the live lease's: the write was refused and nothing changed.
+    Stale(String),
+    /// Any other error (the inner command's own, or the connection's).
+    Redis(RedisError),
+}
+
+impl std::fmt::Display for FencedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stale(detail) => write!(f, "stale fence, write refused: {detail}"),
+            Self::Redis(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for FencedError {}
+
 /// How a lease was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossReason {
@@ -301,6 +321,37 @@ impl Lease {
             self.local_expiry = expiry;
         }
         Ok(renewed.is_some())
+    }
+
+    /// Runs `command` in the server only if this lease's fence is still the live one
+    /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens.
+    ///
+    /// ```no_run
+    /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
+    /// let mut write = redis::cmd("HSET");
+    /// write.arg("invoice:123:data").arg("status").arg("paid");
+    /// let _added: i64 = lease.fenced(&write).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fenced<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+    ) -> Result<T, FencedError> {
+        let mut fenced = redis::cmd("DLOCK.FENCED");
+        fenced.arg(&self.resource).arg(self.fence);
+        for arg in command.args_iter() {
+            if let redis::Arg::Simple(bytes) = arg {
+                fenced.arg(bytes);
+            }
+        }
+        self.client.send(&fenced, Duration::ZERO).await.map_err(|error| {
+            if error.code() == Some("STALE") {
+                FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+            } else {
+                FencedError::Redis(error)
+            }
+        })
     }
 
     /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.

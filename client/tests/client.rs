@@ -149,3 +149,40 @@ async fn an_unreachable_server_is_not_mistaken_for_a_held_lock() {
         other => panic!("expected unreachable or unknown, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_reply_is_recovered_with_the_same_token_and_fence() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let dlock =
+        Client::connect(&format!("redis://127.0.0.1:{}/", proxy.port)).await.expect("connect");
+    proxy.drop_next_reply(); // the server grants, the reply never arrives
+    let lease = dlock.acquire("invoice:9", Duration::from_secs(30)).await.expect("recovered");
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "invoice:9", "owner").as_deref(), Some(lease.token()));
+    assert_eq!(info_field(&mut con, "invoice:9", "fence"), Some(lease.fence().to_string()));
+    let text: String = redis::cmd("INFO").arg("dlock").query(&mut con).expect("INFO");
+    assert!(text.contains("dlock_acquire_granted:1"), "one grant:\n{text}");
+    assert!(text.contains("dlock_acquire_reacquired:1"), "the retry re-acquired it:\n{text}");
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_apply_while_the_lease_lives_and_are_refused_as_stale_after() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("invoice:{7}", Duration::from_secs(30)).await.expect("granted");
+    let mut write = redis::cmd("HSET");
+    write.arg("invoice:{7}:data").arg("status").arg("paid");
+    let added: i64 = lease.fenced(&write).await.expect("fenced write");
+    assert_eq!(added, 1);
+    let mut con = server.client();
+    let _: i64 = redis::cmd("DEL").arg("invoice:{7}").query(&mut con).expect("DEL"); // the lease is gone
+    let mut late = redis::cmd("HSET");
+    late.arg("invoice:{7}:data").arg("status").arg("failed");
+    let refused = lease.fenced::<i64>(&late).await;
+    assert!(matches!(refused, Err(dlock_client::FencedError::Stale(_))), "{refused:?}");
+    let status: String =
+        redis::cmd("HGET").arg("invoice:{7}:data").arg("status").query(&mut con).expect("HGET");
+    assert_eq!(status, "paid");
+}

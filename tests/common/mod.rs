@@ -6,6 +6,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -364,53 +366,82 @@ pub fn resp_command(args: &[&[u8]]) -> Vec<u8> {
 /// A TCP forwarder in front of a server, for cutting a replication link on demand.
 pub struct LinkProxy {
     pub port: u16,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    streams: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    cut: Arc<AtomicBool>,
+    drop_next_reply: Arc<AtomicBool>,
+    streams: Arc<Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl LinkProxy {
     /// Forwards connections on a fresh local port to `127.0.0.1:target_port`.
     pub fn start(target_port: u16) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::{Arc, Mutex};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let streams = Arc::new(Mutex::new(Vec::<std::net::TcpStream>::new()));
-        let (cut_flag, open) = (cut.clone(), streams.clone());
+        let proxy = LinkProxy {
+            port,
+            cut: Arc::default(),
+            drop_next_reply: Arc::default(),
+            streams: Arc::default(),
+        };
+        let (cut, drop_reply, open) =
+            (proxy.cut.clone(), proxy.drop_next_reply.clone(), proxy.streams.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
-                if cut_flag.load(Ordering::SeqCst) {
+                if cut.load(Ordering::SeqCst) {
                     continue; // dropped: the link stays down
                 }
                 let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port)) else {
                     continue;
                 };
                 let mut open = open.lock().expect("proxy streams");
-                for (from, to) in [(&client, &server), (&server, &client)] {
-                    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
-                        continue;
-                    };
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
+                for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
+                    let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else { continue };
+                    let drop_reply = drop_reply.clone();
+                    std::thread::spawn(move || forward(from, to, replies.then_some(drop_reply)));
                 }
                 open.push(client);
                 open.push(server);
             }
         });
-        LinkProxy { port, cut, streams }
+        proxy
     }
 
     /// Cuts every forwarded connection at once and refuses new ones.
     pub fn cut(&self) {
-        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut.store(true, Ordering::SeqCst);
         for stream in self.streams.lock().expect("proxy streams").iter() {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
     }
+
+    /// The next reply from the server is swallowed and its connection closed: the request was
+    /// carried out, the client never learns how.
+    pub fn drop_next_reply(&self) {
+        self.drop_next_reply.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Copies one direction of a proxied connection; a reply direction obeys `drop_reply`.
+fn forward(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    drop_reply: Option<Arc<AtomicBool>>,
+) {
+    use std::io::{Read, Write};
+    let mut buffer = [0u8; 16 * 1024];
+    while let Ok(read) = from.read(&mut buffer) {
+        if read == 0 {
+            break;
+        }
+        if drop_reply.as_ref().is_some_and(|flag| flag.swap(false, Ordering::SeqCst)) {
+            let _ = from.shutdown(std::net::Shutdown::Both);
+            break;
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
 /// A primary and a replica that streams from it, each without persistence unless the extra
