@@ -9,9 +9,8 @@ PORT     ?= 6379
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install what is missing (redis-server, redis-tools, libclang, rustfmt, clippy; redis-py, node-redis, Valkey into .deps/)
+deps: ## Install what is missing (redis-server, redis-tools, libclang, rustfmt, clippy)
 	@bash scripts/deps.sh
-	@bash scripts/clients.sh
 
 build: deps ## Build the release module: target/release/libdlock.so
 	cargo build --release

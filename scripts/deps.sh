@@ -11,6 +11,9 @@ as_root() {
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# The cross-client tests install redis-py and node-redis into .deps/ with pip and npm.
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 # bindgen needs libclang and clang's own headers (stddef.h).
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 \
    || ! ls /usr/lib/llvm-*/lib/clang/*/include/stddef.h >/dev/null 2>&1; then
