@@ -1,0 +1,236 @@
+//! Redis Cluster: three shards with a replica each, the module on every node.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+struct Cluster {
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let nodes: Vec<Server> = (0..6)
+            .map(|_| {
+                Server::start_with(&[
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "3000",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> =
+            nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli --cluster create");
+        assert!(status.success(), "cluster creation failed");
+        let cluster = Cluster { nodes };
+        for node in &cluster.nodes {
+            let mut con = node.client();
+            assert!(
+                eventually(Duration::from_secs(30), || {
+                    info_cluster(&mut con).get("cluster_state").map(String::as_str) == Some("ok")
+                }),
+                "cluster not ok on {}",
+                node.port
+            );
+        }
+        cluster
+    }
+
+    /// The port of the primary that serves `key`'s slot now.
+    fn owner(&self, key: &str) -> u16 {
+        let mut con = self.nodes[0].client();
+        let slot: i64 =
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut con).expect("KEYSLOT");
+        let ranges: Vec<redis::Value> =
+            redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).expect("SLOTS");
+        for range in ranges {
+            let redis::Value::Array(fields) = range else { continue };
+            let (redis::Value::Int(start), redis::Value::Int(end), redis::Value::Array(primary)) =
+                (&fields[0], &fields[1], &fields[2])
+            else {
+                continue;
+            };
+            if (*start..=*end).contains(&slot)
+                && let redis::Value::Int(port) = primary[1]
+            {
+                return port as u16;
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+
+    fn node(&self, port: u16) -> &Server {
+        self.nodes.iter().find(|n| n.port == port).expect("node")
+    }
+
+    fn node_id(&self, port: u16) -> String {
+        let mut con = self.node(port).client();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut con).expect("MYID")
+    }
+}
+
+fn info_cluster(con: &mut redis::Connection) -> BTreeMap<String, String> {
+    let text: String = redis::cmd("CLUSTER").arg("INFO").query(con).expect("CLUSTER INFO");
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+#[test]
+fn locks_spread_over_shards_route_by_key_fence_with_hash_tags_and_survive_slot_moves() {
+    let cluster = Cluster::start();
+
+    // Many resources land on all three shards; each is locked on the node that owns it.
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..30 {
+        let resource = format!("invoice:{i}");
+        let owner = cluster.owner(&resource);
+        owners.insert(owner);
+        let mut con = cluster.node(owner).client();
+        let fence = acquire(&mut con, &resource, "w", 60_000).expect("granted on its shard");
+        assert_eq!(fencecheck(&mut con, &resource, fence), 1);
+    }
+    assert_eq!(owners.len(), 3, "the locks are spread over the three shards");
+    // Another primary redirects: the key spec routes the command by its resource.
+    let owner = cluster.owner("invoice:0");
+    let other = *owners.iter().find(|p| **p != owner).expect("another primary");
+    let moved = error_text(
+        redis::cmd("DLOCK.INFO")
+            .arg("invoice:0")
+            .query::<redis::Value>(&mut cluster.node(other).client()),
+    );
+    assert!(moved.starts_with("MOVED"), "{moved}");
+
+    // DLOCK.FENCED with hash-tagged data; a key of another slot is CROSSSLOT.
+    let owner = cluster.owner("{order:7}");
+    let mut con = cluster.node(owner).client();
+    let fence = acquire(&mut con, "{order:7}", "w", 60_000).expect("granted");
+    let added: i64 = redis::cmd("DLOCK.FENCED")
+        .arg("{order:7}")
+        .arg(fence)
+        .arg("HSET")
+        .arg("{order:7}:data")
+        .arg("status")
+        .arg("paid")
+        .query(&mut con)
+        .expect("fenced write in the same slot");
+    assert_eq!(added, 1);
+    let crossslot = error_text(
+        redis::cmd("DLOCK.FENCED")
+            .arg("{order:7}")
+            .arg(fence)
+            .arg("SET")
+            .arg("elsewhere:1")
+            .arg("x")
+            .query::<redis::Value>(&mut con),
+    );
+    assert!(crossslot.starts_with("CROSSSLOT"), "{crossslot}");
+
+    // Move the slot holding a live lease to another shard: owner, fence and deadline move with it.
+    let resource = "moving:lock";
+    let from = cluster.owner(resource);
+    let mut source = cluster.node(from).client();
+    let fence = acquire(&mut source, resource, "holder", 60_000).expect("granted");
+    let to = *owners.iter().find(|p| **p != from).expect("another primary");
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(resource).query(&mut source).expect("KEYSLOT");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    let mut target = cluster.node(to).client();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(&from_id)
+        .query(&mut target)
+        .expect("IMPORTING");
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(&to_id)
+        .query(&mut source)
+        .expect("MIGRATING");
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(resource)
+        .query(&mut source)
+        .expect("MIGRATE");
+    for port in [to, from] {
+        let mut con = cluster.node(port).client();
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&to_id)
+            .query(&mut con)
+            .expect("SETSLOT NODE");
+    }
+    assert!(eventually(Duration::from_secs(10), || cluster.owner(resource) == to), "slot moved");
+    assert_eq!(info_field(&mut target, resource, "owner").as_deref(), Some("holder"));
+    assert_eq!(fencecheck(&mut target, resource, fence), 1, "the fence moved with the lease");
+    let ttl: i64 = info_field(&mut target, resource, "ttl-ms").expect("live").parse().expect("int");
+    assert!(ttl > 50_000 && ttl <= 60_000, "the deadline moved with it: {ttl}");
+    assert_eq!(acquire(&mut target, resource, "intruder", 1_000), None);
+    assert_eq!(release(&mut target, resource, "holder"), 1);
+    let next = acquire(&mut target, resource, "next", 1_000).expect("granted on the new shard");
+    assert!(next > fence, "the next fence on the new shard is larger");
+
+    // A replica takes its shard over: the lease it received stays, and fences keep growing.
+    let resource = "failover:lock";
+    let primary = cluster.owner(resource);
+    let mut con = cluster.node(primary).client();
+    let fence = acquire(&mut con, resource, "holder", 60_000).expect("granted");
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut con).expect("WAIT");
+    assert_eq!(acked, 1, "the replica has the lease");
+    let replicas: Vec<String> = redis::cmd("CLUSTER")
+        .arg("REPLICAS")
+        .arg(cluster.node_id(primary))
+        .query(&mut con)
+        .expect("REPLICAS");
+    let replica_port: u16 = replicas[0]
+        .split_whitespace()
+        .nth(1)
+        .and_then(|address| address.split(['@', ':']).nth(1))
+        .and_then(|port| port.parse().ok())
+        .expect("replica address");
+    let mut replica = cluster.node(replica_port).client();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut replica)
+        .expect("TAKEOVER");
+    assert!(
+        eventually(Duration::from_secs(10), || info_line(&mut replica, "replication", "role")
+            .as_deref()
+            == Some("master")),
+        "the replica took over"
+    );
+    assert_eq!(fencecheck(&mut replica, resource, fence), 1, "the lease survived the takeover");
+    assert_eq!(acquire(&mut replica, resource, "intruder", 1_000), None);
+    assert_eq!(release(&mut replica, resource, "holder"), 1);
+    assert!(acquire(&mut replica, resource, "next", 1_000).expect("granted") > fence);
+}
