@@ -28,11 +28,11 @@ use crate::commands::{
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
 
-// Unit tests run without Redis, so they cannot use Redis's allocator.
-#[cfg(test)]
+// Unit tests and fuzzers run without Redis, so they cannot use Redis's allocator.
+#[cfg(any(test, feature = "no-redis-alloc"))]
 use std::alloc::System as Allocator;
 
-#[cfg(not(test))]
+#[cfg(not(any(test, feature = "no-redis-alloc")))]
 use redis_module::alloc::RedisAlloc as Allocator;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {

@@ -1,0 +1,69 @@
+//! Arbitrary sequences of operations on one lock with a moving clock: no panic, at most one live
+//! lease, fences strictly increasing, a waiter handed the lease is the queue's first live one.
+#![no_main]
+
+use dlock::core::fence::FenceCounter;
+use dlock::core::{Acquired, Lock, Now, Rules, Waiter};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
+    let mut lock = Lock::default();
+    let mut fences = FenceCounter::default();
+    let mut now = Now { mono: 1_000_000, wall: 1_700_000_000_000_000 };
+    let mut last_fence = 0;
+    let mut next_waiter = 0;
+    for (op, token, amount) in ops.into_iter().take(500) {
+        let token = [token % 4];
+        let ttl = u64::from(amount % 100) + 1;
+        let rules =
+            Rules { new_grants_held: op & 0x40 != 0, max_hold_ms: u64::from(amount % 7) * 50 };
+        match op % 7 {
+            0 => {
+                if let Ok(Acquired::Granted { fence, .. }) =
+                    lock.acquire(&token, ttl, now, &mut fences, rules)
+                {
+                    assert!(fence > last_fence);
+                    last_fence = fence;
+                }
+            }
+            1 => {
+                let _ = lock.renew(&token, ttl, now, rules);
+            }
+            2 => {
+                let _ = lock.release(&token, now);
+            }
+            3 => {
+                next_waiter += 1;
+                let gives_up_at = (amount % 3 == 0).then(|| now.mono + u64::from(amount) * 10);
+                let _ = lock.enqueue(Waiter {
+                    id: next_waiter,
+                    token: token.into(),
+                    ttl_ms: ttl,
+                    gives_up_at,
+                    queued_at: now.mono,
+                });
+            }
+            4 => {
+                let _ = lock.expire(now);
+                if let Ok(Some(handed)) = lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
+                {
+                    assert!(handed.fence > last_fence);
+                    last_fence = handed.fence;
+                    assert!(lock.live_lease(now).is_some());
+                }
+            }
+            5 => {
+                let _ = lock.fence_check(u64::from(amount), now);
+                let _ = lock.on_due(now.mono, now);
+            }
+            _ => {
+                now.mono += u64::from(amount) * 100;
+                now.wall = now
+                    .wall
+                    .wrapping_add(u64::from(amount) * 100)
+                    .wrapping_sub(u64::from(op & 3) * 1_000);
+            }
+        }
+        assert!(fences.last() >= last_fence);
+    }
+});
