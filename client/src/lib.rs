@@ -35,8 +35,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError};
 pub use tokio_util::sync::CancellationToken;
 
 /// Settings of a [`Client`].
@@ -158,12 +158,22 @@ pub enum LossReason {
     Unreachable(String),
 }
 
+/// An error after which the request may or may not have been carried out, or that a retry may
+/// get past (a server loading its data, a failover in progress).
 fn is_ambiguous(error: &RedisError) -> bool {
-    error.is_timeout() || error.is_connection_dropped() || error.is_io_error()
+    error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_io_error()
+        || matches!(error.code(), Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }
 
 fn timed_out() -> RedisError {
-    RedisError::from((ErrorKind::IoError, "request timed out"))
+    RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))
+}
+
+/// A ttl as the server is told it, in whole milliseconds (at least 1).
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Client {
@@ -218,11 +228,15 @@ impl Client {
         wait: Option<Duration>,
     ) -> Result<Lease, AcquireError> {
         let token = uuid::Uuid::new_v4().to_string();
-        let deadline = Instant::now() + self.options.acquire_deadline + wait.unwrap_or_default();
-        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let started = Instant::now();
+        let wait_ends = wait.map(|wait| started + wait);
+        let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
+        let ttl_ms = ttl_ms(ttl);
         let mut reached_server = false;
-        let mut waiting = wait;
         loop {
+            // A retry waits only for what is left of the wait, with the same token: the server
+            // replaces this token's earlier place in the queue, or answers with its grant.
+            let waiting = wait_ends.map(|end| end.saturating_duration_since(Instant::now()));
             let mut cmd = redis::cmd("DLOCK.ACQUIRE");
             cmd.arg(resource).arg(&token).arg(ttl_ms);
             if let Some(wait) = waiting {
@@ -237,14 +251,13 @@ impl Client {
                         token,
                         fence,
                         ttl,
-                        local_expiry: sent + ttl,
+                        local_expiry: sent + Duration::from_millis(ttl_ms),
                     });
                 }
                 Ok(None) => return Err(AcquireError::Held),
                 Err(error) if is_ambiguous(&error) => {
-                    // A timeout or a dropped connection may have left a grant behind; a refused
-                    // connection cannot have.
-                    reached_server |= error.is_timeout() || error.is_connection_dropped();
+                    // Anything but a refused connection may have left a grant behind.
+                    reached_server |= !error.is_connection_refusal();
                     if Instant::now() >= deadline {
                         return Err(if reached_server {
                             AcquireError::Unknown { token, source: error }
@@ -253,9 +266,11 @@ impl Client {
                         });
                     }
                     // Retry with the same token: the server's idempotent ACQUIRE tells the truth.
-                    // A retry does not wait again: the first wait may have been granted already.
-                    waiting = None;
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // After an attempt that may have been granted, the token must not be lost.
+                Err(error) if reached_server => {
+                    return Err(AcquireError::Unknown { token, source: error });
                 }
                 Err(error) => return Err(AcquireError::Server(error)),
             }
@@ -371,14 +386,17 @@ impl Lease {
         let cancelled = CancellationToken::new();
         let work = work(cancelled.clone());
         tokio::pin!(work);
+        let mut renewal_failed = false;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
             let (client, resource, token, ttl) =
                 (&self.client, &self.resource, &self.token, self.ttl);
+            let pause = if renewal_failed { ttl / 10 } else { ttl / 3 };
             let renewal = async move {
-                tokio::time::sleep(ttl / 3).await;
+                tokio::time::sleep(pause).await;
                 renew_once(client, resource, token, ttl).await
             };
+            let expiry = tokio::time::sleep_until(self.local_expiry.into());
             tokio::select! {
                 output = &mut work => {
                     return match self.release().await {
@@ -391,17 +409,24 @@ impl Lease {
                     };
                 }
                 renewed = renewal => match renewed {
-                    Ok(Some(expiry)) => self.local_expiry = expiry,
+                    Ok(Some(expiry)) => {
+                        self.local_expiry = expiry;
+                        renewal_failed = false;
+                    }
                     Ok(None) => break LossReason::RenewalRefused,
                     Err(error) if Instant::now() >= self.local_expiry => {
                         break LossReason::Unreachable(error.to_string());
                     }
-                    Err(_) => {} // keep trying until the conservative local expiry
+                    Err(_) => renewal_failed = true, // retry sooner, until the local expiry
                 },
+                // The lease may already be over on the server: stop at the local expiry.
+                _ = expiry => break LossReason::Unreachable("no renewal before the local expiry".into()),
             }
         };
         cancelled.cancel();
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
+        // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
+        let _ = self.release().await;
         Err(RunError::LockLost(lost))
     }
 }
@@ -414,9 +439,9 @@ async fn renew_once(
     ttl: Duration,
 ) -> Result<Option<Instant>, RedisError> {
     let sent = Instant::now();
-    let ttl_ms = ttl.as_millis().max(1) as u64;
+    let ttl_ms = ttl_ms(ttl);
     let renewed: i64 = client
         .send(redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms), Duration::ZERO)
         .await?;
-    Ok((renewed == 1).then_some(sent + ttl))
+    Ok((renewed == 1).then_some(sent + Duration::from_millis(ttl_ms)))
 }

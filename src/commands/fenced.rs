@@ -80,7 +80,13 @@ fn check_slots(
     let mut count: c_int = 0;
     // SAFETY: argv holds live strings of this call; the returned positions are freed below.
     unsafe {
-        let Some(get_keys) = raw::RedisModule_GetCommandKeys else { return Ok(()) };
+        // Without a way to find the inner keys, nothing can be checked: refuse rather than guess.
+        let Some(get_keys) = raw::RedisModule_GetCommandKeys else {
+            return Err(DlockError::CrossSlot {
+                key: "?".into(),
+                resource: printable(resource.as_slice()),
+            });
+        };
         let positions = get_keys(ctx.ctx, argv.as_mut_ptr(), argv.len() as c_int, &mut count);
         if positions.is_null() {
             return Ok(());

@@ -40,7 +40,7 @@ impl<K> ExpiryIndex<K> {
     /// When to look next: the end of the first non-empty bucket's millisecond, when everything
     /// in it is due (entries come due at most 1 ms after their deadline, the timer's resolution).
     pub fn next_deadline(&self) -> Option<Micros> {
-        self.buckets.first_key_value().map(|(bucket, _)| bucket * 1_000)
+        self.buckets.first_key_value().map(|(bucket, _)| bucket.saturating_mul(1_000))
     }
 
     /// Removes and returns an entry due at `now_mono`, earliest bucket first.

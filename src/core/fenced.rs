@@ -54,6 +54,7 @@ pub fn refusal(name: &[u8], args: &[&[u8]]) -> Option<&'static str> {
         b"quit",
         b"client",
         b"debug",
+        b"migrate",
     ];
     let blocking_read = matches!(name, b"xread" | b"xreadgroup")
         && args.iter().any(|arg| arg.eq_ignore_ascii_case(b"block"));
