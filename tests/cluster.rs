@@ -86,6 +86,23 @@ impl Cluster {
         panic!("no node serves slot {slot}");
     }
 
+    /// The port of the replica that streams from the primary at `primary` (its link up).
+    fn replica_of(&self, primary: u16) -> u16 {
+        let found = std::cell::Cell::new(None);
+        let streaming = eventually(Duration::from_secs(30), || {
+            found.set(self.nodes.iter().map(|n| n.port).find(|&port| {
+                let mut con = self.node(port).client();
+                info_line(&mut con, "replication", "master_port").as_deref()
+                    == Some(primary.to_string().as_str())
+                    && info_line(&mut con, "replication", "master_link_status").as_deref()
+                        == Some("up")
+            }));
+            found.get().is_some()
+        });
+        assert!(streaming, "no replica of {primary}");
+        found.get().unwrap_or_default()
+    }
+
     fn node(&self, port: u16) -> &Server {
         self.nodes.iter().find(|n| n.port == port).expect("node")
     }
@@ -216,21 +233,11 @@ fn locks_spread_over_shards_route_by_key_fence_with_hash_tags_and_survive_slot_m
     // A replica takes its shard over: the lease it received stays, and fences keep growing.
     let resource = "failover:lock";
     let primary = cluster.owner(resource);
+    let replica_port = cluster.replica_of(primary);
     let mut con = cluster.node(primary).client();
     let fence = acquire(&mut con, resource, "holder", 60_000).expect("granted");
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut con).expect("WAIT");
     assert_eq!(acked, 1, "the replica has the lease");
-    let replicas: Vec<String> = redis::cmd("CLUSTER")
-        .arg("REPLICAS")
-        .arg(cluster.node_id(primary))
-        .query(&mut con)
-        .expect("REPLICAS");
-    let replica_port: u16 = replicas[0]
-        .split_whitespace()
-        .nth(1)
-        .and_then(|address| address.split(['@', ':']).nth(1))
-        .and_then(|port| port.parse().ok())
-        .expect("replica address");
     let mut replica = cluster.node(replica_port).client();
     let _: () = redis::cmd("CLUSTER")
         .arg("FAILOVER")
