@@ -81,16 +81,7 @@ fn restart_from_aof_with_fsync_always_keeps_every_acknowledged_lease() {
 
 #[test]
 fn aof_rewrite_without_rdb_preamble_keeps_leases() {
-    let mut server = Server::start_with(&[
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--aof-use-rdb-preamble",
-        "no",
-        "--save",
-        "",
-    ]);
+    let mut server = Server::start_with(&aof_always_without_preamble());
     let mut con = server.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
     let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
@@ -272,19 +263,8 @@ fn the_fence_counter_survives_an_aof_rewrite_without_preamble_and_without_any_lo
     // A legacy AOF puts the counter far ahead of the wall clock, then its only key is deleted.
     let future_fence = now_us() + 1_000_000_000_000;
     let aof = legacy_aof_with_a_deleted_lock(future_fence, now_us() + 60_000_000);
-    let mut server = Server::start_with_files(
-        &[("appendonly.aof", &aof)],
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--aof-use-rdb-preamble",
-            "no",
-        ],
-    );
+    let mut server =
+        Server::start_with_files(&[("appendonly.aof", &aof)], &aof_always_without_preamble());
     let mut con = server.client();
     assert_eq!(dbsize(&mut con), 0);
     let _: String = redis::cmd("BGREWRITEAOF").query(&mut con).expect("BGREWRITEAOF");
@@ -312,4 +292,9 @@ fn legacy_aof_with_a_deleted_lock(fence: i64, deadline_us: i64) -> Vec<u8> {
     ]));
     aof.extend(resp_command(&[b"DEL", b"lock:x"]));
     aof
+}
+
+/// AOF with fsync before every reply, rewritten without an RDB preamble (so without aux data).
+fn aof_always_without_preamble() -> Vec<&'static str> {
+    [AOF_ALWAYS, &["--aof-use-rdb-preamble", "no"]].concat()
 }
