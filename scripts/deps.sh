@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing dlock needs on Debian/Ubuntu, and only what is missing:
-# redis-server and redis-cli (the tests start real servers), libclang (redis-module's bindgen),
-# and the rustfmt/clippy components.
+# redis-server and redis-cli (the tests start real servers), PostgreSQL (a protected resource in
+# end-to-end tests), libclang (redis-module's bindgen), and the rustfmt/clippy components.
 set -euo pipefail
 
 as_root() {
@@ -14,6 +14,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 # The cross-client tests install redis-py and node-redis into .deps/ with pip and npm.
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# The client's end-to-end tests and the chaos harness start a throwaway PostgreSQL server.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # bindgen needs libclang and clang's own headers (stddef.h).
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 \
    || ! ls /usr/lib/llvm-*/lib/clang/*/include/stddef.h >/dev/null 2>&1; then

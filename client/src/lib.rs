@@ -1,6 +1,5 @@
-//! An async client for [dlock](https://example.invalid/dlock): leases with fencing tokens, held in
-//! a Redis (or Valkey) server with the dlock module, whose renewal lives and dies with the work
-//! they protect.
+//! An async client for dlock: leases with fencing tokens, held in a Redis (or Valkey) server with
+//! the dlock module, whose renewal lives and dies with the work they protect.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,18 +25,35 @@
 //!   dropped connection) is retried with the *same* token until the caller's deadline, so one
 //!   grant never gets two fences; if the outcome stays unknown the error carries the token.
 //! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
-//!   renewal cannot outlive `run`); a refused renewal, or renewals failing until the lease's
-//!   conservative local expiry, cancel the work and return [`RunError::LockLost`]; when the work
-//!   ends, an owner-checked RELEASE is sent and a failed release is reported, not swallowed.
+//!   renewal cannot outlive `run`); a refused renewal, renewals failing until the lease's
+//!   conservative local expiry, or the server announcing the lease's end
+//!   ([`ClientOptions::watch_events`]) cancel the work and return [`RunError::LockLost`]; when
+//!   the work ends, an owner-checked RELEASE is sent with a bounded timeout and a failed release
+//!   is reported, not swallowed.
 //! - The local expiry is conservative: counted from *before* the ACQUIRE or RENEW was sent, so it
-//!   is never later than the server's deadline.
+//!   is never later than the server's deadline (unless the server caps the ttl with
+//!   `dlock.max-hold-ms`).
+//! - With [`ClientOptions::replicas`], a grant or renewal counts only once that many replicas
+//!   acknowledged it (`WAIT`); a grant they did not acknowledge is released and reported as
+//!   [`AcquireError::NotReplicated`], a renewal they did not acknowledge counts as failed.
+//! - Fenced writes: [`Lease::fenced`] for data in the same Redis (`DLOCK.FENCED`), [`sql`] for
+//!   rows elsewhere; a stale worker's refused write is its own error, never a silent no-op.
+//! - Figures go through the `metrics` facade and ownership transitions are `tracing` events
+//!   ([`observe`] lists them).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use redis::RedisError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 pub use tokio_util::sync::CancellationToken;
+
+mod error;
+pub mod observe;
+pub mod sql;
+
+pub use error::{AcquireError, FencedError, LossReason, RunError};
 
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]
@@ -49,6 +65,24 @@ pub struct ClientOptions {
     pub acquire_deadline: Duration,
     /// How long `run` lets cancelled work finish before dropping it.
     pub cancel_grace: Duration,
+    /// Durability: count a grant or renewal only once this many replicas acknowledged it.
+    /// Each such request uses a connection of its own (WAIT blocks the connection it runs on).
+    pub replicas: Option<Replicas>,
+    /// While [`Lease::run`] works, subscribe to the resource's keyspace channel and cancel the
+    /// work as soon as the server announces the lease's end (`dlock.expired`; a deletion is
+    /// confirmed with FENCECHECK first). Needs `notify-keyspace-events` with `K` and `d` on the
+    /// server, and one more connection per running lease. Off by default; renewals alone still
+    /// detect the loss within a third of the ttl.
+    pub watch_events: bool,
+}
+
+/// How many replicas must acknowledge a grant or renewal, and how long to wait for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    /// Replicas that must acknowledge (`WAIT numreplicas`).
+    pub count: u32,
+    /// How long to wait for them (`WAIT timeout`).
+    pub timeout: Duration,
 }
 
 impl Default for ClientOptions {
@@ -57,6 +91,8 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(2),
             acquire_deadline: Duration::from_secs(10),
             cancel_grace: Duration::from_millis(100),
+            replicas: None,
+            watch_events: false,
         }
     }
 }
@@ -65,97 +101,10 @@ impl Default for ClientOptions {
 #[derive(Clone)]
 pub struct Client {
     connection: ConnectionManager,
-    /// For blocking waits, which must not hold up other requests on the shared connection.
+    /// For blocking waits, WAIT and subscriptions, which must not hold up other requests on the
+    /// shared connection.
     redis: redis::Client,
     options: ClientOptions,
-}
-
-/// Why an ACQUIRE did not give a lease.
-#[derive(Debug)]
-pub enum AcquireError {
-    /// Another token holds the lock (after the wait, if one was asked for).
-    Held,
-    /// The server could not be reached; nothing was granted.
-    Unreachable(RedisError),
-    /// The outcome is unknown: a grant may exist under `token`. Release it with
-    /// [`Client::release`] or let it expire; never retry with another token.
-    Unknown {
-        /// The token the unknown grant would belong to.
-        token: String,
-        /// The last error seen.
-        source: RedisError,
-    },
-    /// The server answered with an error (bad argument, wrong type, not the primary …).
-    Server(RedisError),
-}
-
-impl std::fmt::Display for AcquireError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Held => write!(f, "the lock is held by another owner"),
-            Self::Unreachable(e) => write!(f, "dlock server unreachable: {e}"),
-            Self::Unknown { token, source } => {
-                write!(f, "acquire outcome unknown for token {token}: {source}")
-            }
-            Self::Server(e) => write!(f, "dlock server refused the acquire: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for AcquireError {}
-
-/// Why [`Lease::run`] did not end cleanly.
-#[derive(Debug)]
-pub enum RunError<T> {
-    /// The lease was lost while the work ran; the work was cancelled.
-    LockLost(LossReason),
-    /// The work finished (`output`), but the lease could not be released: it will expire by itself.
-    NotReleased {
-        /// What the work returned.
-        output: T,
-        /// Why the RELEASE failed (or answered 0: the lease was already gone).
-        reason: String,
-    },
-}
-
-impl<T: std::fmt::Debug> std::fmt::Display for RunError<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::LockLost(reason) => write!(f, "lock lost while working: {reason:?}"),
-            Self::NotReleased { reason, .. } => write!(f, "work done but not released: {reason}"),
-        }
-    }
-}
-
-impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
-
-/// Why a fenced write did not happen.
-#[derive(Debug)]
-pub enum FencedError {
-    /// The fence is no longer the live lease's: the write was refused and nothing changed.
-    Stale(String),
-    /// Any other error (the inner command's own, or the connection's).
-    Redis(RedisError),
-}
-
-impl std::fmt::Display for FencedError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Stale(detail) => write!(f, "stale fence, write refused: {detail}"),
-            Self::Redis(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for FencedError {}
-
-/// How a lease was lost.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LossReason {
-    /// The server refused a renewal: the lease had expired or belongs to someone else.
-    RenewalRefused,
-    /// Renewals failed until the lease's conservative local expiry passed.
-    Unreachable(String),
 }
 
 /// An error after which the request may or may not have been carried out, or that a retry may
@@ -171,9 +120,9 @@ fn timed_out() -> RedisError {
     RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))
 }
 
-/// A ttl as the server is told it, in whole milliseconds (at least 1).
-fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+/// A duration as the server is told it, in whole milliseconds (at least 1).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Client {
@@ -214,6 +163,30 @@ impl Client {
         reply.unwrap_or_else(|_| Err(timed_out()))
     }
 
+    /// Sends a command that grants or renews, followed by `WAIT` when [`ClientOptions::replicas`]
+    /// asks for it (on a connection of its own: WAIT counts the writes of its own connection and
+    /// blocks it). Returns the reply and the number of replicas that acknowledged, if asked.
+    async fn send_write<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        extra: Duration,
+    ) -> Result<(T, Option<u64>), RedisError> {
+        let Some(replicas) = self.options.replicas else {
+            return self.send(cmd, extra).await.map(|reply| (reply, None));
+        };
+        let limit = self.options.request_timeout + extra + replicas.timeout;
+        let reply = tokio::time::timeout(limit, async {
+            let mut connection = self.redis.get_multiplexed_async_connection().await?;
+            let mut pipe = redis::pipe();
+            pipe.add_command(cmd.clone());
+            pipe.cmd("WAIT").arg(replicas.count).arg(millis(replicas.timeout));
+            let (reply, acked): (T, u64) = pipe.query_async(&mut connection).await?;
+            Ok((reply, Some(acked)))
+        })
+        .await;
+        reply.unwrap_or_else(|_| Err(timed_out()))
+    }
+
     /// Acquires `resource` for `ttl` without waiting: [`AcquireError::Held`] when someone else has it.
     pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Lease, AcquireError> {
         self.acquire_waiting(resource, ttl, None).await
@@ -227,11 +200,27 @@ impl Client {
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, AcquireError> {
-        let token = uuid::Uuid::new_v4().to_string();
+        observe::acquire_attempt();
         let started = Instant::now();
+        let acquired = self.try_acquire(resource, ttl, wait, started).await;
+        match &acquired {
+            Ok(lease) => observe::acquired(resource, &lease.token, lease.fence, started.elapsed()),
+            Err(error) => observe::acquire_failed(error.kind()),
+        }
+        acquired
+    }
+
+    async fn try_acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+        started: Instant,
+    ) -> Result<Lease, AcquireError> {
+        let token = uuid::Uuid::new_v4().to_string();
         let wait_ends = wait.map(|wait| started + wait);
         let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
-        let ttl_ms = ttl_ms(ttl);
+        let ttl_ms = millis(ttl);
         let mut reached_server = false;
         loop {
             // A retry waits only for what is left of the wait, with the same token: the server
@@ -240,21 +229,35 @@ impl Client {
             let mut cmd = redis::cmd("DLOCK.ACQUIRE");
             cmd.arg(resource).arg(&token).arg(ttl_ms);
             if let Some(wait) = waiting {
-                cmd.arg("WAIT").arg(wait.as_millis().max(1) as u64);
+                cmd.arg("WAIT").arg(millis(wait));
             }
             let sent = Instant::now();
-            match self.send::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
-                Ok(Some(fence)) => {
-                    return Ok(Lease {
+            match self.send_write::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
+                Ok((Some(fence), acked)) => {
+                    let lease = Lease {
                         client: self.clone(),
                         resource: resource.to_owned(),
                         token,
                         fence,
                         ttl,
                         local_expiry: sent + Duration::from_millis(ttl_ms),
-                    });
+                        granted: Instant::now(),
+                    };
+                    return match (self.options.replicas, acked) {
+                        (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
+                            let token = lease.token.clone();
+                            let released = matches!(lease.release().await, Ok(true));
+                            Err(AcquireError::NotReplicated {
+                                token,
+                                acked,
+                                wanted: replicas.count,
+                                released,
+                            })
+                        }
+                        _ => Ok(lease),
+                    };
                 }
-                Ok(None) => return Err(AcquireError::Held),
+                Ok((None, _)) => return Err(AcquireError::Held),
                 Err(error) if is_ambiguous(&error) => {
                     // Anything but a refused connection may have left a grant behind.
                     reached_server |= !error.is_connection_refusal();
@@ -284,6 +287,35 @@ impl Client {
             self.send(redis::cmd("DLOCK.RELEASE").arg(resource).arg(token), Duration::ZERO).await?;
         Ok(released == 1)
     }
+
+    /// Whether `fence` is still the live lease's fence on `resource` (`DLOCK.FENCECHECK`).
+    pub async fn fence_is_live(&self, resource: &str, fence: u64) -> Result<bool, RedisError> {
+        let live: i64 = self
+            .send(redis::cmd("DLOCK.FENCECHECK").arg(resource).arg(fence), Duration::ZERO)
+            .await?;
+        Ok(live == 1)
+    }
+
+    /// The keyspace-event stream of `resource`, or `None` if it cannot be subscribed to (then
+    /// renewals alone watch the lease).
+    async fn subscribe(&self, resource: &str) -> Option<PubSubStream> {
+        let db = self.redis.get_connection_info().redis.db;
+        let channel = format!("__keyspace@{db}__:{resource}");
+        let subscribed = tokio::time::timeout(self.options.request_timeout, async {
+            let mut pubsub = self.redis.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, RedisError>(pubsub.into_on_message())
+        })
+        .await;
+        match subscribed {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(error)) => {
+                tracing::debug!(resource, %error, "dlock: cannot watch keyspace events");
+                None
+            }
+            Err(_) => None,
+        }
+    }
 }
 
 /// A granted lease: `token` owns `resource` with `fence` until the server's deadline.
@@ -294,6 +326,7 @@ pub struct Lease {
     fence: u64,
     ttl: Duration,
     local_expiry: Instant,
+    granted: Instant,
 }
 
 impl std::fmt::Debug for Lease {
@@ -329,9 +362,10 @@ impl Lease {
     }
 
     /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
-    /// lost), `Err` when the server did not answer.
+    /// lost), `Err` when the server did not answer (or too few replicas acknowledged).
     pub async fn renew(&mut self) -> Result<bool, RedisError> {
-        let renewed = renew_once(&self.client, &self.resource, &self.token, self.ttl).await?;
+        let renewed =
+            renew_once(&self.client, &self.resource, &self.token, self.fence, self.ttl).await?;
         if let Some(expiry) = renewed {
             self.local_expiry = expiry;
         }
@@ -362,6 +396,7 @@ impl Lease {
         }
         self.client.send(&fenced, Duration::ZERO).await.map_err(|error| {
             if error.code() == Some("STALE") {
+                observe::stale_write_refused();
                 FencedError::Stale(error.detail().unwrap_or_default().to_owned())
             } else {
                 FencedError::Redis(error)
@@ -371,7 +406,10 @@ impl Lease {
 
     /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
     pub async fn release(self) -> Result<bool, RedisError> {
-        self.client.release(&self.resource, &self.token).await
+        let released = self.client.release(&self.resource, &self.token).await;
+        let ok = matches!(released, Ok(true));
+        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
+        released
     }
 
     /// Runs `work` while keeping the lease: renewals every third of the ttl, in this task, only
@@ -384,19 +422,30 @@ impl Lease {
         Fut: Future<Output = T>,
     {
         let cancelled = CancellationToken::new();
+        let mut events = if self.client.options.watch_events {
+            self.client.subscribe(&self.resource).await
+        } else {
+            None
+        };
         let work = work(cancelled.clone());
         tokio::pin!(work);
         let mut renewal_failed = false;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
-            let (client, resource, token, ttl) =
-                (&self.client, &self.resource, &self.token, self.ttl);
+            let (client, resource, token, fence, ttl) =
+                (&self.client, &self.resource, &self.token, self.fence, self.ttl);
             let pause = if renewal_failed { ttl / 10 } else { ttl / 3 };
             let renewal = async move {
                 tokio::time::sleep(pause).await;
-                renew_once(client, resource, token, ttl).await
+                renew_once(client, resource, token, fence, ttl).await
             };
             let expiry = tokio::time::sleep_until(self.local_expiry.into());
+            let event = async {
+                match events.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 output = &mut work => {
                     return match self.release().await {
@@ -420,28 +469,71 @@ impl Lease {
                     Err(_) => renewal_failed = true, // retry sooner, until the local expiry
                 },
                 // The lease may already be over on the server: stop at the local expiry.
-                _ = expiry => break LossReason::Unreachable("no renewal before the local expiry".into()),
+                _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
+                message = event => match message {
+                    // The subscription's connection ended: renewals alone watch the lease now.
+                    None => events = None,
+                    Some(message) => {
+                        let name: String = message.get_payload().unwrap_or_default();
+                        if let Some(reason) = self.ended_by(&name).await {
+                            break reason;
+                        }
+                    }
+                },
             }
         };
         cancelled.cancel();
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
+        observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
-        let _ = self.release().await;
+        let _ = self.client.release(&self.resource, &self.token).await;
         Err(RunError::LockLost(lost))
+    }
+
+    /// Whether the keyspace event `name` on this lease's resource means the lease ended:
+    /// `dlock.expired` says so; our own renewals say nothing; anything else (a DEL, a hand-over,
+    /// a rename) is confirmed with FENCECHECK.
+    async fn ended_by(&self, name: &str) -> Option<LossReason> {
+        match name {
+            "dlock.expired" => Some(LossReason::Ended(name.to_owned())),
+            "dlock.renewed" | "dlock.acquired" => None,
+            _ => match self.client.fence_is_live(&self.resource, self.fence).await {
+                Ok(false) => Some(LossReason::Ended(name.to_owned())),
+                // Live, or unknown: renewals decide.
+                Ok(true) | Err(_) => None,
+            },
+        }
     }
 }
 
-/// One RENEW: the new conservative local expiry when renewed, `None` when refused.
+/// One RENEW (and WAIT, if asked): the new conservative local expiry when renewed, `None` when
+/// refused; a renewal too few replicas acknowledged is an error (it could be lost in a failover).
 async fn renew_once(
     client: &Client,
     resource: &str,
     token: &str,
+    fence: u64,
     ttl: Duration,
 ) -> Result<Option<Instant>, RedisError> {
     let sent = Instant::now();
-    let ttl_ms = ttl_ms(ttl);
-    let renewed: i64 = client
-        .send(redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms), Duration::ZERO)
-        .await?;
-    Ok((renewed == 1).then_some(sent + Duration::from_millis(ttl_ms)))
+    let ttl_ms = millis(ttl);
+    let cmd = redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms).clone();
+    let renewed = client.send_write::<i64>(&cmd, Duration::ZERO).await;
+    let renewed = match (renewed, client.options.replicas) {
+        (Ok((1, Some(acked))), Some(replicas)) if acked < u64::from(replicas.count) => {
+            Err(RedisError::from((
+                redis::ErrorKind::ResponseError,
+                "renewal acknowledged by too few replicas",
+                format!("{acked} of {}", replicas.count),
+            )))
+        }
+        (Ok((renewed, _)), _) => Ok(renewed == 1),
+        (Err(error), _) => Err(error),
+    };
+    match &renewed {
+        Ok(true) => {}
+        Ok(false) => observe::renewal_failed(resource, token, fence, true),
+        Err(_) => observe::renewal_failed(resource, token, fence, false),
+    }
+    Ok(renewed?.then_some(sent + Duration::from_millis(ttl_ms)))
 }

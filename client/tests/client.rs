@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use dlock_client::{AcquireError, Client, ClientOptions, LossReason, RunError};
+use dlock_client::{AcquireError, Client, ClientOptions, LossReason, Replicas, RunError};
 
 async fn client(server: &Server) -> Client {
     Client::connect(&server.url()).await.expect("connect")
@@ -185,4 +185,84 @@ async fn fenced_writes_apply_while_the_lease_lives_and_are_refused_as_stale_afte
     let status: String =
         redis::cmd("HGET").arg("invoice:{7}:data").arg("status").query(&mut con).expect("HGET");
     assert_eq!(status, "paid");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_is_noticed_from_its_keyspace_event_long_before_the_next_renewal() {
+    let server = Server::start_with(&["--save", "", "--notify-keyspace-events", "KA"]);
+    let options = ClientOptions { watch_events: true, ..ClientOptions::default() };
+    let dlock = Client::connect_with(&server.url(), options).await.expect("connect");
+    let lease = dlock.acquire("job", Duration::from_secs(6)).await.expect("granted");
+    let port = server.port;
+    let started = Instant::now();
+    let result = lease
+        .run(|cancelled| async move {
+            tokio::time::sleep(Duration::from_millis(200)).await; // subscribed by now
+            let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .expect("connect");
+            let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+            cancelled.cancelled().await;
+        })
+        .await;
+    match result {
+        Err(RunError::LockLost(LossReason::Ended(event))) => assert_eq!(event, "del"),
+        other => panic!("expected the DEL event to end the lease, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "noticed from the event, not at the first renewal (2 s): {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_side_expiry_is_noticed_from_the_dlock_expired_event() {
+    // The server caps every lease at 400 ms (max-hold), while the client asked for 6 s: only
+    // the server's dlock.expired event can tell the client before its local expiry.
+    let server = Server::start_with(&["--save", "", "--notify-keyspace-events", "Kd"]);
+    let mut con = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("dlock.max-hold-ms")
+        .arg(400)
+        .query(&mut con)
+        .expect("CONFIG SET");
+    let options = ClientOptions { watch_events: true, ..ClientOptions::default() };
+    let dlock = Client::connect_with(&server.url(), options).await.expect("connect");
+    let lease = dlock.acquire("job", Duration::from_secs(6)).await.expect("granted");
+    let started = Instant::now();
+    let result = lease.run(|cancelled| async move { cancelled.cancelled().await }).await;
+    match result {
+        Err(RunError::LockLost(LossReason::Ended(event))) => assert_eq!(event, "dlock.expired"),
+        other => panic!("expected dlock.expired to end the lease, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replicas_asked_for_a_grant_counts_only_once_they_acknowledged_it() {
+    let (primary, replica) = primary_and_replica_with(&[], &[]);
+    let durable = |count| ClientOptions {
+        replicas: Some(Replicas { count, timeout: Duration::from_millis(300) }),
+        ..ClientOptions::default()
+    };
+    let one = Client::connect_with(&primary.url(), durable(1)).await.expect("connect");
+    let mut lease = one.acquire("invoice:1", Duration::from_secs(30)).await.expect("granted");
+    let mut on_replica = replica.client();
+    assert_eq!(
+        info_field(&mut on_replica, "invoice:1", "fence"),
+        Some(lease.fence().to_string()),
+        "the replica has the grant by the time acquire returns"
+    );
+    assert!(lease.renew().await.expect("renewed, acknowledged by the replica"));
+
+    let two = Client::connect_with(&primary.url(), durable(2)).await.expect("connect");
+    match two.acquire("invoice:2", Duration::from_secs(30)).await {
+        Err(AcquireError::NotReplicated { acked: 1, wanted: 2, released: true, .. }) => {}
+        other => panic!("expected NotReplicated (1 of 2), got {other:?}"),
+    }
+    let mut con = primary.client();
+    assert!(!exists(&mut con, "invoice:2"), "the unacknowledged grant was released again");
+    lease.release().await.expect("release");
 }

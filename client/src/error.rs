@@ -1,0 +1,161 @@
+//! The errors of the client, one type per operation, so that callers match on what they can act on.
+
+use redis::RedisError;
+
+/// Why an ACQUIRE did not give a lease.
+#[derive(Debug)]
+pub enum AcquireError {
+    /// Another token holds the lock (after the wait, if one was asked for).
+    Held,
+    /// The server could not be reached; nothing was granted.
+    Unreachable(RedisError),
+    /// The outcome is unknown: a grant may exist under `token`. Release it with
+    /// [`Client::release`](crate::Client::release) or let it expire; never retry with another token.
+    Unknown {
+        /// The token the unknown grant would belong to.
+        token: String,
+        /// The last error seen.
+        source: RedisError,
+    },
+    /// The lock was granted, but fewer replicas than
+    /// [`ClientOptions::replicas`](crate::ClientOptions::replicas) acknowledged it in time, so a
+    /// failover could forget it. The grant was released again (`released`), or, if that failed
+    /// too, expires by itself under `token`.
+    NotReplicated {
+        /// The token of the grant.
+        token: String,
+        /// Replicas that acknowledged the grant.
+        acked: u64,
+        /// Replicas asked for.
+        wanted: u32,
+        /// Whether the grant was released again.
+        released: bool,
+    },
+    /// The server answered with an error (bad argument, wrong type, not the primary …).
+    Server(RedisError),
+}
+
+impl AcquireError {
+    /// A short label for metrics and logs: `held`, `unreachable`, `unknown`, `not_replicated`,
+    /// `server`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Held => "held",
+            Self::Unreachable(_) => "unreachable",
+            Self::Unknown { .. } => "unknown",
+            Self::NotReplicated { .. } => "not_replicated",
+            Self::Server(_) => "server",
+        }
+    }
+}
+
+impl std::fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Held => write!(f, "the lock is held by another owner"),
+            Self::Unreachable(e) => write!(f, "dlock server unreachable: {e}"),
+            Self::Unknown { token, source } => {
+                write!(f, "acquire outcome unknown for token {token}: {source}")
+            }
+            Self::NotReplicated { acked, wanted, released, .. } => write!(
+                f,
+                "granted but acknowledged by {acked} of {wanted} replicas (released again: {released})"
+            ),
+            Self::Server(e) => write!(f, "dlock server refused the acquire: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unreachable(e) | Self::Server(e) | Self::Unknown { source: e, .. } => Some(e),
+            Self::Held | Self::NotReplicated { .. } => None,
+        }
+    }
+}
+
+/// Why [`Lease::run`](crate::Lease::run) did not end cleanly.
+#[derive(Debug)]
+pub enum RunError<T> {
+    /// The lease was lost while the work ran; the work was cancelled.
+    LockLost(LossReason),
+    /// The work finished (`output`), but the lease could not be released: it will expire by itself.
+    NotReleased {
+        /// What the work returned.
+        output: T,
+        /// Why the RELEASE failed (or answered 0: the lease was already gone).
+        reason: String,
+    },
+}
+
+impl<T: std::fmt::Debug> std::fmt::Display for RunError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::LockLost(reason) => write!(f, "lock lost while working: {reason}"),
+            Self::NotReleased { reason, .. } => write!(f, "work done but not released: {reason}"),
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
+
+/// How a lease was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// The server refused a renewal: the lease had expired or belongs to someone else.
+    RenewalRefused,
+    /// Renewals failed until the lease's conservative local expiry passed.
+    Unreachable(String),
+    /// The server announced the lease's end (a `dlock.expired` keyspace event, or a deletion
+    /// confirmed by FENCECHECK) before a renewal noticed.
+    Ended(String),
+}
+
+impl LossReason {
+    /// A short label for metrics and logs: `renewal_refused`, `unreachable`, `ended`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RenewalRefused => "renewal_refused",
+            Self::Unreachable(_) => "unreachable",
+            Self::Ended(_) => "ended",
+        }
+    }
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::RenewalRefused => write!(f, "the server refused the renewal"),
+            Self::Unreachable(detail) => write!(f, "no renewal before the local expiry: {detail}"),
+            Self::Ended(event) => write!(f, "the server ended the lease ({event})"),
+        }
+    }
+}
+
+/// Why a fenced write did not happen.
+#[derive(Debug)]
+pub enum FencedError {
+    /// The fence is no longer the live lease's: the write was refused and nothing changed.
+    Stale(String),
+    /// Any other error (the inner command's own, or the connection's).
+    Redis(RedisError),
+}
+
+impl std::fmt::Display for FencedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stale(detail) => write!(f, "stale fence, write refused: {detail}"),
+            Self::Redis(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for FencedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Redis(e) => Some(e),
+            Self::Stale(_) => None,
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Client-side figures through the [`metrics`] facade and ownership transitions as [`tracing`]
+//! events; the application installs the recorder and subscriber it likes (Prometheus, OTLP …).
+//!
+//! Metric names (counters unless noted):
+//! - `dlock_client_acquire_attempts_total`
+//! - `dlock_client_acquire_failures_total{reason}`: `held`, `unreachable`, `unknown`,
+//!   `not_replicated`, `server`
+//! - `dlock_client_acquire_seconds` (histogram): from the first send to the grant
+//! - `dlock_client_hold_seconds` (histogram): from the grant to the release or the loss
+//! - `dlock_client_renewal_failures_total{reason}`: `refused`, `error`
+//! - `dlock_client_release_failures_total`
+//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`
+//! - `dlock_client_stale_writes_total`: fenced writes refused (DLOCK.FENCED STALE or SQL)
+
+use std::time::Duration;
+
+pub(crate) fn acquire_attempt() {
+    metrics::counter!("dlock_client_acquire_attempts_total").increment(1);
+}
+
+pub(crate) fn acquire_failed(reason: &'static str) {
+    metrics::counter!("dlock_client_acquire_failures_total", "reason" => reason).increment(1);
+}
+
+pub(crate) fn acquired(resource: &str, token: &str, fence: u64, took: Duration) {
+    metrics::histogram!("dlock_client_acquire_seconds").record(took.as_secs_f64());
+    tracing::info!(resource, owner = token, fence, "dlock: lease acquired");
+}
+
+pub(crate) fn renewal_failed(resource: &str, token: &str, fence: u64, refused: bool) {
+    let reason = if refused { "refused" } else { "error" };
+    metrics::counter!("dlock_client_renewal_failures_total", "reason" => reason).increment(1);
+    tracing::warn!(resource, owner = token, fence, reason, "dlock: renewal failed");
+}
+
+pub(crate) fn released(resource: &str, token: &str, fence: u64, held: Duration, ok: bool) {
+    metrics::histogram!("dlock_client_hold_seconds").record(held.as_secs_f64());
+    if ok {
+        tracing::info!(resource, owner = token, fence, "dlock: lease released");
+    } else {
+        metrics::counter!("dlock_client_release_failures_total").increment(1);
+        tracing::warn!(resource, owner = token, fence, "dlock: release failed");
+    }
+}
+
+pub(crate) fn lost(resource: &str, token: &str, fence: u64, held: Duration, reason: &'static str) {
+    metrics::histogram!("dlock_client_hold_seconds").record(held.as_secs_f64());
+    metrics::counter!("dlock_client_leases_lost_total", "reason" => reason).increment(1);
+    tracing::warn!(resource, owner = token, fence, reason, "dlock: lease lost, work cancelled");
+}
+
+pub(crate) fn stale_write_refused() {
+    metrics::counter!("dlock_client_stale_writes_total").increment(1);
+}

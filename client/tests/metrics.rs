@@ -1,0 +1,88 @@
+//! The client's figures move through the `metrics` facade (one recorder per process, so these
+//! checks live in a test binary of their own).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use dlock_client::{AcquireError, Client, RunError};
+use metrics::{SharedString, Unit};
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+type Snapshot = Vec<(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)>;
+
+fn counter(snapshot: &Snapshot, name: &str, label: Option<(&str, &str)>) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| {
+            key.key().name() == name
+                && label
+                    .is_none_or(|(k, v)| key.key().labels().any(|l| l.key() == k && l.value() == v))
+        })
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn histogram_samples(snapshot: &Snapshot, name: &str) -> usize {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .map(|(.., value)| match value {
+            DebugValue::Histogram(samples) => samples.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("the only recorder of this test binary");
+
+    let server = Server::start();
+    let dlock = Client::connect(&server.url()).await.expect("connect");
+    let mut con = server.client();
+
+    let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
+    assert!(matches!(dlock.acquire("job", Duration::from_secs(10)).await, Err(AcquireError::Held)));
+    lease.run(|_| async {}).await.expect("ran and released");
+    // A lease lost mid-work, whose late fenced write is refused.
+    let lease = dlock.acquire("job", Duration::from_millis(300)).await.expect("granted");
+    let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+    let mut write = redis::cmd("SET");
+    write.arg("{job}:data").arg("late");
+    assert!(lease.fenced::<String>(&write).await.is_err(), "stale");
+    let lost = lease.run(|cancelled| async move { cancelled.cancelled().await }).await;
+    assert!(matches!(lost, Err(RunError::LockLost(_))));
+    // A release that finds the lease gone.
+    let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
+    let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
+    assert!(!lease.release().await.expect("answered"));
+
+    // One snapshot: taking one drains the histograms.
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(counter(&snapshot, "dlock_client_acquire_attempts_total", None), 4);
+    assert_eq!(
+        counter(&snapshot, "dlock_client_acquire_failures_total", Some(("reason", "held"))),
+        1
+    );
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_acquire_seconds"), 3);
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_hold_seconds"), 3);
+    assert_eq!(
+        counter(&snapshot, "dlock_client_renewal_failures_total", Some(("reason", "refused"))),
+        1
+    );
+    assert_eq!(
+        counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "renewal_refused"))),
+        1
+    );
+    assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 1);
+    assert_eq!(counter(&snapshot, "dlock_client_stale_writes_total", None), 1);
+}
