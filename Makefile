@@ -4,7 +4,7 @@ MODULE   := $(CURDIR)/target/release/libdlock.so
 RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 
-.PHONY: help deps build run test test-valkey fuzz unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -21,10 +21,14 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
 
-test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey), a fuzz smoke run
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey), a fuzz smoke run, 2 × 15 s of chaos
 	cargo test --workspace --all-targets
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 	bash scripts/fuzz.sh 3
+	CHAOS_SECONDS=15 bash scripts/chaos.sh --self-check
+
+chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED
+	CHAOS_BUILD=release bash scripts/chaos.sh
 
 fuzz: ## Fuzz every target for FUZZ_SECONDS each (default 60)
 	bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}

@@ -1,0 +1,513 @@
+//! Checkers over a finished run: the history of every worker, the faults the nemesis injected,
+//! and the final protected state (the Redis registers and the PostgreSQL write log).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::history::{Event, Kind, Op};
+
+/// A fault as the nemesis logged it.
+#[derive(Clone, Debug)]
+pub struct Fault {
+    pub kind: &'static str,
+    pub start: u64,
+    pub end: u64,
+    /// By the README's table this fault may lose a lease (a crash without `appendfsync always`, a
+    /// promotion): an overlap right after it is counted apart, not as a violation.
+    pub may_lose_leases: bool,
+}
+
+/// One write the protected state accepted, in the order it accepted them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    pub fence: u64,
+    pub worker: u32,
+    pub seq: u64,
+    pub value: i64,
+}
+
+impl Accepted {
+    /// The Redis register's entry form: `fence:worker:seq:value`.
+    pub fn entry(&self) -> String {
+        format!("{}:{}:{}:{}", self.fence, self.worker, self.seq, self.value)
+    }
+
+    pub fn parse(entry: &str) -> Option<Self> {
+        let mut parts = entry.split(':');
+        let accepted = Self {
+            fence: parts.next()?.parse().ok()?,
+            worker: parts.next()?.parse().ok()?,
+            seq: parts.next()?.parse().ok()?,
+            value: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(accepted)
+    }
+}
+
+/// What the checkers are told besides the history.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub ttl_ns: u64,
+    pub grant_delay_ns: u64,
+    pub slack_ns: u64,
+    /// `appendfsync always` and no promotion: no acknowledged grant or fenced write may be lost.
+    pub durable: bool,
+    pub run_end: u64,
+}
+
+/// The final protected state, per resource.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub redis: BTreeMap<String, Vec<Accepted>>,
+    pub sql: BTreeMap<String, Vec<Accepted>>,
+}
+
+/// A violation, with the part of the history that shows it.
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub checker: &'static str,
+    pub message: String,
+    pub resource: String,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// What the checkers found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<Finding>,
+    /// Overlaps and losses after faults that may lose leases: reported, not hidden, not violations.
+    pub excused: Vec<Finding>,
+    pub operations: usize,
+    pub grants: usize,
+    pub lost_updates: usize,
+    pub liveness_checked: usize,
+}
+
+/// An operation: an invoke and how it ended.
+#[derive(Clone, Debug)]
+pub struct Operation {
+    pub worker: u32,
+    pub op: Op,
+    pub resource: String,
+    pub fence: u64,
+    pub detail: String,
+    pub invoked: u64,
+    /// When it completed; a killed worker's last operation never did (`u64::MAX`).
+    pub completed: u64,
+    pub outcome: Kind,
+}
+
+/// Pairs each worker's invokes with their completions. An invoke followed by another invoke of
+/// the same worker (it was killed and restarted) ended `Unknown`.
+pub fn operations(events: &[Event]) -> Vec<Operation> {
+    let mut sorted: Vec<&Event> = events.iter().collect();
+    sorted.sort_by_key(|event| event.at);
+    let mut open: HashMap<u32, Operation> = HashMap::new();
+    let mut done = Vec::new();
+    for event in sorted {
+        match event.kind {
+            Kind::Invoke => {
+                if let Some(killed) = open.remove(&event.worker) {
+                    done.push(killed);
+                }
+                open.insert(
+                    event.worker,
+                    Operation {
+                        worker: event.worker,
+                        op: event.op,
+                        resource: event.resource.clone(),
+                        fence: event.fence,
+                        detail: event.detail.clone(),
+                        invoked: event.at,
+                        completed: u64::MAX,
+                        outcome: Kind::Unknown,
+                    },
+                );
+            }
+            outcome => match open.remove(&event.worker) {
+                Some(mut operation) if operation.op == event.op => {
+                    operation.completed = event.at;
+                    operation.outcome = outcome;
+                    operation.fence = event.fence.max(operation.fence);
+                    operation.detail = event.detail.clone();
+                    done.push(operation);
+                }
+                other => {
+                    if let Some(operation) = other {
+                        done.push(operation);
+                    }
+                    // A completion without invoke (`lost`): an instant.
+                    done.push(Operation {
+                        worker: event.worker,
+                        op: event.op,
+                        resource: event.resource.clone(),
+                        fence: event.fence,
+                        detail: event.detail.clone(),
+                        invoked: event.at,
+                        completed: event.at,
+                        outcome,
+                    });
+                }
+            },
+        }
+    }
+    done.extend(open.into_values());
+    done.sort_by_key(|operation| operation.invoked);
+    done
+}
+
+fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
+    faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)
+}
+
+/// Runs every checker.
+pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Settings) -> Report {
+    let operations = operations(events);
+    let grants: Vec<&Operation> =
+        operations.iter().filter(|o| o.op == Op::Acquire && o.outcome == Kind::Ok).collect();
+    let mut report =
+        Report { operations: operations.len(), grants: grants.len(), ..Report::default() };
+    unique_fences(&grants, &mut report);
+    fence_order(&grants, &mut report);
+    no_overlap(&operations, &grants, faults, &mut report);
+    state_order(state, &mut report);
+    durability(&operations, state, faults, settings, &mut report);
+    liveness(&grants, faults, settings, &mut report);
+    report
+}
+
+/// Every fence belongs to one grant (one token).
+fn unique_fences(grants: &[&Operation], report: &mut Report) {
+    let mut owners: HashMap<u64, &Operation> = HashMap::new();
+    for grant in grants {
+        if let Some(first) = owners.insert(grant.fence, grant)
+            && first.detail != grant.detail
+        {
+            report.violations.push(Finding {
+                checker: "unique-fences",
+                message: format!(
+                    "fence {} granted to token {} (worker {}) and to token {} (worker {})",
+                    grant.fence, first.detail, first.worker, grant.detail, grant.worker
+                ),
+                resource: grant.resource.clone(),
+                from: first.invoked,
+                to: grant.completed,
+            });
+        }
+    }
+}
+
+fn by_resource<'a>(grants: &[&'a Operation]) -> BTreeMap<&'a str, Vec<&'a Operation>> {
+    let mut map: BTreeMap<&str, Vec<&Operation>> = BTreeMap::new();
+    for grant in grants {
+        map.entry(grant.resource.as_str()).or_default().push(grant);
+    }
+    map
+}
+
+/// Per resource, a grant invoked after another grant completed has a larger fence.
+fn fence_order(grants: &[&Operation], report: &mut Report) {
+    for (resource, mut list) in by_resource(grants) {
+        let mut by_completion = list.clone();
+        by_completion.sort_by_key(|g| g.completed);
+        list.sort_by_key(|g| g.invoked);
+        let mut before: Option<&Operation> = None; // the largest fence completed so far
+        let mut next = 0;
+        for grant in list {
+            while next < by_completion.len() && by_completion[next].completed < grant.invoked {
+                let candidate = by_completion[next];
+                if before.is_none_or(|b| candidate.fence > b.fence) {
+                    before = Some(candidate);
+                }
+                next += 1;
+            }
+            if let Some(earlier) = before
+                && grant.fence <= earlier.fence
+            {
+                report.violations.push(Finding {
+                    checker: "fence-order",
+                    message: format!(
+                        "fence {} (worker {}) granted after fence {} (worker {}) was granted",
+                        grant.fence, grant.worker, earlier.fence, earlier.worker
+                    ),
+                    resource: resource.to_owned(),
+                    from: earlier.invoked,
+                    to: grant.completed,
+                });
+            }
+        }
+    }
+}
+
+/// No lease is used (a fenced write or release the server accepted) after another grant on its
+/// resource completed, if that other grant was invoked after this one completed.
+fn no_overlap(
+    operations: &[Operation],
+    grants: &[&Operation],
+    faults: &[Fault],
+    report: &mut Report,
+) {
+    for (resource, mut list) in by_resource(grants) {
+        list.sort_by_key(|g| g.invoked);
+        // suffix[i]: the grant completing first among list[i..].
+        let mut suffix: Vec<Option<&Operation>> = vec![None; list.len() + 1];
+        for i in (0..list.len()).rev() {
+            suffix[i] = match suffix[i + 1] {
+                Some(best) if best.completed <= list[i].completed => Some(best),
+                _ => Some(list[i]),
+            };
+        }
+        let grant_of: HashMap<u64, &Operation> = list.iter().map(|g| (g.fence, *g)).collect();
+        let uses = operations.iter().filter(|o| {
+            o.resource == resource
+                && o.outcome == Kind::Ok
+                && matches!(o.op, Op::RedisWrite | Op::Release)
+        });
+        for used in uses {
+            let Some(own) = grant_of.get(&used.fence) else { continue };
+            let first_later = list.partition_point(|g| g.invoked <= own.completed);
+            let Some(other) = suffix[first_later] else { continue };
+            if other.fence == own.fence || other.completed >= used.invoked {
+                continue;
+            }
+            let finding = Finding {
+                checker: "no-overlap",
+                message: format!(
+                    "fence {} (worker {}) was still live for a {:?} after fence {} (worker {}) was granted",
+                    own.fence, own.worker, used.op, other.fence, other.worker
+                ),
+                resource: resource.to_owned(),
+                from: own.invoked,
+                to: used.completed,
+            };
+            if excusing_fault(faults, own.completed, used.invoked).is_some() {
+                report.excused.push(finding);
+            } else {
+                report.violations.push(finding);
+            }
+        }
+    }
+}
+
+/// The protected state accepted writes in non-decreasing fence order (so never one whose fence
+/// was already superseded there). Counts lost updates (a value that is not the previous plus
+/// one), which fencing alone does not prevent after a lost lease.
+fn state_order(state: &State, report: &mut Report) {
+    for (store, registers) in [("redis", &state.redis), ("sql", &state.sql)] {
+        for (resource, accepted) in registers {
+            for pair in accepted.windows(2) {
+                if pair[1].fence < pair[0].fence {
+                    report.violations.push(Finding {
+                        checker: "state-order",
+                        message: format!(
+                            "{store} accepted fence {} (worker {}) after fence {} (worker {})",
+                            pair[1].fence, pair[1].worker, pair[0].fence, pair[0].worker
+                        ),
+                        resource: resource.clone(),
+                        from: 0,
+                        to: u64::MAX,
+                    });
+                }
+                if pair[1].value != pair[0].value + 1 {
+                    report.lost_updates += 1;
+                }
+            }
+        }
+    }
+}
+
+/// With `durable`, every acknowledged fenced Redis write is in the final register.
+fn durability(
+    operations: &[Operation],
+    state: &State,
+    faults: &[Fault],
+    settings: &Settings,
+    report: &mut Report,
+) {
+    for write in operations.iter().filter(|o| o.op == Op::RedisWrite && o.outcome == Kind::Ok) {
+        let kept = state
+            .redis
+            .get(&write.resource)
+            .is_some_and(|entries| entries.iter().any(|e| e.entry() == write.detail));
+        if kept {
+            continue;
+        }
+        let finding = Finding {
+            checker: "durability",
+            message: format!("acknowledged fenced write {} is not in the register", write.detail),
+            resource: write.resource.clone(),
+            from: write.invoked,
+            to: write.completed,
+        };
+        if settings.durable || excusing_fault(faults, write.completed, u64::MAX).is_none() {
+            report.violations.push(finding);
+        } else {
+            report.excused.push(finding);
+        }
+    }
+}
+
+/// After every fault heals, some worker is granted a lease within ttl + grant delay + slack,
+/// unless the run ends or another fault starts first.
+fn liveness(grants: &[&Operation], faults: &[Fault], settings: &Settings, report: &mut Report) {
+    let window = settings.ttl_ns + settings.grant_delay_ns + settings.slack_ns;
+    for fault in faults {
+        let until = fault.end.saturating_add(window);
+        let interrupted = faults.iter().any(|f| f.start > fault.start && f.start < until);
+        if until > settings.run_end || interrupted {
+            continue;
+        }
+        report.liveness_checked += 1;
+        let progressed = grants.iter().any(|g| g.completed >= fault.end && g.completed <= until);
+        if !progressed {
+            report.violations.push(Finding {
+                checker: "liveness",
+                message: format!(
+                    "no grant within {} ms after {} healed",
+                    window / 1_000_000,
+                    fault.kind
+                ),
+                resource: String::new(),
+                from: fault.start,
+                to: until,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn event(at: u64, worker: u32, op: Op, kind: Kind, fence: u64, detail: &str) -> Event {
+        Event { at: at * MS, worker, op, kind, resource: "r".into(), fence, detail: detail.into() }
+    }
+
+    fn grant(history: &mut Vec<Event>, at: u64, worker: u32, fence: u64, token: &str) {
+        history.push(event(at, worker, Op::Acquire, Kind::Invoke, 0, ""));
+        history.push(event(at + 1, worker, Op::Acquire, Kind::Ok, fence, token));
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            ttl_ns: 100 * MS,
+            grant_delay_ns: 0,
+            slack_ns: 100 * MS,
+            durable: true,
+            run_end: 10_000 * MS,
+        }
+    }
+
+    fn checkers(history: &[Event], faults: &[Fault], state: &State) -> Vec<&'static str> {
+        check(history, faults, state, &settings()).violations.iter().map(|v| v.checker).collect()
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violation() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        history.push(event(5, 1, Op::RedisWrite, Kind::Invoke, 10, ""));
+        history.push(event(6, 1, Op::RedisWrite, Kind::Ok, 10, "10:1:1:1"));
+        history.push(event(7, 1, Op::Release, Kind::Invoke, 10, ""));
+        history.push(event(8, 1, Op::Release, Kind::Ok, 10, ""));
+        grant(&mut history, 9, 2, 11, "b");
+        let mut state = State::default();
+        state.redis.insert("r".into(), vec![Accepted { fence: 10, worker: 1, seq: 1, value: 1 }]);
+        let report = check(&history, &[], &state, &settings());
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.grants, 2);
+    }
+
+    #[test]
+    fn a_fence_granted_twice_or_out_of_order_is_a_violation() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        grant(&mut history, 5, 2, 10, "b");
+        assert_eq!(checkers(&history, &[], &State::default()), ["unique-fences", "fence-order"]);
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        grant(&mut history, 5, 2, 9, "b");
+        assert_eq!(checkers(&history, &[], &State::default()), ["fence-order"]);
+    }
+
+    #[test]
+    fn grants_that_ran_concurrently_may_come_in_any_fence_order() {
+        let history = vec![
+            event(0, 1, Op::Acquire, Kind::Invoke, 0, ""),
+            event(1, 2, Op::Acquire, Kind::Invoke, 0, ""),
+            event(2, 2, Op::Acquire, Kind::Ok, 20, "b"),
+            event(3, 1, Op::Acquire, Kind::Ok, 19, "a"),
+        ];
+        assert!(checkers(&history, &[], &State::default()).is_empty());
+    }
+
+    #[test]
+    fn a_lease_used_after_a_later_grant_is_an_overlap_unless_a_fault_may_have_lost_it() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        grant(&mut history, 5, 2, 11, "b");
+        history.push(event(8, 1, Op::Release, Kind::Invoke, 10, ""));
+        history.push(event(9, 1, Op::Release, Kind::Ok, 10, ""));
+        assert_eq!(checkers(&history, &[], &State::default()), ["no-overlap"]);
+        let crash =
+            Fault { kind: "kill-primary", start: 2 * MS, end: 3 * MS, may_lose_leases: true };
+        let report = check(&history, &[crash], &State::default(), &settings());
+        assert!(report.violations.is_empty());
+        assert_eq!(report.excused.len(), 1);
+    }
+
+    #[test]
+    fn a_write_accepted_with_a_superseded_fence_is_a_violation_and_lost_updates_are_counted() {
+        let mut state = State::default();
+        state.sql.insert(
+            "r".into(),
+            vec![
+                Accepted { fence: 10, worker: 1, seq: 1, value: 1 },
+                Accepted { fence: 12, worker: 2, seq: 1, value: 2 },
+                Accepted { fence: 11, worker: 1, seq: 2, value: 2 },
+            ],
+        );
+        let report = check(&[], &[], &state, &settings());
+        assert_eq!(report.violations.len(), 1);
+        assert_eq!(report.violations[0].checker, "state-order");
+        assert_eq!(report.lost_updates, 1);
+    }
+
+    #[test]
+    fn an_acknowledged_fenced_write_missing_from_a_durable_register_is_a_violation() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        history.push(event(5, 1, Op::RedisWrite, Kind::Invoke, 10, ""));
+        history.push(event(6, 1, Op::RedisWrite, Kind::Ok, 10, "10:1:1:1"));
+        assert_eq!(checkers(&history, &[], &State::default()), ["durability"]);
+    }
+
+    #[test]
+    fn no_grant_after_a_healed_fault_is_a_liveness_violation() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        let fault =
+            Fault { kind: "partition", start: 10 * MS, end: 20 * MS, may_lose_leases: false };
+        assert_eq!(
+            checkers(&history, std::slice::from_ref(&fault), &State::default()),
+            ["liveness"]
+        );
+        grant(&mut history, 150, 2, 11, "b");
+        assert!(checkers(&history, &[fault], &State::default()).is_empty());
+    }
+
+    #[test]
+    fn a_killed_workers_open_invoke_ends_unknown() {
+        let history = vec![
+            event(0, 1, Op::Acquire, Kind::Invoke, 0, ""),
+            event(5, 1, Op::Acquire, Kind::Invoke, 0, ""),
+            event(6, 1, Op::Acquire, Kind::Ok, 3, "t"),
+        ];
+        let ops = operations(&history);
+        assert_eq!(ops.len(), 2);
+        assert_eq!(ops[0].outcome, Kind::Unknown);
+        assert_eq!(ops[1].outcome, Kind::Ok);
+    }
+}

@@ -1,0 +1,388 @@
+//! Sets up the servers, the proxies, PostgreSQL and the workers, injects faults on a seeded
+//! schedule, then collects the history and the final state for the checkers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::check::{self, Accepted, Fault, Finding, Report, Settings, State};
+use crate::common::{Server, eventually, exists};
+use crate::history::{Event, now_ns};
+use crate::postgres::Postgres;
+use crate::proxy::Proxy;
+use crate::rng::Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// `appendfsync always`, no promotion: nothing acknowledged may be lost.
+    Always,
+    /// `appendfsync everysec`, clients WAIT for one replica, and promotions.
+    Failover,
+}
+
+pub struct Config {
+    pub seconds: u64,
+    pub seed: u64,
+    pub profile: Profile,
+    pub workers: u32,
+    pub resources: u32,
+    pub ttl: Duration,
+    /// Workers write SQL without the fence condition (the self-check).
+    pub unfenced: bool,
+}
+
+pub struct Outcome {
+    pub report: Report,
+    pub faults: Vec<Fault>,
+    pub events: Vec<Event>,
+}
+
+impl Outcome {
+    /// The history lines around a finding: its resource (or all), in its time range.
+    pub fn slice(&self, finding: &Finding) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .events
+            .iter()
+            .filter(|e| finding.resource.is_empty() || e.resource == finding.resource)
+            .filter(|e| e.at >= finding.from && e.at <= finding.to)
+            .map(Event::line)
+            .collect();
+        if lines.len() > 60 {
+            let tail = lines.split_off(lines.len() - 30);
+            lines.truncate(30);
+            lines.push("…".into());
+            lines.extend(tail);
+        }
+        for fault in &self.faults {
+            if fault.start <= finding.to && fault.end >= finding.from {
+                lines.push(format!("fault {} from {} to {}", fault.kind, fault.start, fault.end));
+            }
+        }
+        lines
+    }
+}
+
+struct Node {
+    server: Server,
+}
+
+struct Cluster {
+    primary: Node,
+    replica: Node,
+    /// The workers' link to the primary.
+    clients: Proxy,
+    /// The replica's replication link to the primary.
+    replication: Proxy,
+    args: Vec<String>,
+}
+
+impl Cluster {
+    fn replica_args(&self) -> Vec<String> {
+        let mut args = self.args.clone();
+        args.extend(["--replicaof".into(), "127.0.0.1".into(), self.replication.port.to_string()]);
+        args
+    }
+
+    fn wait_for_replica(&self) -> bool {
+        let (mut p, mut r) = (self.primary.server.client(), self.replica.server.client());
+        let streaming = eventually(Duration::from_secs(20), || {
+            let _: redis::RedisResult<()> =
+                redis::cmd("SET").arg("sync-marker").arg(now_ns()).query(&mut p);
+            exists(&mut r, "sync-marker")
+        });
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg("sync-marker").query(&mut p);
+        streaming
+    }
+}
+
+/// Starts worker `id`; `generation` counts its restarts, so that a run is reproducible from its seed.
+fn spawn_worker(
+    config: &Config,
+    dir: &Path,
+    id: u32,
+    generation: u64,
+    redis_url: &str,
+    pg: &str,
+) -> Child {
+    let exe = std::env::current_exe().expect("own path");
+    let replicas = if config.profile == Profile::Failover { 1 } else { 0 };
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("worker-{id}.stderr")))
+        .expect("worker stderr");
+    Command::new(exe)
+        .arg("worker")
+        .args(["--id", &id.to_string(), "--redis", redis_url, "--pg", pg])
+        .args(["--resources", &config.resources.to_string()])
+        .args(["--ttl-ms", &config.ttl.as_millis().to_string()])
+        .args(["--replicas", &replicas.to_string()])
+        .args([
+            "--seed",
+            &(config.seed.wrapping_mul(1_000_003) ^ (u64::from(id) << 20) ^ generation).to_string(),
+        ])
+        .args(config.unfenced.then_some("--unfenced-sql"))
+        .arg("--log")
+        .arg(dir.join(format!("worker-{id}.history")))
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn worker")
+}
+
+fn signal(child: &Child, signal: &str) {
+    let _ = Command::new("kill").arg(signal).arg(child.id().to_string()).status();
+}
+
+fn setup_sql(pg: &str, resources: u32) {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let (client, connection) =
+            tokio_postgres::connect(pg, tokio_postgres::NoTls).await.expect("postgres");
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "CREATE TABLE registers (resource TEXT PRIMARY KEY, value BIGINT NOT NULL,
+                                         fencing_token BIGINT NOT NULL);
+                 CREATE TABLE writes (id BIGSERIAL PRIMARY KEY, resource TEXT NOT NULL,
+                                      fence BIGINT NOT NULL, worker BIGINT NOT NULL,
+                                      seq BIGINT NOT NULL, value BIGINT NOT NULL);",
+            )
+            .await
+            .expect("create tables");
+        for r in 0..resources {
+            client
+                .execute("INSERT INTO registers VALUES ($1, 0, 0)", &[&format!("res:{{{r}}}")])
+                .await
+                .expect("insert register");
+        }
+    });
+}
+
+fn read_sql(pg: &str) -> BTreeMap<String, Vec<Accepted>> {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let (client, connection) =
+            tokio_postgres::connect(pg, tokio_postgres::NoTls).await.expect("postgres");
+        tokio::spawn(connection);
+        let rows = client
+            .query("SELECT resource, fence, worker, seq, value FROM writes ORDER BY id", &[])
+            .await
+            .expect("read writes");
+        let mut map: BTreeMap<String, Vec<Accepted>> = BTreeMap::new();
+        for row in rows {
+            map.entry(row.get(0)).or_default().push(Accepted {
+                fence: row.get::<_, i64>(1) as u64,
+                worker: row.get::<_, i64>(2) as u32,
+                seq: row.get::<_, i64>(3) as u64,
+                value: row.get(4),
+            });
+        }
+        map
+    })
+}
+
+/// The kinds of fault a profile draws from.
+fn kinds(profile: Profile) -> &'static [&'static str] {
+    match profile {
+        Profile::Always => &[
+            "pause-worker",
+            "kill-worker",
+            "kill-primary",
+            "delay-link",
+            "drop-link",
+            "partition-clients",
+            "partition-replica",
+        ],
+        Profile::Failover => &[
+            "pause-worker",
+            "kill-worker",
+            "kill-primary",
+            "delay-link",
+            "drop-link",
+            "partition-clients",
+            "partition-replica",
+            "promote",
+        ],
+    }
+}
+
+pub fn run(config: &Config) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("proxy runtime");
+    let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir().expect("run dir");
+    let ttl_ms = config.ttl.as_millis().to_string();
+    let fsync = if config.profile == Profile::Always { "always" } else { "everysec" };
+    let args: Vec<String> = [
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        fsync,
+        "--repl-diskless-sync-delay",
+        "0",
+        "--dlock.restart-grant-delay-ms",
+        &ttl_ms,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let primary = Server::start_with(&arg_refs);
+    let replication = Proxy::start(runtime.handle(), primary.port);
+    let clients = Proxy::start(runtime.handle(), primary.port);
+    let mut cluster = Cluster {
+        primary: Node { server: primary },
+        replica: Node { server: Server::start_with(&["--save", ""]) },
+        clients,
+        replication,
+        args,
+    };
+    let replica_args = cluster.replica_args();
+    cluster
+        .replica
+        .server
+        .crash_and_restart_with(&replica_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(cluster.wait_for_replica(), "the replica does not stream from the primary");
+
+    let pg = Postgres::start();
+    setup_sql(&pg.config(), config.resources);
+    let redis_url = format!("redis://127.0.0.1:{}/", cluster.clients.port);
+    let mut workers: Vec<Child> = (0..config.workers)
+        .map(|id| spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config()))
+        .collect();
+
+    let mut rng = Rng::new(config.seed);
+    let mut faults = Vec::new();
+    let started = Instant::now();
+    let end = started + Duration::from_secs(config.seconds);
+    let ttl = config.ttl;
+    sleep(Duration::from_millis(rng.between(500, 1_500)));
+    while Instant::now() + Duration::from_secs(2) < end {
+        let kind = kinds(config.profile)[rng.below(kinds(config.profile).len() as u64) as usize];
+        let start = now_ns();
+        let mut may_lose_leases = false;
+        match kind {
+            "pause-worker" => {
+                let victim = &workers[rng.below(workers.len() as u64) as usize];
+                signal(victim, "-STOP");
+                sleep(ttl.mul_f64(1.5 + rng.below(150) as f64 / 100.0));
+                signal(victim, "-CONT");
+            }
+            "kill-worker" => {
+                let id = rng.below(workers.len() as u64) as usize;
+                let _ = workers[id].kill();
+                let _ = workers[id].wait();
+                sleep(Duration::from_millis(rng.between(50, 500)));
+                let generation = faults.len() as u64 + 1;
+                workers[id] = spawn_worker(
+                    config,
+                    dir.path(),
+                    id as u32,
+                    generation,
+                    &redis_url,
+                    &pg.config(),
+                );
+            }
+            "kill-primary" => {
+                may_lose_leases = config.profile != Profile::Always;
+                cluster.primary.server.crash_and_restart();
+            }
+            "delay-link" => {
+                cluster.clients.set_delay(Duration::from_millis(rng.between(20, 300)));
+                sleep(Duration::from_millis(rng.between(500, 2_000)));
+                cluster.clients.heal();
+            }
+            "drop-link" => cluster.clients.drop_connections(),
+            "partition-clients" => {
+                cluster.clients.partition();
+                sleep(ttl.mul_f64(0.5 + rng.below(150) as f64 / 100.0));
+                cluster.clients.heal();
+            }
+            "partition-replica" => {
+                cluster.replication.partition();
+                sleep(Duration::from_millis(rng.between(500, 3_000)));
+                cluster.replication.heal();
+            }
+            "promote" => {
+                may_lose_leases = true;
+                promote(&mut cluster);
+            }
+            _ => unreachable!("every kind is handled"),
+        }
+        faults.push(Fault { kind, start, end: now_ns(), may_lose_leases });
+        sleep(Duration::from_millis(rng.between(1_000, 5_000)));
+    }
+    let remaining = end.saturating_duration_since(Instant::now());
+    sleep(remaining);
+    let run_end = now_ns();
+    for worker in &mut workers {
+        let _ = worker.kill();
+        let _ = worker.wait();
+    }
+
+    let events = read_history(dir.path(), config.workers);
+    let mut con = cluster.primary.server.client();
+    let mut state = State { sql: read_sql(&pg.config()), ..State::default() };
+    for r in 0..config.resources {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("reg:{{{r}}}"))
+            .arg(0)
+            .arg(-1)
+            .query(&mut con)
+            .expect("LRANGE");
+        state.redis.insert(
+            format!("res:{{{r}}}"),
+            entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
+        );
+    }
+    let settings = Settings {
+        ttl_ns: ttl.as_nanos() as u64,
+        grant_delay_ns: ttl.as_nanos() as u64,
+        slack_ns: 2_000_000_000,
+        durable: config.profile == Profile::Always,
+        run_end,
+    };
+    let report = check::check(&events, &faults, &state, &settings);
+    if !report.violations.is_empty() {
+        let kept = dir.keep();
+        eprintln!("dlock-chaos: histories and logs kept in {}", kept.display());
+    }
+    Outcome { report, faults, events }
+}
+
+/// Kills the primary, promotes the replica, moves both links to it, and restarts the old primary
+/// as the new one's replica.
+fn promote(cluster: &mut Cluster) {
+    cluster.primary.server.kill();
+    let mut con = cluster.replica.server.client();
+    let _: () =
+        redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut con).expect("REPLICAOF NO ONE");
+    cluster.clients.retarget(cluster.replica.server.port);
+    cluster.replication.retarget(cluster.replica.server.port);
+    std::mem::swap(&mut cluster.primary, &mut cluster.replica);
+    let args = cluster.replica_args();
+    cluster
+        .replica
+        .server
+        .crash_and_restart_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+fn read_history(dir: &Path, workers: u32) -> Vec<Event> {
+    let mut events = Vec::new();
+    for id in 0..workers {
+        let path: PathBuf = dir.join(format!("worker-{id}.history"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        events.extend(text.lines().filter_map(Event::parse));
+    }
+    events.sort_by_key(|e| e.at);
+    events
+}
