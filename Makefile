@@ -21,11 +21,12 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
 
-test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey), a fuzz smoke run, 2 × 15 s of chaos
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis, then Valkey), a fuzz smoke run, 45 s of chaos
 	cargo test --workspace --all-targets
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 	bash scripts/fuzz.sh 3
-	CHAOS_SECONDS=15 bash scripts/chaos.sh --self-check
+	# Seed 11 found the PSYNC-in-the-AOF crash 26 s into the `always` profile: kept as a regression run.
+	CHAOS_SEED=11 CHAOS_ALWAYS_SECONDS=30 CHAOS_FAILOVER_SECONDS=15 bash scripts/chaos.sh --self-check
 
 chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED
 	CHAOS_BUILD=release bash scripts/chaos.sh

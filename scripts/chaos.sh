@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the fault-injection harness: the `always` profile, then the `failover` profile, each for
-# SECONDS (default: $CHAOS_SECONDS, else 60), seeded from $CHAOS_SEED (default 1). With
+# SECONDS (default: $CHAOS_SECONDS, else 60; CHAOS_ALWAYS_SECONDS / CHAOS_FAILOVER_SECONDS set
+# one profile's), seeded from $CHAOS_SEED (default 1). With
 # `--self-check` it first runs the harness against deliberately unfenced SQL writes and fails
 # unless the checkers catch them. CHAOS_BUILD=release builds optimised (the default is debug,
 # which shares the test build).
@@ -33,6 +34,5 @@ if [ "$self_check" = yes ]; then
   fi
   grep -c 'VIOLATION (state-order)' target/chaos-self-check.log | sed 's/^/chaos: self-check caught /; s/$/ stale SQL writes/'
 fi
-for profile in always failover; do
-  "$chaos" --seconds "$seconds" --seed "$seed" --profile "$profile"
-done
+"$chaos" --seconds "${CHAOS_ALWAYS_SECONDS:-$seconds}" --seed "$seed" --profile always
+"$chaos" --seconds "${CHAOS_FAILOVER_SECONDS:-$seconds}" --seed "$seed" --profile failover

@@ -94,7 +94,7 @@ unsafe extern "C" fn on_server_event(
         {
             // An AOF rewrite opens a new increment file before it forks: record the counter
             // there, next to a base that may hold no lock key (and, without a preamble, no aux).
-            crate::commands::setfence::propagate_counter(&ctx);
+            crate::commands::setfence::propagate_counter_soon(&ctx);
         }
         raw::REDISMODULE_EVENT_CONFIG => crate::notify::refresh_log_level(&ctx),
         _ => {}

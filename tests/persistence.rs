@@ -298,3 +298,44 @@ fn legacy_aof_with_a_deleted_lock(fence: i64, deadline_us: i64) -> Vec<u8> {
 fn aof_always_without_preamble() -> Vec<&'static str> {
     [AOF_ALWAYS, &["--aof-use-rdb-preamble", "no"]].concat()
 }
+
+/// Found by the chaos harness (`CHAOS_SEED=11`, profile `always`): the fence counter was
+/// replicated from inside the command that forked (a replica's PSYNC, BGSAVE), which made the
+/// server append that command to the AOF; replaying PSYNC at the next start crashed the server.
+#[test]
+fn a_fork_inside_a_command_never_writes_that_command_to_the_aof_and_the_server_restarts() {
+    let mut primary = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let mut con = primary.client();
+    let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    // A replica's full sync forks inside its PSYNC; BGSAVE forks inside itself.
+    let port = primary.port.to_string();
+    let replica = Server::start_with(&["--save", "", "--replicaof", "127.0.0.1", &port]);
+    let mut on_replica = replica.client();
+    assert!(eventually(Duration::from_secs(20), || exists(&mut on_replica, "invoice:1")));
+    wait_for_background_persistence(&mut con);
+    let _: String = redis::cmd("BGSAVE").query(&mut con).expect("BGSAVE");
+    wait_for_background_persistence(&mut con);
+    assert!(eventually(Duration::from_secs(5), || {
+        // The counter is propagated on the next turn of the event loop.
+        let aof = primary.aof_contents();
+        aof.windows(14).any(|w| w == b"dlock.setfence")
+    }));
+    let aof = String::from_utf8_lossy(&primary.aof_contents()).to_uppercase();
+    for command in ["PSYNC", "BGSAVE"] {
+        assert!(!aof.contains(command), "{command} in the AOF:\n{aof}");
+    }
+    drop(on_replica);
+    drop(replica);
+    primary.crash_and_restart();
+    let mut con = primary.client();
+    assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
+}

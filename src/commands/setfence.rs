@@ -2,7 +2,7 @@
 //! replicas) whenever the server forks, so the counter survives an AOF rewrite without an RDB
 //! preamble even when no lock key holds it. Clients cannot send it.
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, internal_only};
 use crate::core::DlockError;
@@ -32,8 +32,34 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// Propagates the counter as `DLOCK.SETFENCE`, so the AOF file opened for this fork carries it.
-pub fn propagate_counter(ctx: &Context) {
+/// Propagates the counter as `DLOCK.SETFENCE` on the next turn of the event loop, so the AOF
+/// file opened for a fork carries it. Not at once: a fork can happen inside a command (PSYNC,
+/// BGSAVE, BGREWRITEAOF), and replicating from there marks that command as a write, so the
+/// server would append it to the AOF and the replication stream (a PSYNC replayed from the AOF
+/// crashes the next load).
+pub fn propagate_counter_soon(ctx: &Context) {
+    // SAFETY: ctx is live for this call; the timer carries no data.
+    unsafe {
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            create(ctx.ctx, 0, Some(on_propagate_timer), std::ptr::null_mut());
+        }
+    }
+}
+
+/// # Safety
+/// Called by Redis on its main thread with a context valid for this call.
+unsafe extern "C" fn on_propagate_timer(
+    ctx: *mut raw::RedisModuleCtx,
+    _data: *mut std::ffi::c_void,
+) {
+    let ctx = Context::new(ctx);
+    if crate::expiry::decides_expiry(&ctx) {
+        propagate_counter(&ctx);
+    }
+}
+
+/// Propagates the counter as `DLOCK.SETFENCE` now (from a context that is not inside a command).
+fn propagate_counter(ctx: &Context) {
     let last = state::last_fence();
     if last > 0 {
         ctx.replicate(META.name, &[last.to_string().as_str()]);
