@@ -132,6 +132,18 @@ fn spawn_worker(
         .expect("spawn worker")
 }
 
+/// The worker processes; killed when dropped, so that a failed run leaves none behind.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for worker in &mut self.0 {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+    }
+}
+
 fn signal(child: &Child, signal: &str) {
     let _ = Command::new("kill").arg(signal).arg(child.id().to_string()).status();
 }
@@ -256,9 +268,11 @@ pub fn run(config: &Config) -> Outcome {
     let pg = Postgres::start();
     setup_sql(&pg.config(), config.resources);
     let redis_url = format!("redis://127.0.0.1:{}/", cluster.clients.port);
-    let mut workers: Vec<Child> = (0..config.workers)
-        .map(|id| spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config()))
-        .collect();
+    let mut workers = Workers(
+        (0..config.workers)
+            .map(|id| spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config()))
+            .collect(),
+    );
 
     let mut rng = Rng::new(config.seed);
     let mut faults = Vec::new();
@@ -272,18 +286,18 @@ pub fn run(config: &Config) -> Outcome {
         let mut may_lose_leases = false;
         match kind {
             "pause-worker" => {
-                let victim = &workers[rng.below(workers.len() as u64) as usize];
+                let victim = &workers.0[rng.below(workers.0.len() as u64) as usize];
                 signal(victim, "-STOP");
                 sleep(ttl.mul_f64(1.5 + rng.below(150) as f64 / 100.0));
                 signal(victim, "-CONT");
             }
             "kill-worker" => {
-                let id = rng.below(workers.len() as u64) as usize;
-                let _ = workers[id].kill();
-                let _ = workers[id].wait();
+                let id = rng.below(workers.0.len() as u64) as usize;
+                let _ = workers.0[id].kill();
+                let _ = workers.0[id].wait();
                 sleep(Duration::from_millis(rng.between(50, 500)));
                 let generation = faults.len() as u64 + 1;
-                workers[id] = spawn_worker(
+                workers.0[id] = spawn_worker(
                     config,
                     dir.path(),
                     id as u32,
@@ -324,10 +338,7 @@ pub fn run(config: &Config) -> Outcome {
     let remaining = end.saturating_duration_since(Instant::now());
     sleep(remaining);
     let run_end = now_ns();
-    for worker in &mut workers {
-        let _ = worker.kill();
-        let _ = worker.wait();
-    }
+    drop(workers);
 
     let events = read_history(dir.path(), config.workers);
     let mut con = cluster.primary.server.client();
