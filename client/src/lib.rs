@@ -42,6 +42,7 @@
 //!   ([`observe`] lists them).
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -100,7 +101,10 @@ impl Default for ClientOptions {
 /// A connection to a dlock server that reconnects by itself. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
-    connection: ConnectionManager,
+    /// The shared connection: it reconnects by itself after an I/O error, and is replaced after a
+    /// request timed out (a half-open socket never errors, it only goes silent).
+    /// The generation counts replacements.
+    connection: Arc<Mutex<(u64, ConnectionManager)>>,
     /// For blocking waits, WAIT and subscriptions, which must not hold up other requests on the
     /// shared connection.
     redis: redis::Client,
@@ -133,12 +137,45 @@ impl Client {
 
     /// Connects to `url` with `options`.
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self, RedisError> {
+        let redis = redis::Client::open(url)?;
+        let connection = Self::open_shared(&redis, &options).await?;
+        Ok(Self { connection: Arc::new(Mutex::new((0, connection))), redis, options })
+    }
+
+    async fn open_shared(
+        redis: &redis::Client,
+        options: &ClientOptions,
+    ) -> Result<ConnectionManager, RedisError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(options.request_timeout)
             .set_number_of_retries(2);
-        let redis = redis::Client::open(url)?;
-        let connection = ConnectionManager::new_with_config(redis.clone(), config).await?;
-        Ok(Self { connection, redis, options })
+        ConnectionManager::new_with_config(redis.clone(), config).await
+    }
+
+    /// The shared connection (a cheap handle to it) and its generation.
+    fn shared(&self) -> (u64, ConnectionManager) {
+        self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Replaces the shared connection of generation `timed_out` after a request on it timed out: the socket
+    /// may be half-open (the peer vanished without a FIN), and then every later request on it
+    /// would time out too. If a new connection cannot be opened now, the old one stays (it
+    /// reconnects by itself on the next I/O error).
+    async fn replace_after_timeout(&self, timed_out: u64) {
+        let opened = tokio::time::timeout(
+            self.options.request_timeout,
+            Self::open_shared(&self.redis, &self.options),
+        )
+        .await;
+        if let Ok(Ok(fresh)) = opened {
+            let mut shared =
+                self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Unless another timed-out request replaced it meanwhile.
+            if shared.0 == timed_out {
+                *shared = (timed_out + 1, fresh);
+                tracing::debug!("dlock: replaced the shared connection after a request timed out");
+            }
+        }
     }
 
     /// Sends one command with a timeout of `request_timeout + extra`. A command that may block
@@ -151,8 +188,12 @@ impl Client {
     ) -> Result<T, RedisError> {
         let limit = self.options.request_timeout + extra;
         let reply = if extra.is_zero() {
-            let mut connection = self.connection.clone();
-            tokio::time::timeout(limit, cmd.query_async(&mut connection)).await
+            let (generation, mut connection) = self.shared();
+            let reply = tokio::time::timeout(limit, cmd.query_async(&mut connection)).await;
+            if reply.is_err() {
+                self.replace_after_timeout(generation).await;
+            }
+            reply
         } else {
             tokio::time::timeout(limit, async {
                 let mut connection = self.redis.get_multiplexed_async_connection().await?;

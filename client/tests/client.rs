@@ -266,3 +266,24 @@ async fn with_replicas_asked_for_a_grant_counts_only_once_they_acknowledged_it()
     assert!(!exists(&mut con, "invoice:2"), "the unacknowledged grant was released again");
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_is_replaced_and_the_same_token_is_granted_on_the_new_one() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(300),
+        acquire_deadline: Duration::from_secs(3),
+        ..ClientOptions::default()
+    };
+    let dlock = Client::connect_with(&format!("redis://127.0.0.1:{}/", proxy.port), options)
+        .await
+        .expect("connect");
+    dlock.acquire("warm-up", Duration::from_secs(30)).await.expect("granted");
+    // The shared connection goes silent: no error, no FIN, no reply, ever.
+    proxy.silence_open_connections();
+    let lease = dlock.acquire("invoice:3", Duration::from_secs(30)).await.expect("granted");
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "invoice:3", "owner").as_deref(), Some(lease.token()));
+    assert!(lease.release().await.expect("answered"), "released over the new connection");
+}

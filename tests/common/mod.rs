@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -369,6 +369,10 @@ pub struct LinkProxy {
     cut: Arc<AtomicBool>,
     drop_next_reply: Arc<AtomicBool>,
     streams: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    /// Connections numbered below this forward nothing more, but stay open (a half-open link).
+    silent_below: Arc<AtomicU64>,
+    /// The number of the last accepted connection.
+    accepted: Arc<AtomicU64>,
 }
 
 impl LinkProxy {
@@ -381,11 +385,19 @@ impl LinkProxy {
             cut: Arc::default(),
             drop_next_reply: Arc::default(),
             streams: Arc::default(),
+            silent_below: Arc::default(),
+            accepted: Arc::default(),
         };
-        let (cut, drop_reply, open) =
-            (proxy.cut.clone(), proxy.drop_next_reply.clone(), proxy.streams.clone());
+        let accepted = proxy.accepted.clone();
+        let (cut, drop_reply, open, silent_below) = (
+            proxy.cut.clone(),
+            proxy.drop_next_reply.clone(),
+            proxy.streams.clone(),
+            proxy.silent_below.clone(),
+        );
         std::thread::spawn(move || {
-            for client in listener.incoming() {
+            for (number, client) in (1u64..).zip(listener.incoming()) {
+                accepted.store(number, Ordering::SeqCst);
                 let Ok(client) = client else { continue };
                 if cut.load(Ordering::SeqCst) {
                     continue; // dropped: the link stays down
@@ -397,7 +409,10 @@ impl LinkProxy {
                 for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
                     let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else { continue };
                     let drop_reply = drop_reply.clone();
-                    std::thread::spawn(move || forward(from, to, replies.then_some(drop_reply)));
+                    let silent = (silent_below.clone(), number);
+                    std::thread::spawn(move || {
+                        forward(from, to, replies.then_some(drop_reply), silent)
+                    });
                 }
                 open.push(client);
                 open.push(server);
@@ -419,6 +434,13 @@ impl LinkProxy {
     pub fn drop_next_reply(&self) {
         self.drop_next_reply.store(true, Ordering::SeqCst);
     }
+
+    /// Every connection open now goes silent: what is sent is swallowed, nothing is closed (the
+    /// peer vanished without a FIN). New connections work.
+    pub fn silence_open_connections(&self) {
+        let last = self.accepted.load(Ordering::SeqCst);
+        self.silent_below.store(last + 1, Ordering::SeqCst);
+    }
 }
 
 /// Copies one direction of a proxied connection; a reply direction obeys `drop_reply`.
@@ -426,12 +448,16 @@ fn forward(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,
     drop_reply: Option<Arc<AtomicBool>>,
+    (silent_below, number): (Arc<AtomicU64>, u64),
 ) {
     use std::io::{Read, Write};
     let mut buffer = [0u8; 16 * 1024];
     while let Ok(read) = from.read(&mut buffer) {
         if read == 0 {
             break;
+        }
+        if number < silent_below.load(Ordering::SeqCst) {
+            continue; // swallowed
         }
         if drop_reply.as_ref().is_some_and(|flag| flag.swap(false, Ordering::SeqCst)) {
             let _ = from.shutdown(std::net::Shutdown::Both);
