@@ -170,6 +170,7 @@ pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Setti
     unique_fences(&grants, &mut report);
     fence_order(&grants, &mut report);
     no_overlap(&operations, &grants, faults, &mut report);
+    grants_kept(&operations, &grants, faults, settings, &mut report);
     state_order(state, &mut report);
     durability(&operations, state, faults, settings, &mut report);
     liveness(&grants, faults, settings, &mut report);
@@ -284,6 +285,52 @@ fn no_overlap(
                 report.excused.push(finding);
             } else {
                 report.violations.push(finding);
+            }
+        }
+    }
+}
+
+/// No grant is forgotten: a later grant on the same resource completing before the earlier one's
+/// lease could have ended (its invoke + ttl: the server's deadline is later still) means the
+/// server lost the earlier grant, unless its holder released it or gave it up first.
+fn grants_kept(
+    operations: &[Operation],
+    grants: &[&Operation],
+    faults: &[Fault],
+    settings: &Settings,
+    report: &mut Report,
+) {
+    let mut given_up: HashMap<(&str, u64), u64> = HashMap::new();
+    for o in operations.iter().filter(|o| matches!(o.op, Op::Release | Op::Lost)) {
+        let at = given_up.entry((o.resource.as_str(), o.fence)).or_insert(u64::MAX);
+        *at = (*at).min(o.invoked);
+    }
+    for (resource, mut list) in by_resource(grants) {
+        list.sort_by_key(|g| g.invoked);
+        for earlier in &list {
+            let lease_end = earlier.invoked.saturating_add(settings.ttl_ns);
+            let first = list.partition_point(|g| g.invoked <= earlier.completed);
+            for later in list[first..].iter().take_while(|g| g.invoked < lease_end) {
+                let released =
+                    given_up.get(&(resource, earlier.fence)).copied().unwrap_or(u64::MAX);
+                if later.completed >= lease_end || released < later.completed {
+                    continue;
+                }
+                let finding = Finding {
+                    checker: "grants-kept",
+                    message: format!(
+                        "fence {} (worker {}) granted while fence {} (worker {}) was live and not released",
+                        later.fence, later.worker, earlier.fence, earlier.worker
+                    ),
+                    resource: resource.to_owned(),
+                    from: earlier.invoked,
+                    to: later.completed,
+                };
+                if excusing_fault(faults, earlier.invoked, later.completed).is_some() {
+                    report.excused.push(finding);
+                } else {
+                    report.violations.push(finding);
+                }
             }
         }
     }
@@ -424,11 +471,11 @@ mod tests {
     fn a_fence_granted_twice_or_out_of_order_is_a_violation() {
         let mut history = Vec::new();
         grant(&mut history, 0, 1, 10, "a");
-        grant(&mut history, 5, 2, 10, "b");
+        grant(&mut history, 150, 2, 10, "b");
         assert_eq!(checkers(&history, &[], &State::default()), ["unique-fences", "fence-order"]);
         let mut history = Vec::new();
         grant(&mut history, 0, 1, 10, "a");
-        grant(&mut history, 5, 2, 9, "b");
+        grant(&mut history, 150, 2, 9, "b");
         assert_eq!(checkers(&history, &[], &State::default()), ["fence-order"]);
     }
 
@@ -450,12 +497,30 @@ mod tests {
         grant(&mut history, 5, 2, 11, "b");
         history.push(event(8, 1, Op::Release, Kind::Invoke, 10, ""));
         history.push(event(9, 1, Op::Release, Kind::Ok, 10, ""));
-        assert_eq!(checkers(&history, &[], &State::default()), ["no-overlap"]);
+        // Granted within a's lease, before a released: also a forgotten grant.
+        assert_eq!(checkers(&history, &[], &State::default()), ["no-overlap", "grants-kept"]);
         let crash =
             Fault { kind: "kill-primary", start: 2 * MS, end: 3 * MS, may_lose_leases: true };
         let report = check(&history, &[crash], &State::default(), &settings());
         assert!(report.violations.is_empty());
-        assert_eq!(report.excused.len(), 1);
+        assert_eq!(report.excused.len(), 2);
+    }
+
+    #[test]
+    fn a_grant_forgotten_by_the_server_is_a_violation_but_a_released_one_is_not() {
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        grant(&mut history, 20, 2, 11, "b"); // within a's 100 ms lease, a never released
+        assert_eq!(checkers(&history, &[], &State::default()), ["grants-kept"]);
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        history.push(event(10, 1, Op::Release, Kind::Invoke, 10, ""));
+        grant(&mut history, 20, 2, 11, "b");
+        assert!(checkers(&history, &[], &State::default()).is_empty());
+        let mut history = Vec::new();
+        grant(&mut history, 0, 1, 10, "a");
+        grant(&mut history, 150, 2, 11, "b"); // after a's lease ran out
+        assert!(checkers(&history, &[], &State::default()).is_empty());
     }
 
     #[test]
