@@ -304,16 +304,8 @@ fn aof_always_without_preamble() -> Vec<&'static str> {
 /// server append that command to the AOF; replaying PSYNC at the next start crashed the server.
 #[test]
 fn a_fork_inside_a_command_never_writes_that_command_to_the_aof_and_the_server_restarts() {
-    let mut primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
+    let mut primary =
+        Server::start_with(&[AOF_ALWAYS, &["--repl-diskless-sync-delay", "0"]].concat());
     let mut con = primary.client();
     let fence = acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
     // A replica's full sync forks inside its PSYNC; BGSAVE forks inside itself.

@@ -83,6 +83,13 @@ pub struct Report {
     pub liveness_checked: usize,
 }
 
+impl Report {
+    /// Files a finding as a violation, or apart when a fault excuses it.
+    fn file(&mut self, finding: Finding, excused: bool) {
+        if excused { self.excused.push(finding) } else { self.violations.push(finding) }
+    }
+}
+
 /// An operation: an invoke and how it ended.
 #[derive(Clone, Debug)]
 pub struct Operation {
@@ -95,6 +102,22 @@ pub struct Operation {
     /// When it completed; a killed worker's last operation never did (`u64::MAX`).
     pub completed: u64,
     pub outcome: Kind,
+}
+
+impl Operation {
+    /// An operation invoked by `event`.
+    fn from_event(event: &Event, completed: u64, outcome: Kind) -> Self {
+        Self {
+            worker: event.worker,
+            op: event.op,
+            resource: event.resource.clone(),
+            fence: event.fence,
+            detail: event.detail.clone(),
+            invoked: event.at,
+            completed,
+            outcome,
+        }
+    }
 }
 
 /// Pairs each worker's invokes with their completions. An invoke followed by another invoke of
@@ -110,19 +133,7 @@ pub fn operations(events: &[Event]) -> Vec<Operation> {
                 if let Some(killed) = open.remove(&event.worker) {
                     done.push(killed);
                 }
-                open.insert(
-                    event.worker,
-                    Operation {
-                        worker: event.worker,
-                        op: event.op,
-                        resource: event.resource.clone(),
-                        fence: event.fence,
-                        detail: event.detail.clone(),
-                        invoked: event.at,
-                        completed: u64::MAX,
-                        outcome: Kind::Unknown,
-                    },
-                );
+                open.insert(event.worker, Operation::from_event(event, u64::MAX, Kind::Unknown));
             }
             outcome => match open.remove(&event.worker) {
                 Some(mut operation) if operation.op == event.op => {
@@ -137,16 +148,7 @@ pub fn operations(events: &[Event]) -> Vec<Operation> {
                         done.push(operation);
                     }
                     // A completion without invoke (`lost`): an instant.
-                    done.push(Operation {
-                        worker: event.worker,
-                        op: event.op,
-                        resource: event.resource.clone(),
-                        fence: event.fence,
-                        detail: event.detail.clone(),
-                        invoked: event.at,
-                        completed: event.at,
-                        outcome,
-                    });
+                    done.push(Operation::from_event(event, event.at, outcome));
                 }
             },
         }
@@ -281,11 +283,7 @@ fn no_overlap(
                 from: own.invoked,
                 to: used.completed,
             };
-            if excusing_fault(faults, own.completed, used.invoked).is_some() {
-                report.excused.push(finding);
-            } else {
-                report.violations.push(finding);
-            }
+            report.file(finding, excusing_fault(faults, own.completed, used.invoked).is_some());
         }
     }
 }
@@ -326,11 +324,8 @@ fn grants_kept(
                     from: earlier.invoked,
                     to: later.completed,
                 };
-                if excusing_fault(faults, earlier.invoked, later.completed).is_some() {
-                    report.excused.push(finding);
-                } else {
-                    report.violations.push(finding);
-                }
+                let excused = excusing_fault(faults, earlier.invoked, later.completed).is_some();
+                report.file(finding, excused);
             }
         }
     }
@@ -386,11 +381,9 @@ fn durability(
             from: write.invoked,
             to: write.completed,
         };
-        if settings.durable || excusing_fault(faults, write.completed, u64::MAX).is_none() {
-            report.violations.push(finding);
-        } else {
-            report.excused.push(finding);
-        }
+        let excused =
+            !settings.durable && excusing_fault(faults, write.completed, u64::MAX).is_some();
+        report.file(finding, excused);
     }
 }
 

@@ -148,13 +148,20 @@ fn signal(child: &Child, signal: &str) {
     let _ = Command::new("kill").arg(signal).arg(child.id().to_string()).status();
 }
 
-fn setup_sql(pg: &str, resources: u32) {
+/// Runs `f` with a PostgreSQL connection, on a runtime of its own.
+fn with_postgres<T>(pg: &str, f: impl AsyncFnOnce(tokio_postgres::Client) -> T) -> T {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
         let (client, connection) =
             tokio_postgres::connect(pg, tokio_postgres::NoTls).await.expect("postgres");
         tokio::spawn(connection);
+        f(client).await
+    })
+}
+
+fn setup_sql(pg: &str, resources: u32) {
+    with_postgres(pg, async |client| {
         client
             .batch_execute(
                 "CREATE TABLE registers (resource TEXT PRIMARY KEY, value BIGINT NOT NULL,
@@ -175,12 +182,7 @@ fn setup_sql(pg: &str, resources: u32) {
 }
 
 fn read_sql(pg: &str) -> BTreeMap<String, Vec<Accepted>> {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        let (client, connection) =
-            tokio_postgres::connect(pg, tokio_postgres::NoTls).await.expect("postgres");
-        tokio::spawn(connection);
+    with_postgres(pg, async |client| {
         let rows = client
             .query("SELECT resource, fence, worker, seq, value FROM writes ORDER BY id", &[])
             .await
@@ -198,28 +200,23 @@ fn read_sql(pg: &str) -> BTreeMap<String, Vec<Accepted>> {
     })
 }
 
+/// Every kind of fault; the `always` profile draws from all but the last (promotion).
+const KINDS: [&str; 8] = [
+    "pause-worker",
+    "kill-worker",
+    "kill-primary",
+    "delay-link",
+    "drop-link",
+    "partition-clients",
+    "partition-replica",
+    "promote",
+];
+
 /// The kinds of fault a profile draws from.
 fn kinds(profile: Profile) -> &'static [&'static str] {
     match profile {
-        Profile::Always => &[
-            "pause-worker",
-            "kill-worker",
-            "kill-primary",
-            "delay-link",
-            "drop-link",
-            "partition-clients",
-            "partition-replica",
-        ],
-        Profile::Failover => &[
-            "pause-worker",
-            "kill-worker",
-            "kill-primary",
-            "delay-link",
-            "drop-link",
-            "partition-clients",
-            "partition-replica",
-            "promote",
-        ],
+        Profile::Always => &KINDS[..KINDS.len() - 1],
+        Profile::Failover => &KINDS,
     }
 }
 
