@@ -286,8 +286,9 @@ impl Client {
                     };
                     return match (self.options.replicas, acked) {
                         (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
+                            // Never reported as granted: released without a hold to record.
                             let token = lease.token.clone();
-                            let released = matches!(lease.release().await, Ok(true));
+                            let released = matches!(self.release(resource, &token).await, Ok(true));
                             Err(AcquireError::NotReplicated {
                                 token,
                                 acked,
