@@ -54,6 +54,17 @@ pub struct Settings {
     pub run_end: u64,
 }
 
+impl Settings {
+    /// How long after `kind` of fault heals some worker must be granted a lease: a ttl (a lease
+    /// held by a stopped or cut-off worker runs out) plus slack, and after a restart or a
+    /// promotion also the grant delay.
+    pub fn liveness_window(&self, kind: &str) -> u64 {
+        let delay =
+            if matches!(kind, "kill-primary" | "promote") { self.grant_delay_ns } else { 0 };
+        self.ttl_ns + delay + self.slack_ns
+    }
+}
+
 /// The final protected state, per resource.
 #[derive(Clone, Debug, Default)]
 pub struct State {
@@ -390,8 +401,8 @@ fn durability(
 /// After every fault heals, some worker is granted a lease within ttl + grant delay + slack,
 /// unless the run ends or another fault starts first.
 fn liveness(grants: &[&Operation], faults: &[Fault], settings: &Settings, report: &mut Report) {
-    let window = settings.ttl_ns + settings.grant_delay_ns + settings.slack_ns;
     for fault in faults {
+        let window = settings.liveness_window(fault.kind);
         let until = fault.end.saturating_add(window);
         let interrupted = faults.iter().any(|f| f.start > fault.start && f.start < until);
         if until > settings.run_end || interrupted {

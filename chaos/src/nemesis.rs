@@ -271,11 +271,18 @@ pub fn run(config: &Config) -> Outcome {
             .collect(),
     );
 
+    let ttl = config.ttl;
+    let mut settings = Settings {
+        ttl_ns: ttl.as_nanos() as u64,
+        grant_delay_ns: ttl.as_nanos() as u64,
+        slack_ns: 2_000_000_000,
+        durable: config.profile == Profile::Always,
+        run_end: u64::MAX,
+    };
     let mut rng = Rng::new(config.seed);
     let mut faults = Vec::new();
     let started = Instant::now();
     let end = started + Duration::from_secs(config.seconds);
-    let ttl = config.ttl;
     sleep(Duration::from_millis(rng.between(500, 1_500)));
     while Instant::now() + Duration::from_secs(2) < end {
         let kind = kinds(config.profile)[rng.below(kinds(config.profile).len() as u64) as usize];
@@ -330,11 +337,13 @@ pub fn run(config: &Config) -> Outcome {
             _ => unreachable!("every kind is handled"),
         }
         faults.push(Fault { kind, start, end: now_ns(), may_lose_leases });
-        sleep(Duration::from_millis(rng.between(1_000, 5_000)));
+        // Quiet until the liveness checker has seen the system heal, then a little more.
+        let window = Duration::from_nanos(settings.liveness_window(kind));
+        sleep(window + Duration::from_millis(rng.between(0, 2_000)));
     }
     let remaining = end.saturating_duration_since(Instant::now());
     sleep(remaining);
-    let run_end = now_ns();
+    settings.run_end = now_ns();
     drop(workers);
 
     let events = read_history(dir.path(), config.workers);
@@ -352,13 +361,6 @@ pub fn run(config: &Config) -> Outcome {
             entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
         );
     }
-    let settings = Settings {
-        ttl_ns: ttl.as_nanos() as u64,
-        grant_delay_ns: ttl.as_nanos() as u64,
-        slack_ns: 2_000_000_000,
-        durable: config.profile == Profile::Always,
-        run_end,
-    };
     let report = check::check(&events, &faults, &state, &settings);
     if !report.violations.is_empty() {
         let kept = dir.keep();
