@@ -1,10 +1,7 @@
 //! The `dlocklock` module data type: one value per lock key, and its callbacks.
 //!
-//! RDB layout, encoding version 2:
-//! `flags: unsigned` (bit 0: a lease follows; other bits must be 0), then, when bit 0 is set,
-//! `token: string buffer`, `fence: unsigned`, `deadline: unsigned` (absolute Unix µs),
-//! `held: unsigned` (µs from the grant to the deadline), `renewals: unsigned`.
-//! Version 1 (still loaded) ends after `deadline`.
+//! The RDB layout of a lock and its decoder live in [`crate::core::encoding`]; here Redis's RDB
+//! reader and writer carry its fields (a field is an RDB unsigned or string buffer).
 //! Module aux data (before the keyspace): `last_fence: unsigned`.
 //! The AOF form of a lock is `DLOCK.SETLEASE key token fence deadline-unix-us`.
 
@@ -16,15 +13,12 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::clock;
+use crate::core::Lock;
+use crate::core::encoding::{
+    ENCODING_VERSION, FieldSink, FieldSource, decode_lock, encode_lock, is_known_version,
+};
 use crate::core::error::MAX_FENCE;
-use crate::core::{Lease, Lock};
 use crate::{metrics, state};
-
-/// RDB encoding version written by this build; loading refuses any other.
-pub const ENCODING_VERSION: i32 = 2;
-/// The first encoding, without hold history; still loaded.
-const ENCODING_V1: i32 = 1;
-const HAS_LEASE: u64 = 1;
 
 /// The module type of every lock key (`TYPE key` answers `dlocklock`).
 pub static LOCK_TYPE: RedisType = RedisType::new(
@@ -53,41 +47,41 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
     },
 );
 
-/// Reads one lock; `None` on a short read, an unknown flag or an invalid lease.
-fn load_lock(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Option<Lock> {
-    let flags = raw::load_unsigned(rdb).ok()?;
-    if flags & !HAS_LEASE != 0 {
-        return None;
+/// Redis's RDB reader (files, `RESTORE` payloads) as a source of fields. With
+/// `HANDLE_IO_ERRORS` set, a short or corrupted read is an error here, not a server abort.
+struct RdbFields(*mut raw::RedisModuleIO);
+
+impl FieldSource for RdbFields {
+    fn unsigned(&mut self) -> Option<u64> {
+        raw::load_unsigned(self.0).ok()
     }
-    if flags & HAS_LEASE == 0 {
-        return Some(Lock::default());
+
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        raw::load_string_buffer(self.0).ok().map(|buffer| buffer.as_ref().to_vec())
     }
-    let token = raw::load_string_buffer(rdb).ok()?;
-    let fence = raw::load_unsigned(rdb).ok()?;
-    let deadline_wall = raw::load_unsigned(rdb).ok()?;
-    let mut lease = Lease::restore(token.as_ref(), fence, deadline_wall, clock::now()).ok()?;
-    if encver >= ENCODING_VERSION {
-        let held = raw::load_unsigned(rdb).ok()?;
-        lease.renewals = raw::load_unsigned(rdb).ok()?;
-        lease.granted_mono = lease.deadline_mono.saturating_sub(held);
+}
+
+impl FieldSink for RdbFields {
+    fn unsigned(&mut self, value: u64) {
+        raw::save_unsigned(self.0, value);
     }
-    state::observe_fence(lease.fence);
-    Some(Lock::with_lease(lease))
+
+    fn bytes(&mut self, value: &[u8]) {
+        raw::save_slice(self.0, value);
+    }
 }
 
 /// # Safety
 /// Called by Redis with a valid IO handle; returns an owned `Lock` or null (load error).
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    if encver != ENCODING_VERSION && encver != ENCODING_V1 {
+    let Some(lock) = decode_lock(&mut RdbFields(rdb), encver, clock::now()) else {
         return ptr::null_mut();
+    };
+    if let Some(lease) = lock.lease() {
+        state::observe_fence(lease.fence);
     }
-    match load_lock(rdb, encver) {
-        Some(lock) => {
-            metrics::lock_key_created();
-            Box::into_raw(Box::new(lock)).cast()
-        }
-        None => ptr::null_mut(),
-    }
+    metrics::lock_key_created();
+    Box::into_raw(Box::new(lock)).cast()
 }
 
 /// # Safety
@@ -95,17 +89,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     // SAFETY: Redis passes back the pointer rdb_load/set_value gave it.
     let lock = unsafe { &*value.cast::<Lock>() };
-    match lock.lease() {
-        Some(lease) => {
-            raw::save_unsigned(rdb, HAS_LEASE);
-            raw::save_slice(rdb, &lease.token);
-            raw::save_unsigned(rdb, lease.fence);
-            raw::save_unsigned(rdb, lease.deadline_wall);
-            raw::save_unsigned(rdb, lease.deadline_mono.saturating_sub(lease.granted_mono));
-            raw::save_unsigned(rdb, lease.renewals);
-        }
-        None => raw::save_unsigned(rdb, 0),
-    }
+    encode_lock(&mut RdbFields(rdb), lock);
 }
 
 /// # Safety
@@ -207,7 +191,7 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, _when: c_int) {
 /// # Safety
 /// `rdb` is a valid IO handle.
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, _when: c_int) -> c_int {
-    if encver != ENCODING_VERSION && encver != ENCODING_V1 {
+    if !is_known_version(encver) {
         return raw::REDISMODULE_ERR as c_int;
     }
     match raw::load_unsigned(rdb) {

@@ -233,6 +233,94 @@ fn an_acl_user_limited_to_lock_keys_can_lock_only_those() {
     assert!(denied.starts_with("NOPERM"), "{denied}");
 }
 
+/// A command's reply is Redis's ACL refusal (`NOPERM …`).
+fn assert_noperm(con: &mut redis::Connection, args: &[&[u8]]) {
+    let shown: Vec<String> = args.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let denied = error_text(run(con, args));
+    assert!(denied.starts_with("NOPERM"), "{shown:?}: {denied}");
+}
+
+#[test]
+fn write_only_key_permission_grants_renews_and_releases_but_reads_nothing() {
+    let server = Server::start();
+    let mut admin = server.client();
+    let mut locker = server.client_as("locker", &["%W~lock:*", "~data:*", "+@all"]);
+    let fence = acquire(&mut locker, "lock:w", "w", 60_000).expect("granted");
+    let again = acquire(&mut locker, "lock:w", "w", 60_000);
+    assert_eq!(again, Some(fence), "a retry with the same token learns the same fence");
+    assert_eq!(acquire(&mut locker, "lock:w", "other", 60_000), None, "busy");
+    assert_eq!(renew(&mut locker, "lock:w", "w", 60_000), 1);
+    // INFO and FENCECHECK read the lease, and FENCED reads it before anything runs.
+    let fence_arg = fence.to_string();
+    assert_noperm(&mut locker, &[b"DLOCK.INFO", b"lock:w"]);
+    assert_noperm(&mut locker, &[b"DLOCK.FENCECHECK", b"lock:w", fence_arg.as_bytes()]);
+    assert_noperm(
+        &mut locker,
+        &[b"DLOCK.FENCED", b"lock:w", fence_arg.as_bytes(), b"SET", b"data:1", b"v"],
+    );
+    assert!(!exists(&mut admin, "data:1"));
+    assert_noperm(&mut locker, &[b"DLOCK.ACQUIRE", b"invoice:1", b"w", b"10000"]);
+    assert_eq!(release(&mut locker, "lock:w", "w"), 1);
+    assert!(!exists(&mut admin, "lock:w"));
+    assert!(!exists(&mut admin, "invoice:1"));
+}
+
+#[test]
+fn read_only_key_permission_checks_fences_but_decides_no_lease() {
+    let server = Server::start();
+    let mut admin = server.client();
+    let fence = acquire(&mut admin, "lock:r", "w", 60_000).expect("granted");
+    let mut auditor = server.client_as("auditor", &["%R~lock:*", "~data:*", "+@all"]);
+    assert_eq!(info_field(&mut auditor, "lock:r", "owner").as_deref(), Some("w"));
+    assert_eq!(fencecheck(&mut auditor, "lock:r", fence), 1);
+    let fence_arg = fence.to_string();
+    let _: redis::Value = redis::cmd("DLOCK.FENCED")
+        .arg("lock:r")
+        .arg(fence)
+        .arg(&["SET", "data:1", "v"])
+        .query(&mut auditor)
+        .expect("FENCED needs only read permission on the lock key");
+    // Even the holder's own token decides nothing through a read-only selector.
+    for args in [
+        &[&b"DLOCK.ACQUIRE"[..], b"lock:r", b"w", b"60000"][..],
+        &[b"DLOCK.ACQUIRE", b"lock:new", b"w", b"60000"],
+        &[b"DLOCK.ACQUIRE", b"lock:new", b"w", b"60000", b"WAIT", b"10"],
+        &[b"DLOCK.RENEW", b"lock:r", b"w", b"60000"],
+        &[b"DLOCK.RELEASE", b"lock:r", b"w"],
+    ] {
+        assert_noperm(&mut auditor, args);
+    }
+    assert_eq!(info_field(&mut admin, "lock:r", "fence"), Some(fence_arg));
+    assert_eq!(info_field(&mut admin, "lock:r", "renewals").as_deref(), Some("0"));
+    assert!(!exists(&mut admin, "lock:new"));
+}
+
+#[test]
+fn a_user_denied_release_holds_locks_until_they_expire() {
+    let server = Server::start();
+    let mut admin = server.client();
+    let mut worker = server.client_as("worker", &["~lock:*", "+@all", "-dlock.release"]);
+    let fence = acquire(&mut worker, "lock:x", "w", 60_000).expect("granted");
+    assert_noperm(&mut worker, &[b"DLOCK.RELEASE", b"lock:x", b"w"]);
+    let script = redis::cmd("EVAL")
+        .arg("return redis.call('DLOCK.RELEASE', KEYS[1], ARGV[1])")
+        .arg(1)
+        .arg("lock:x")
+        .arg("w")
+        .query::<redis::Value>(&mut worker);
+    assert!(script.is_err(), "a script runs with its caller's permissions: {script:?}");
+    let queued = redis::pipe()
+        .atomic()
+        .cmd("DLOCK.RELEASE")
+        .arg("lock:x")
+        .arg("w")
+        .query::<redis::Value>(&mut worker);
+    assert!(queued.is_err(), "MULTI refuses it too: {queued:?}");
+    assert_eq!(fencecheck(&mut admin, "lock:x", fence), 1, "the lease still stands");
+    assert_eq!(renew(&mut worker, "lock:x", "w", 60_000), 1);
+    assert_eq!(release(&mut admin, "lock:x", "w"), 1, "a permitted user can release it");
+}
+
 #[test]
 fn every_command_declares_its_key_and_flags() {
     let server = Server::start();

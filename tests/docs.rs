@@ -1,4 +1,5 @@
-//! `docs/commands/*.md` and `COMMAND DOCS` say the same thing, so neither can drift.
+//! `docs/commands/*.md`, `COMMAND DOCS` and the key specs of `COMMAND INFO` say the same thing,
+//! so none of them can drift.
 
 mod common;
 
@@ -59,6 +60,71 @@ fn syntax(name: &str, arguments: Option<&redis::Value>) -> String {
         line.push_str(&part);
     }
     line
+}
+
+/// The flags of a command's one key spec in `COMMAND INFO` (`RW`, `insert`, …); `None`: no key.
+fn key_spec_flags(con: &mut redis::Connection, command: &str) -> Option<Vec<String>> {
+    let reply: redis::Value =
+        redis::cmd("COMMAND").arg("INFO").arg(command).query(con).expect("COMMAND INFO");
+    let redis::Value::Array(commands) = reply else { panic!("COMMAND INFO: {reply:?}") };
+    let Some(redis::Value::Array(info)) = commands.first() else {
+        panic!("{command}: {commands:?}")
+    };
+    // Element 8 of a command's entry lists its key specs.
+    let Some(redis::Value::Array(specs)) = info.get(8) else { panic!("{command}: {info:?}") };
+    let spec = specs.first()?;
+    match pairs(spec).get("flags") {
+        Some(redis::Value::Array(flags)) => Some(flags.iter().map(text).collect()),
+        other => panic!("{command} key spec flags: {other:?}"),
+    }
+}
+
+/// What an ACL selector must grant on the key for these key spec flags, as Redis's ACL checks
+/// it: the logical flags count (`access` needs read; `insert`, `update`, `delete` need write),
+/// the `RO`/`RW`/`OW` flags do not.
+fn acl_permission(flags: &[String]) -> &'static str {
+    let read = flags.iter().any(|f| f == "access");
+    let write = flags.iter().any(|f| matches!(f.as_str(), "insert" | "update" | "delete"));
+    match (read, write) {
+        (true, true) => "read and write",
+        (true, false) => "read",
+        (false, true) => "write",
+        (false, false) => "none",
+    }
+}
+
+/// The backquoted flags in the first parenthesis of a "Key access" line.
+fn documented_flags(line: &str) -> Vec<String> {
+    let inside = line.split_once('(').and_then(|(_, rest)| rest.split_once(')'));
+    inside
+        .map(|(flags, _)| flags.split(", ").map(|f| f.trim_matches('`').to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_key_access_line_matches_the_key_spec_and_the_acl_permission_it_implies() {
+    let server = Server::start();
+    let mut con = server.client();
+    let docs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands");
+    for command in COMMANDS {
+        let path = docs_dir.join(format!("{command}.md"));
+        let page =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let line = field(&page, "Key access").unwrap_or_else(|| panic!("{command}: no Key access"));
+        let Some(mut flags) = key_spec_flags(&mut con, command) else {
+            assert!(line.starts_with("none"), "{command} takes no key: {line}");
+            continue;
+        };
+        let mut documented = documented_flags(line);
+        flags.sort();
+        documented.sort();
+        assert_eq!(documented, flags, "{command} key spec flags");
+        let permission = acl_permission(&flags);
+        assert!(
+            line.contains(&format!("; ACL key permission: {permission}")),
+            "{command} needs {permission}: {line}"
+        );
+    }
 }
 
 fn field<'a>(page: &'a str, label: &str) -> Option<&'a str> {

@@ -14,9 +14,10 @@ pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
     flags: "write deny-oom",
     arity: -4,
-    key_flags: raw::REDISMODULE_CMD_KEY_RW
-        | raw::REDISMODULE_CMD_KEY_ACCESS
-        | raw::REDISMODULE_CMD_KEY_UPDATE,
+    // Write permission only (`%W~`): the reply is a fence the module minted, never user data read
+    // from the key, so no `ACCESS`. `UPDATE` rather than `INSERT`: a grant may replace an expired
+    // lease or extend the holder's own (Redis allows only one of INSERT, UPDATE and DELETE).
+    key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Acquires a lease on a resource and returns its fencing token",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(W) for W waiters on the resource",
     args: &[

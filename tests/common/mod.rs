@@ -120,8 +120,9 @@ impl Server {
             .expect("redis-server must be installed (make deps)");
         let started = Instant::now();
         loop {
-            // Another test's server may hold the port: only our own process counts as ready.
-            if self.answering_pid() == Some(child.id()) {
+            // Another test's server may hold the port: only our own process counts as ready, and
+            // only once it has loaded its data set (INFO answers while loading, PING does not).
+            if self.answering_pid() == Some(child.id()) && self.has_loaded() {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -135,6 +136,12 @@ impl Server {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether the server on our port answers PING, which it refuses with LOADING until its RDB
+    /// or AOF is loaded.
+    fn has_loaded(&self) -> bool {
+        self.try_client().is_ok_and(|mut con| redis::cmd("PING").query::<String>(&mut con).is_ok())
     }
 
     /// The process id of whatever redis-server answers on our port.
