@@ -312,7 +312,9 @@ pub fn run(config: &Config) -> Outcome {
             }
             "kill-primary" => {
                 may_lose_leases = config.profile != Profile::Always;
-                cluster.primary.server.crash_and_restart();
+                // As a primary: after a promotion this node was started as a replica.
+                let args: Vec<&str> = cluster.args.iter().map(String::as_str).collect();
+                cluster.primary.server.crash_and_restart_with(&args);
             }
             "delay-link" => {
                 cluster.clients.set_delay(Duration::from_millis(rng.between(20, 300)));

@@ -101,7 +101,8 @@ async fn work(args: Args) {
                 continue;
             }
             Err(error) => {
-                log.borrow_mut().record(Op::Acquire, Kind::Fail, &resource, 0, error.kind());
+                let detail = format!("{}: {error}", error.kind());
+                log.borrow_mut().record(Op::Acquire, Kind::Fail, &resource, 0, &detail);
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
