@@ -56,6 +56,8 @@ fn command_args(args: &[ArgMeta]) -> Result<*mut raw::RedisModuleCommandArg, &'s
 }
 
 fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
+    // SAFETY: reading the API function pointers Redis filled in at module load (static muts the
+    // crate declares); nothing writes them after that.
     let (Some(get_command), Some(set_info)) =
         (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
     else {
