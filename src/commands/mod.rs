@@ -153,7 +153,15 @@ pub fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease) {
 /// Deletes a lock key that holds nothing live any more and propagates the `DEL`.
 pub fn delete_lock_key(ctx: &Context, key: &RedisKeyWritable, resource: &RedisString) {
     if key.delete().is_ok() {
-        ctx.replicate("DEL", &[resource]);
+        // The raw call with static strings: the crate's `replicate` allocates a C string and an
+        // argument vector per call, and the expiry sweep makes this call once per expired key.
+        // SAFETY: ctx is live; the command name and the format are NUL-terminated; format "s"
+        // takes exactly one RedisModuleString, which Redis retains for as long as it needs it.
+        unsafe {
+            if let Some(replicate) = raw::RedisModule_Replicate {
+                replicate(ctx.ctx, c"DEL".as_ptr(), c"s".as_ptr(), resource.inner);
+            }
+        }
     }
 }
 
