@@ -57,10 +57,7 @@ unsafe extern "C" fn on_server_event(
             let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
             let (first, second) = (info.dbnum_first, info.dbnum_second);
             state::with_expiry(|expiry| {
-                expiry.index.rename_keys(|mut key| {
-                    key.db = swapped(key.db, first, second);
-                    key
-                })
+                expiry.index.rewrite(|_, _| true, |db| swapped(db, first, second))
             });
         }
         raw::REDISMODULE_EVENT_FLUSHDB
@@ -69,7 +66,7 @@ unsafe extern "C" fn on_server_event(
             // SAFETY: for FLUSHDB, data is a RedisModuleFlushInfo; dbnum -1 means every database.
             let flushed = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() }.dbnum;
             state::with_expiry(|expiry| {
-                expiry.index.retain(|key| flushed != -1 && key.db != flushed)
+                expiry.index.rewrite(|db, _| flushed != -1 && db != flushed, |db| db)
             });
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
@@ -140,7 +137,7 @@ fn index_every_lock(ctx: &Context) {
     let count = found.len();
     state::with_expiry(|expiry| {
         for (deadline, key) in found {
-            expiry.index.insert(deadline, key);
+            expiry.index.insert(deadline, key.db, &key.name);
         }
     });
     expiry::arm(ctx, now);
