@@ -3,48 +3,29 @@
 //! Entries are hints, never truth. Every entry is checked against the key's lease when it comes
 //! due ([`super::Lock::on_due`]), so an entry left behind by a renewal, a release, a DEL or a
 //! FLUSHALL costs one lookup and is dropped. The invariant that matters is the other direction:
-//! every live lease has an entry at or before its deadline, under its current key name.
+//! every live lease has an entry at or before its deadline's millisecond, under its current key
+//! name.
 //!
-//! Entries are grouped in one-millisecond buckets: an insert appends to its bucket, and a storm of
-//! leases that end in the same second is a few hundred buckets drained in order, not a million
-//! rebalancing tree operations. Within a bucket, order does not matter: everything in it is due by
-//! the end of that millisecond. Each bucket is one byte arena holding its entries back to back,
-//! `name | name length | database | deadline offset`, the last three read from the end:
-//! a lock costs its key name plus about 4 bytes here, and the sweep reads names sequentially.
+//! Entries are grouped in one-millisecond buckets and come due at the end of their millisecond,
+//! the timer's resolution (so at most 1 ms after the lease's deadline; reads and writes of the key
+//! see the exact deadline). An insert appends to its bucket, and a storm of leases that end in
+//! the same second is a few hundred buckets drained in order, not a million rebalancing tree
+//! operations. Within a bucket, order does not matter. Each bucket (one per millisecond and
+//! database) is a byte arena holding its key names back to back, each followed by its length:
+//! a lock costs its key name plus one byte here (two past 127 bytes), and the sweep reads names
+//! sequentially.
 
 use std::collections::BTreeMap;
 
 use super::Micros;
 
-/// Microseconds in a bucket.
-const BUCKET_US: u128 = 1_000;
-/// The deadline offset of an entry taken out of the middle of a bucket (offsets are < 1000).
-const TAKEN: u16 = u16::MAX;
-
-/// One bucket: its entries, encoded back to back, and how many of them are not taken.
-#[derive(Clone, Debug, Default)]
-struct Bucket {
-    bytes: Vec<u8>,
-    live: usize,
-}
-
-/// One entry of a bucket as read back from the arena.
-struct Record {
-    /// Where the entry starts (its name's first byte).
-    start: usize,
-    /// Where the name ends.
-    name_end: usize,
-    db: i32,
-    /// Microseconds between the deadline and the end of the bucket, or [`TAKEN`].
-    offset: u16,
-    /// Where the offset is stored.
-    offset_at: usize,
-}
+/// Most bytes a name's length takes after it (a `u64` in base-128 digits).
+const MAX_LENGTH_BYTES: usize = 10;
 
 /// Appends `value` as base-128 digits, most significant first, so that it reads back from the
 /// end: the last byte holds the lowest 7 bits, and every byte but the first carries 0x80.
 fn push_backward_varint(bytes: &mut Vec<u8>, value: u64) {
-    let mut digits = [0u8; 10];
+    let mut digits = [0u8; MAX_LENGTH_BYTES];
     let mut n = 0;
     let mut rest = value;
     loop {
@@ -76,43 +57,42 @@ fn read_backward_varint(bytes: &[u8], end: usize) -> Option<(u64, usize)> {
     None
 }
 
+/// The key names of one bucket, each followed by its length.
+#[derive(Clone, Debug, Default)]
+struct Bucket {
+    bytes: Vec<u8>,
+    /// Its spare capacity was given back once, when inserts moved on to another bucket.
+    trimmed: bool,
+}
+
 impl Bucket {
-    fn push(&mut self, offset: u16, db: i32, name: &[u8]) {
+    fn push(&mut self, name: &[u8]) {
+        // Grow by a quarter, not double: a bucket fills within its millisecond and is then only
+        // drained, so doubling would leave up to half of it empty for the leases' whole life.
+        let needed = name.len() + MAX_LENGTH_BYTES;
+        if self.bytes.capacity() - self.bytes.len() < needed {
+            self.bytes.reserve_exact((self.bytes.capacity() / 4).max(needed).max(64));
+        }
         self.bytes.extend_from_slice(name);
         push_backward_varint(&mut self.bytes, name.len() as u64);
-        push_backward_varint(&mut self.bytes, u64::from(db as u32));
-        self.bytes.extend_from_slice(&offset.to_le_bytes());
-        self.live += 1;
     }
 
-    /// The entry that ends at `end`.
-    fn record_ending_at(&self, end: usize) -> Option<Record> {
-        let offset_at = end.checked_sub(2)?;
-        let offset = u16::from_le_bytes([*self.bytes.get(offset_at)?, *self.bytes.get(end - 1)?]);
-        let (db, db_at) = read_backward_varint(&self.bytes, offset_at)?;
-        let (len, name_end) = read_backward_varint(&self.bytes, db_at)?;
-        let start = name_end.checked_sub(usize::try_from(len).ok()?)?;
-        Some(Record { start, name_end, db: db as u32 as i32, offset, offset_at })
+    /// The last name: where it starts and ends. `None` when the bucket is empty.
+    fn last(&self) -> Option<(usize, usize)> {
+        let (len, end) = read_backward_varint(&self.bytes, self.bytes.len())?;
+        let start = end.checked_sub(usize::try_from(len).ok()?)?;
+        Some((start, end))
     }
 
-    /// Every entry, last first.
-    fn records(&self) -> impl Iterator<Item = Record> + '_ {
+    /// Every name, last first.
+    fn names(&self) -> impl Iterator<Item = &[u8]> + '_ {
         let mut end = self.bytes.len();
         std::iter::from_fn(move || {
-            let record = self.record_ending_at(end)?;
-            end = record.start;
-            Some(record)
+            let (len, name_end) = read_backward_varint(&self.bytes, end)?;
+            let start = name_end.checked_sub(usize::try_from(len).ok()?)?;
+            end = start;
+            self.bytes.get(start..name_end)
         })
-    }
-
-    /// Drops taken entries at the end of the arena.
-    fn trim(&mut self) {
-        while let Some(record) = self.record_ending_at(self.bytes.len()) {
-            if record.offset != TAKEN {
-                break;
-            }
-            self.bytes.truncate(record.start);
-        }
     }
 }
 
@@ -130,7 +110,7 @@ impl DueBatch {
         self.entries.push((deadline, db, start, self.names.len()));
     }
 
-    /// The entries: deadline, database, key name.
+    /// The entries: when each came due (the end of its bucket), database, key name.
     pub fn iter(&self) -> impl Iterator<Item = (Micros, i32, &[u8])> + '_ {
         self.entries.iter().map(|&(deadline, db, start, end)| {
             (deadline, db, self.names.get(start..end).unwrap_or_default())
@@ -154,11 +134,13 @@ impl DueBatch {
     }
 }
 
-/// Entries `(deadline, database, key name)` in one-millisecond buckets.
+/// Entries `(deadline, database, key name)` in buckets keyed by millisecond and database.
 #[derive(Clone, Debug, Default)]
 pub struct ExpiryIndex {
-    buckets: BTreeMap<u64, Bucket>,
+    buckets: BTreeMap<(u64, i32), Bucket>,
     len: usize,
+    /// The bucket of the latest insert.
+    filling: Option<(u64, i32)>,
 }
 
 impl ExpiryIndex {
@@ -167,84 +149,53 @@ impl ExpiryIndex {
         deadline.div_ceil(1_000)
     }
 
-    /// The deadline an entry of `bucket` stored with `offset` stands for.
-    fn deadline_of(bucket: u64, offset: u16) -> Micros {
-        let end = u128::from(bucket) * BUCKET_US;
-        u64::try_from(end.saturating_sub(u128::from(offset))).unwrap_or(Micros::MAX)
+    /// When the entries of bucket `number` come due.
+    fn due_at(number: u64) -> Micros {
+        number.saturating_mul(1_000)
     }
 
-    /// Adds an entry for key `name` of database `db`.
+    /// Adds an entry for key `name` of database `db`, due at the end of `deadline`'s millisecond.
     pub fn insert(&mut self, deadline: Micros, db: i32, name: &[u8]) {
-        let bucket = Self::bucket_of(deadline);
-        let end = u128::from(bucket) * BUCKET_US;
-        // Less than 1000 by the choice of bucket.
-        let offset = u16::try_from(end - u128::from(deadline)).unwrap_or(0);
-        self.buckets.entry(bucket).or_default().push(offset, db, name);
+        let key = (Self::bucket_of(deadline), db);
+        if let Some(previous) = self.filling.filter(|previous| *previous != key) {
+            // Leases of one ttl fill one bucket after another: when inserts move on, the last
+            // bucket is most likely complete, so its spare capacity goes back (once per bucket,
+            // so that inserts alternating between buckets never copy them over and over).
+            if let Some(bucket) = self.buckets.get_mut(&previous).filter(|b| !b.trimmed) {
+                bucket.bytes.shrink_to_fit();
+                bucket.trimmed = true;
+            }
+        }
+        self.filling = Some(key);
+        self.buckets.entry(key).or_default().push(name);
         self.len += 1;
     }
 
-    /// When to look next: the end of the first non-empty bucket's millisecond, when everything
-    /// in it is due (entries come due at most 1 ms after their deadline, the timer's resolution).
+    /// When to look next: the end of the first non-empty bucket's millisecond.
     pub fn next_deadline(&self) -> Option<Micros> {
-        self.buckets.first_key_value().map(|(bucket, _)| bucket.saturating_mul(1_000))
+        self.buckets.first_key_value().map(|((number, _), _)| Self::due_at(*number))
     }
 
-    /// Moves up to `max` entries due at `now_mono` into `out`, earliest bucket first.
-    /// Returns how many it moved.
+    /// Moves up to `max` entries due at `now_mono` into `out`, earliest bucket first; each comes
+    /// with the end of its bucket as its deadline. Returns how many it moved.
     pub fn pop_due(&mut self, now_mono: Micros, max: usize, out: &mut DueBatch) -> usize {
         let mut moved = 0;
         while moved < max {
             let Some(mut first) = self.buckets.first_entry() else { break };
-            let number = *first.key();
-            let bucket = first.get_mut();
-            let all_due = Self::deadline_of(number, 0) <= now_mono;
-            if all_due {
-                // Take from the end: each entry taken shortens the arena.
-                while moved < max {
-                    let Some(record) = bucket.record_ending_at(bucket.bytes.len()) else { break };
-                    if record.offset != TAKEN {
-                        let deadline = Self::deadline_of(number, record.offset);
-                        let name = bucket.bytes.get(record.start..record.name_end);
-                        out.push(deadline, record.db, name.unwrap_or_default());
-                        bucket.live -= 1;
-                        moved += 1;
-                    }
-                    bucket.bytes.truncate(record.start);
-                }
-            } else {
-                // Only part of the bucket is due: mark what is taken, trim the end.
-                let mut taken = Vec::new();
-                for record in bucket.records() {
-                    if moved + taken.len() >= max {
-                        break;
-                    }
-                    if record.offset == TAKEN {
-                        continue;
-                    }
-                    let deadline = Self::deadline_of(number, record.offset);
-                    if deadline <= now_mono {
-                        taken.push((deadline, record));
-                    }
-                }
-                if taken.is_empty() {
-                    break;
-                }
-                for (deadline, record) in &taken {
-                    let name = bucket.bytes.get(record.start..record.name_end);
-                    out.push(*deadline, record.db, name.unwrap_or_default());
-                    if let Some(slot) = bucket.bytes.get_mut(record.offset_at..record.offset_at + 2)
-                    {
-                        slot.copy_from_slice(&TAKEN.to_le_bytes());
-                    }
-                }
-                bucket.live -= taken.len();
-                moved += taken.len();
-                bucket.trim();
-                if bucket.live > 0 {
-                    break; // what is left of the first bucket is not due yet
-                }
+            let (number, db) = *first.key();
+            let due_at = Self::due_at(number);
+            if due_at > now_mono {
+                break;
             }
-            if bucket.live == 0 {
+            let bucket = first.get_mut();
+            // Take from the end: each name taken shortens the arena.
+            while moved < max {
+                let Some((start, end)) = bucket.last() else { break };
+                out.push(due_at, db, bucket.bytes.get(start..end).unwrap_or_default());
+                bucket.bytes.truncate(start);
+                moved += 1;
+            }
+            if bucket.bytes.is_empty() {
                 first.remove();
             }
         }
@@ -275,20 +226,22 @@ impl ExpiryIndex {
         mut keep: impl FnMut(i32, &[u8]) -> bool,
         mut rename_db: impl FnMut(i32) -> i32,
     ) {
-        for bucket in self.buckets.values_mut() {
-            let mut kept = Bucket::default();
-            let mut records: Vec<Record> = bucket.records().collect();
-            records.reverse(); // keep the arena's order
-            for record in records {
-                let name = bucket.bytes.get(record.start..record.name_end).unwrap_or_default();
-                if record.offset != TAKEN && keep(record.db, name) {
-                    kept.push(record.offset, rename_db(record.db), name);
-                }
+        let mut rewritten: BTreeMap<(u64, i32), Bucket> = BTreeMap::new();
+        let mut len = 0;
+        for ((number, db), bucket) in std::mem::take(&mut self.buckets) {
+            let mut names: Vec<&[u8]> = bucket.names().filter(|name| keep(db, name)).collect();
+            if names.is_empty() {
+                continue;
             }
-            *bucket = kept;
+            names.reverse(); // keep the arena's order
+            let kept = rewritten.entry((number, rename_db(db))).or_default();
+            for name in names {
+                kept.push(name);
+                len += 1;
+            }
         }
-        self.buckets.retain(|_, bucket| bucket.live > 0);
-        self.len = self.buckets.values().map(|bucket| bucket.live).sum();
+        self.buckets = rewritten;
+        self.len = len;
     }
 }
 
@@ -297,7 +250,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Pops everything due at `now`, one batch of at most `max`, as `(deadline, db, name)`.
+    /// Pops one batch of at most `max` entries due at `now`, as `(deadline, db, name)`.
     fn pop(index: &mut ExpiryIndex, now: Micros, max: usize) -> Vec<(Micros, i32, Vec<u8>)> {
         let mut batch = DueBatch::default();
         let moved = index.pop_due(now, max, &mut batch);
@@ -310,32 +263,42 @@ mod tests {
     }
 
     #[test]
-    fn entries_come_due_in_bucket_order_and_only_once_due() {
+    fn entries_come_due_at_the_end_of_their_millisecond_in_bucket_order() {
         let mut index = ExpiryIndex::default();
         index.insert(300, 0, b"c");
         index.insert(100, 0, b"a");
-        index.insert(200, 0, b"b");
+        index.insert(1_000, 0, b"b");
         index.insert(100, 0, b"a");
         assert_eq!(index.len(), 4, "duplicates are kept; the sweep drops them");
         assert_eq!(index.next_deadline(), Some(1_000), "the end of the first millisecond");
-        assert_eq!(pop(&mut index, 99, 10), []);
-        let mut due = pop(&mut index, 250, 10);
+        assert_eq!(pop(&mut index, 999, 10), [], "not before the end of the millisecond");
+        let mut due = pop(&mut index, 1_000, 10);
         due.sort();
-        assert_eq!(due, [entry(100, 0, "a"), entry(100, 0, "a"), entry(200, 0, "b")]);
-        assert_eq!(pop(&mut index, 250, 10), []);
-        assert_eq!(index.len(), 1);
-        index.insert(50, 3, b"z");
+        assert_eq!(
+            due,
+            [
+                entry(1_000, 0, "a"),
+                entry(1_000, 0, "a"),
+                entry(1_000, 0, "b"),
+                entry(1_000, 0, "c")
+            ],
+            "a deadline on the millisecond boundary belongs to the millisecond it ends"
+        );
+        index.insert(1_500, 3, b"z");
         index.insert(5_500, 0, b"late");
-        assert_eq!(index.next_deadline(), Some(1_000));
+        assert_eq!(index.next_deadline(), Some(2_000));
         index.rewrite(|_, _| true, |db| if db == 3 { 4 } else { db });
-        assert_eq!(pop(&mut index, 60, 10), [entry(50, 4, "z")]);
-        assert_eq!(pop(&mut index, 5_000, 10), [entry(300, 0, "c")]);
+        assert_eq!(pop(&mut index, 5_000, 10), [entry(2_000, 4, "z")]);
         assert_eq!(pop(&mut index, 5_000, 10), [], "the next bucket is not due yet");
         assert_eq!(index.next_deadline(), Some(6_000));
-        assert_eq!(pop(&mut index, 6_000, 10), [entry(5_500, 0, "late")]);
+        assert_eq!(pop(&mut index, 6_000, 10), [entry(6_000, 0, "late")]);
         index.insert(7_000, 0, b"c");
+        index.insert(7_000, 1, b"d");
         index.rewrite(|_, name| name != b"c", |db| db);
+        assert_eq!(index.len(), 1);
+        index.rewrite(|db, _| db != 1, |db| db);
         assert!(index.is_empty());
+        assert_eq!(index.next_deadline(), None);
         index.insert(1, 0, b"a");
         index.clear();
         assert!(index.is_empty());
@@ -349,11 +312,8 @@ mod tests {
         index.insert(Micros::MAX, i32::MAX, &long);
         index.insert(0, 0, b"");
         index.insert(999, 15, b"\x80\xff\x00");
-        assert_eq!(
-            pop(&mut index, 1_000, 10),
-            [entry(0, 0, ""), (999, 15, b"\x80\xff\x00".to_vec())],
-            "bucket 0, then bucket 1"
-        );
+        assert_eq!(pop(&mut index, 0, 10), [entry(0, 0, "")], "bucket 0 is due at 0");
+        assert_eq!(pop(&mut index, 1_000, 10), [(1_000, 15, b"\x80\xff\x00".to_vec())]);
         assert_eq!(pop(&mut index, Micros::MAX, 10), [(Micros::MAX, i32::MAX, long)]);
         assert!(index.is_empty());
     }
@@ -371,56 +331,58 @@ mod tests {
     }
 
     proptest! {
-        /// The index against a plain list: same entries out, each exactly once, only when due.
+        /// The index against a plain list: every entry out exactly once, never before the end
+        /// of its millisecond, and nothing due left behind by a batch that was not full.
         #[test]
         fn the_index_pops_exactly_what_a_plain_list_says_is_due(
             ops in prop::collection::vec(
                 prop_oneof![
-                    (0u64..5_000, 0i32..3, prop::collection::vec(any::<u8>(), 0..4))
+                    (0u64..5_000, 0i32..3, prop::collection::vec(any::<u8>(), 0..200))
                         .prop_map(|(d, db, name)| (0u8, d, db, name)),
                     (0u64..6_000, 1i32..40).prop_map(|(now, max)| (1u8, now, max, Vec::new())),
                     (0i32..3).prop_map(|db| (2u8, 0, db, Vec::new())),
+                    (0i32..3).prop_map(|db| (3u8, 0, db, Vec::new())),
                 ],
                 1..80,
             )
         ) {
             let mut index = ExpiryIndex::default();
+            // (end of the entry's millisecond, db, name)
             let mut model: Vec<(Micros, i32, Vec<u8>)> = Vec::new();
             for (op, a, b, name) in ops {
                 match op {
                     0 => {
                         index.insert(a, b, &name);
-                        model.push((a, b, name));
+                        model.push((a.div_ceil(1_000) * 1_000, b, name));
                     }
                     1 => {
                         let popped = pop(&mut index, a, b as usize);
                         prop_assert!(popped.len() <= b as usize);
                         for entry in &popped {
-                            prop_assert!(entry.0 <= a, "popped before its deadline");
+                            prop_assert!(entry.0 <= a, "popped before it was due");
                             let at = model.iter().position(|m| m == entry);
                             prop_assert!(at.is_some(), "popped what was not inserted");
                             model.swap_remove(at.unwrap_or_default());
                         }
-                        // Whatever stays due is in a later bucket than everything popped, or
-                        // the batch was full.
                         if popped.len() < b as usize {
-                            let first_left = model.iter().map(|m| m.0.div_ceil(1_000)).min();
-                            let next = index.next_deadline().map(|d| d / 1_000);
-                            prop_assert_eq!(first_left, next);
-                            if let Some(first) = first_left {
-                                prop_assert!(
-                                    !model.iter().any(|m| m.0.div_ceil(1_000) == first && m.0 <= a),
-                                    "a due entry of the first bucket was left"
-                                );
-                            }
+                            prop_assert!(!model.iter().any(|m| m.0 <= a), "a due entry was left");
                         }
                     }
-                    _ => {
+                    2 => {
                         index.rewrite(|db, _| db != b, |db| db);
                         model.retain(|m| m.1 != b);
                     }
+                    _ => {
+                        // SWAPDB of b and b + 1.
+                        let swap = |db: i32| if db == b { b + 1 } else if db == b + 1 { b } else { db };
+                        index.rewrite(|_, _| true, swap);
+                        for m in &mut model {
+                            m.1 = swap(m.1);
+                        }
+                    }
                 }
                 prop_assert_eq!(index.len(), model.len());
+                prop_assert_eq!(index.next_deadline(), model.iter().map(|m| m.0).min());
             }
             let mut rest = pop(&mut index, Micros::MAX, usize::MAX);
             rest.sort();
