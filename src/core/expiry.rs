@@ -167,7 +167,11 @@ impl ExpiryIndex {
             }
         }
         self.filling = Some(key);
-        self.buckets.entry(key).or_default().push(name);
+        // Leases of one ttl land in the newest bucket: reach it along the tree's right edge.
+        match self.buckets.last_entry() {
+            Some(mut last) if *last.key() == key => last.get_mut().push(name),
+            _ => self.buckets.entry(key).or_default().push(name),
+        }
         self.len += 1;
     }
 
