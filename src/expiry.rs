@@ -6,6 +6,7 @@
 //! propagated to replicas and the AOF. Replicas keep no index: they never expire on their own.
 
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis_module::key::RedisKeyWritable;
@@ -167,10 +168,38 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         }
     }
     if backlog {
-        // Come back on the next turn of the event loop, after clients had theirs.
+        // Come back on the next turn of the event loop, after clients had theirs: the timer
+        // armed here is the fallback, 1 ms away (Redis's minimum timer period); `before_sleep`
+        // replaces it with one due at once where the server reports its event loop's turns.
         now = clock::now();
+        BACKLOG.store(true, Ordering::Relaxed);
     }
     arm(&ctx, now);
+}
+
+/// Set when a slice of the sweep yielded with due entries left.
+static BACKLOG: AtomicBool = AtomicBool::new(false);
+
+/// Called before the event loop sleeps. A sweep that yielded with work left resumes right after
+/// the clients of this turn are served, instead of 1 ms later: the timer armed from inside a
+/// timer callback cannot fire sooner, one armed here can. Slices stay bounded by the budget.
+pub fn before_sleep(ctx: &Context) {
+    if !BACKLOG.swap(false, Ordering::Relaxed) {
+        return;
+    }
+    let now = clock::now();
+    let armed = state::with_expiry(|expiry| expiry.timer.take());
+    // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
+    // is not a timer callback, so the stopped timer is not the one running.
+    unsafe {
+        if let (Some((id, _)), Some(stop)) = (armed, raw::RedisModule_StopTimer) {
+            stop(ctx.ctx, id, std::ptr::null_mut());
+        }
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            let id = create(ctx.ctx, 0, Some(on_timer), std::ptr::null_mut());
+            state::with_expiry(|expiry| expiry.timer = Some((id, now.mono)));
+        }
+    }
 }
 
 /// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
