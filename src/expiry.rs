@@ -112,7 +112,10 @@ pub fn arm(ctx: &Context, now: Now) {
             stop(ctx.ctx, id, std::ptr::null_mut());
         }
         let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
-        let due = now.mono.saturating_add(delay_ms * 1_000);
+        // Record what the timer is for: it fires at `next` or up to 1 ms after (whole
+        // milliseconds), or earlier when the delay was capped. Recording the rounded-up firing
+        // time instead made every later insert for the same `next` re-arm it.
+        let due = now.mono.saturating_add(delay_ms * 1_000).min(next);
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
             state::with_expiry(|expiry| expiry.timer = Some((id, due)));
