@@ -3,7 +3,7 @@
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_STORM_LEASES` (default 1000000),
 //! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so),
-//! `BENCH_ONLY` (`storm` or `memory`: run only that section).
+//! `BENCH_ONLY` (`storm`, `memory` or `throughput`: run only that section).
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -32,13 +32,18 @@ fn main() -> Result<()> {
     let server = Server::start()?;
     let mut report = Report::new(&server)?;
     // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep); BENCH_ONLY=memory
-    // just the memory comparison.
+    // and BENCH_ONLY=throughput just those comparisons.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only == "memory" {
         memory(&server, &mut report)?;
         return report.finish();
     }
+    if only == "throughput" {
+        throughputs(&server, &mut report, seconds)?;
+        return report.finish();
+    }
     if only != "storm" {
+        throughputs(&server, &mut report, seconds)?;
         compare(&server, &mut report, seconds)?;
         memory(&server, &mut report)?;
     }
@@ -62,8 +67,8 @@ fn main() -> Result<()> {
     report.finish()
 }
 
-/// The side-by-side comparisons: throughput, cycles, contention.
-fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
+/// Acquire throughput against PING, SET NX PX and the Lua script, at pipeline 1 and 16.
+fn throughputs(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     report.section("Acquire throughput (50 clients, random resources, ops/s)");
     report.header(&[
         "pipeline",
@@ -90,7 +95,11 @@ fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
         ]);
         server.flush()?;
     }
+    Ok(())
+}
 
+/// The side-by-side comparisons: cycles and contention.
+fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     report.section("Full cycle acquire → release (50 clients, cycles/s)");
     report.header(&[
         "SET NX PX + Lua release",
