@@ -6,11 +6,13 @@
 //! propagated to replicas and the AOF. Replicas keep no index: they never expire on their own.
 
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
 
+use crate::core::expiry::DueBatch;
 use crate::core::lock::Due;
 use crate::core::{Lock, Micros, Now};
 use crate::datatype::LOCK_TYPE;
@@ -21,6 +23,8 @@ use crate::{clock, settle};
 const SLICE_BUDGET: Duration = Duration::from_millis(2);
 /// Most entries looked at in one slice, whatever the clock says.
 const SLICE_MAX_ENTRIES: usize = 10_000;
+/// Entries taken from the index at a time; the clock is read after each batch.
+const SWEEP_BATCH: usize = 64;
 /// Longest timer period: a far deadline is approached in steps (Redis timers take i64 ms).
 const MAX_TIMER_DELAY_MS: u64 = 3_600_000;
 
@@ -36,27 +40,33 @@ pub fn schedule(ctx: &Context, name: &RedisString, lock: &Lock, now: Now) {
         return;
     }
     if let Some(deadline) = lock.needs_index_entry(now) {
-        insert(ctx, key_ref(ctx, name.as_slice()), deadline, now);
+        insert(ctx, name.as_slice(), deadline, now);
     }
 }
 
 /// Makes the timer look at the key `name` of the selected database at `deadline`.
 pub fn wake_at(ctx: &Context, name: &RedisString, deadline: Micros, now: Now) {
     if decides_expiry(ctx) {
-        insert(ctx, key_ref(ctx, name.as_slice()), deadline, now);
+        insert(ctx, name.as_slice(), deadline, now);
     }
 }
 
-fn insert(ctx: &Context, key: KeyRef, deadline: Micros, now: Now) {
-    state::with_expiry(|expiry| expiry.index.insert(deadline, key));
+/// Indexes key `name` of the selected database at `deadline`.
+fn insert(ctx: &Context, name: &[u8], deadline: Micros, now: Now) {
+    let db = selected_db(ctx);
+    state::with_expiry(|expiry| expiry.index.insert(deadline, db, name));
     arm(ctx, now);
 }
 
-/// The index's name for key `name` of the selected database.
-pub fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
+/// The database the context addresses.
+fn selected_db(ctx: &Context) -> i32 {
     // SAFETY: ctx is the live context of the current call.
-    let db = unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) };
-    KeyRef { db, name: name.into() }
+    unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// The name of key `name` of the selected database, for the waiter registry.
+pub fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
+    KeyRef { db: selected_db(ctx), name: name.into() }
 }
 
 /// Keyspace events that put an existing lock value under a (new) key name.
@@ -72,7 +82,7 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
     let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
     let deadline = lock.index_deadline();
     lock.note_index_entry(deadline);
-    insert(ctx, key_ref(ctx, name), deadline, clock::now());
+    insert(ctx, name, deadline, clock::now());
 }
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
@@ -102,7 +112,10 @@ pub fn arm(ctx: &Context, now: Now) {
             stop(ctx.ctx, id, std::ptr::null_mut());
         }
         let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
-        let due = now.mono.saturating_add(delay_ms * 1_000);
+        // Record what the timer is for: it fires at `next` or up to 1 ms after (whole
+        // milliseconds), or earlier when the delay was capped. Recording the rounded-up firing
+        // time instead made every later insert for the same `next` re-arm it.
+        let due = now.mono.saturating_add(delay_ms * 1_000).min(next);
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
             state::with_expiry(|expiry| expiry.timer = Some((id, due)));
@@ -125,62 +138,98 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
     });
     for key in to_prune {
-        with_lock_at(&ctx, &key, |ctx, handle, name, lock| {
+        with_lock_at(&ctx, key.db, &key.name, |ctx, handle, name, lock| {
             lock.retain_waiters(|waiter| crate::waiters::is_alive(waiter.id));
             settle::settle(ctx, handle, name, lock, started);
         });
     }
     for grant in to_release {
-        with_lock_at(&ctx, &grant.key, |ctx, handle, name, lock| {
+        with_lock_at(&ctx, grant.key.db, &grant.key.name, |ctx, handle, name, lock| {
             settle::release_lost_grant(ctx, handle, name, lock, &grant, started);
         });
     }
     let mut now = started;
     let mut backlog = false;
-    for seen in 0..SLICE_MAX_ENTRIES {
-        if seen % 64 == 63 {
-            now = clock::now();
-            if now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64 {
-                backlog = true;
-                break;
-            }
-        }
-        let Some((deadline, key)) = state::with_expiry(|expiry| expiry.index.pop_due(now.mono))
-        else {
+    let mut seen = 0;
+    let mut due = DueBatch::default();
+    loop {
+        // A batch at a time: one lock of the index, and names copied out in one buffer.
+        due.clear();
+        if state::with_expiry(|expiry| expiry.index.pop_due(now.mono, SWEEP_BATCH, &mut due)) == 0 {
             break;
-        };
-        sweep_one(&ctx, deadline, key, now);
+        }
+        for (deadline, db, name) in due.iter() {
+            sweep_one(&ctx, deadline, db, name, now);
+        }
+        seen += due.len();
+        now = clock::now();
+        if seen >= SLICE_MAX_ENTRIES
+            || now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64
+        {
+            backlog = true;
+            break;
+        }
     }
     if backlog {
-        // Come back on the next turn of the event loop, after clients had theirs.
+        // Come back on the next turn of the event loop, after clients had theirs: the timer
+        // armed here is the fallback, 1 ms away (Redis's minimum timer period); `before_sleep`
+        // replaces it with one due at once where the server reports its event loop's turns.
         now = clock::now();
+        BACKLOG.store(true, Ordering::Relaxed);
     }
     arm(&ctx, now);
 }
 
+/// Set when a slice of the sweep yielded with due entries left.
+static BACKLOG: AtomicBool = AtomicBool::new(false);
+
+/// Called before the event loop sleeps. A sweep that yielded with work left resumes right after
+/// the clients of this turn are served, instead of 1 ms later: the timer armed from inside a
+/// timer callback cannot fire sooner, one armed here can. Slices stay bounded by the budget.
+pub fn before_sleep(ctx: &Context) {
+    if !BACKLOG.swap(false, Ordering::Relaxed) {
+        return;
+    }
+    let now = clock::now();
+    let armed = state::with_expiry(|expiry| expiry.timer.take());
+    // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
+    // is not a timer callback, so the stopped timer is not the one running.
+    unsafe {
+        if let (Some((id, _)), Some(stop)) = (armed, raw::RedisModule_StopTimer) {
+            stop(ctx.ctx, id, std::ptr::null_mut());
+        }
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            let id = create(ctx.ctx, 0, Some(on_timer), std::ptr::null_mut());
+            state::with_expiry(|expiry| expiry.timer = Some((id, now.mono)));
+        }
+    }
+}
+
 /// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
 /// renewed one.
-fn sweep_one(ctx: &Context, entry_deadline: Micros, key: KeyRef, now: Now) {
-    with_lock_at(ctx, &key, |ctx, handle, name, lock| match lock.on_due(entry_deadline, now) {
+fn sweep_one(ctx: &Context, entry_deadline: Micros, db: i32, key: &[u8], now: Now) {
+    with_lock_at(ctx, db, key, |ctx, handle, name, lock| match lock.on_due(entry_deadline, now) {
         Due::Stale => {}
         Due::Reschedule(deadline) => {
-            state::with_expiry(|expiry| expiry.index.insert(deadline, key.clone()));
+            state::with_expiry(|expiry| expiry.index.insert(deadline, db, key));
         }
         Due::Expired | Due::Vacant => settle::settle(ctx, handle, name, lock, now),
     });
 }
 
-/// Opens the lock at `key` for writing and runs `f` on it; nothing when it is gone.
+/// Opens the lock at key `key` of database `db` for writing and runs `f` on it; nothing when it
+/// is gone.
 fn with_lock_at(
     ctx: &Context,
-    key: &KeyRef,
+    db: i32,
+    key: &[u8],
     f: impl FnOnce(&Context, &RedisKeyWritable, &RedisString, &mut Lock),
 ) {
     // SAFETY: ctx is live; SelectDb only changes which database this context addresses.
-    if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, key.db)) } != 0 {
+    if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, db)) } != 0 {
         return;
     }
-    let name = RedisString::create_from_slice(ctx.ctx, &key.name);
+    let name = RedisString::create_from_slice(ctx.ctx, key);
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
     f(ctx, &handle, &name, lock);

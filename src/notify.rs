@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use redis_module::{Context, NotifyEvent, RedisString, RedisValue, raw};
 
@@ -29,13 +29,13 @@ pub enum Transition {
 }
 
 impl Transition {
-    fn event(self) -> &'static str {
+    fn event(self) -> &'static CStr {
         match self {
-            Self::Acquired => "dlock.acquired",
-            Self::Renewed => "dlock.renewed",
-            Self::Released => "dlock.released",
-            Self::Expired => "dlock.expired",
-            Self::Handoff => "dlock.handoff",
+            Self::Acquired => c"dlock.acquired",
+            Self::Renewed => c"dlock.renewed",
+            Self::Released => c"dlock.released",
+            Self::Expired => c"dlock.expired",
+            Self::Handoff => c"dlock.handoff",
         }
     }
 
@@ -94,7 +94,13 @@ pub fn transition(
     lease: &Lease,
     now: Now,
 ) {
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, what.event(), resource);
+    // The raw call with a static name: the crate's wrapper builds a C string per event.
+    // SAFETY: ctx is live; the event name is NUL-terminated and static; Redis only reads the key.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(ctx.ctx, NotifyEvent::MODULE.bits(), what.event().as_ptr(), resource.inner);
+        }
+    }
     if VERBOSE.load(Ordering::Relaxed) {
         log(
             ctx,

@@ -49,7 +49,7 @@ pub fn pass_on(
             replicate_lease(ctx, name, lease);
             notify::transition(ctx, Transition::Handoff, name, lease, now);
             let key = expiry::key_ref(ctx, name.as_slice());
-            grant = Some(Grant { key, token: lease.token.clone(), fence: lease.fence });
+            grant = Some(Grant { key, token: (*lease.token).into(), fence: lease.fence });
         }
         waiters::answer(handed.waiter, Outcome::Granted(handed.fence), grant);
         metrics::count(|stats| {

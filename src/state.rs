@@ -45,7 +45,7 @@ pub struct KeyRef {
 #[derive(Default)]
 pub struct Expiry {
     /// Deadline-ordered hints of which key may expire next.
-    pub index: ExpiryIndex<KeyRef>,
+    pub index: ExpiryIndex,
     /// The armed timer and the monotonic instant it is due, if one is armed.
     pub timer: Option<(u64, Micros)>,
     /// Keys whose queue lost a waiter (timeout, disconnect): settled on the next timer turn.

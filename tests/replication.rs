@@ -203,3 +203,38 @@ fn a_promoted_replica_holds_new_grants_for_the_restart_grant_delay() {
         acquire(&mut r, "invoice:unknown", "worker-b", 60_000).expect("granted after the delay");
     assert!(granted > held);
 }
+
+#[test]
+fn a_storm_of_expiries_drains_in_slices_hands_over_on_the_way_and_every_del_reaches_the_replica() {
+    const LEASES: usize = 30_000;
+    let (primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let mut pipe = redis::pipe();
+    for i in 0..LEASES {
+        pipe.cmd("DLOCK.ACQUIRE").arg(format!("storm:{i}")).arg("worker").arg(2_000);
+    }
+    pipe.query::<redis::Value>(&mut p).expect("acquired");
+    // One of them has a waiter: it is handed the lease when the sweep meets that key.
+    let mut waiter = primary.client();
+    let handed: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("storm:12345")
+        .arg("waiter")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(20_000)
+        .query(&mut waiter)
+        .expect("ACQUIRE WAIT");
+    assert!(handed.is_some(), "the waiter got the lease");
+    assert!(
+        eventually(Duration::from_secs(30), || dbsize(&mut p) == 1),
+        "every expired lease was swept; the handed-over one stays"
+    );
+    assert_eq!(
+        info_line(&mut p, "dlock", "dlock_leases_expired"),
+        Some(LEASES.to_string()),
+        "each expiry counted once"
+    );
+    sync(&mut p);
+    assert_eq!(dbsize(&mut r), 1, "one DEL per expired key reached the replica");
+    assert_eq!(info_field(&mut r, "storm:12345", "owner").as_deref(), Some("waiter"));
+}

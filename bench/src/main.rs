@@ -2,7 +2,8 @@
 //! one server, reported as ratios (these machines are noisy; no absolute figure stands alone).
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_STORM_LEASES` (default 1000000),
-//! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so).
+//! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so),
+//! `BENCH_ONLY` (`storm`, `memory` or `throughput`: run only that section).
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -30,9 +31,21 @@ fn main() -> Result<()> {
     let storm_leases: u64 = env_or("BENCH_STORM_LEASES", 1_000_000);
     let server = Server::start()?;
     let mut report = Report::new(&server)?;
-    // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep).
-    if std::env::var("BENCH_ONLY").map_or(true, |only| only != "storm") {
+    // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep); BENCH_ONLY=memory
+    // and BENCH_ONLY=throughput just those comparisons.
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only == "memory" {
+        memory(&server, &mut report)?;
+        return report.finish();
+    }
+    if only == "throughput" {
+        throughputs(&server, &mut report, seconds)?;
+        return report.finish();
+    }
+    if only != "storm" {
+        throughputs(&server, &mut report, seconds)?;
         compare(&server, &mut report, seconds)?;
+        memory(&server, &mut report)?;
     }
     report.section(&format!("Expiry storm ({storm_leases} leases expiring within one second)"));
     report.header(&[
@@ -54,8 +67,8 @@ fn main() -> Result<()> {
     report.finish()
 }
 
-/// The side-by-side comparisons: throughput, cycles, contention, memory.
-fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
+/// Acquire throughput against PING, SET NX PX and the Lua script, at pipeline 1 and 16.
+fn throughputs(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     report.section("Acquire throughput (50 clients, random resources, ops/s)");
     report.header(&[
         "pipeline",
@@ -82,7 +95,11 @@ fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
         ]);
         server.flush()?;
     }
+    Ok(())
+}
 
+/// The side-by-side comparisons: cycles and contention.
+fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     report.section("Full cycle acquire → release (50 clients, cycles/s)");
     report.header(&[
         "SET NX PX + Lua release",
@@ -119,7 +136,11 @@ fn compare(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     }
     report.note(&format!("WAIT / backoff rate: {}", ratio(wait.rate, backoff.rate)));
     server.flush()?;
+    Ok(())
+}
 
+/// Memory per held lock, against the same locks taken with SET NX PX and the Lua scheme.
+fn memory(server: &Server, report: &mut Report) -> Result<()> {
     report.section("Memory per held lock (100k locks, 36-byte tokens, bytes)");
     report.header(&[
         "SET NX PX",

@@ -9,6 +9,9 @@ use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
 use crate::{clock, expiry, metrics, state};
 
+/// The command name as a C string, for propagating it through the raw API.
+pub const C_NAME: &std::ffi::CStr = c"dlock.setlease";
+
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
     flags: "write",
@@ -57,4 +60,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     // The arguments are absolute, so passing the command on unchanged is deterministic.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_c_name_is_the_registered_name() {
+        assert_eq!(super::C_NAME.to_str(), Ok(super::META.name));
+    }
 }

@@ -6,13 +6,14 @@ use std::collections::VecDeque;
 use super::args::parse_token;
 use super::error::MAX_FENCE;
 use super::fence::FenceCounter;
+use super::token::Token;
 use super::{DlockError, Micros, Now};
 
 /// "`token` owns the resource until `deadline`", with the fence minted for this grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    /// The owner's identity, compared byte for byte.
-    pub token: Box<[u8]>,
+    /// The owner's identity, compared byte for byte (inline when short).
+    pub token: Token,
     /// The fence minted when this lease was granted.
     pub fence: u64,
     /// When the lease ends, on the monotonic clock of this process. Decides expiry.
@@ -242,17 +243,18 @@ impl Queue {
 pub struct Lock {
     lease: Option<Lease>,
     waiters: Queue,
-    /// Deadline of this key's earliest entry in the expiry index, if one was inserted. Lets a
+    /// Deadline of this key's earliest entry in the expiry index, 0 if none was inserted. Lets a
     /// renewal skip the index when an entry at or before the new deadline is already there.
+    /// An entry at 0 would be no different from none: a pending entry must lie after `now`.
     /// A `Cell`: it is bookkeeping, updated also where Redis hands out the value read-only
     /// (keyspace notifications, scans).
-    scheduled: Cell<Option<Micros>>,
+    scheduled: Cell<Micros>,
 }
 
 impl Lock {
     /// A lock holding `lease`.
     pub fn with_lease(lease: Lease) -> Self {
-        Self { lease: Some(lease), waiters: Queue::default(), scheduled: Cell::new(None) }
+        Self { lease: Some(lease), waiters: Queue::default(), scheduled: Cell::new(0) }
     }
 
     /// The lease, live or not (expired leases stay until the key is next touched or swept).
@@ -408,19 +410,19 @@ impl Lock {
     /// must insert one: not when an entry at or before it is still pending.
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.lease.as_ref()?.deadline_mono;
-        match self.scheduled.get() {
-            Some(pending) if pending > now.mono && pending <= deadline => None,
-            _ => {
-                self.scheduled.set(Some(deadline));
-                Some(deadline)
-            }
+        let pending = self.scheduled.get();
+        if pending > now.mono && pending <= deadline {
+            None
+        } else {
+            self.scheduled.set(deadline);
+            Some(deadline)
         }
     }
 
     /// Records that an index entry at `deadline` now exists for this value under its current
     /// key name (after a rename, move, restore, load or promotion inserted one).
     pub fn note_index_entry(&self, deadline: Micros) {
-        self.scheduled.set(Some(deadline));
+        self.scheduled.set(deadline);
     }
 
     /// Where the expiry index should look at this key next: its lease's deadline, or at once
@@ -432,7 +434,7 @@ impl Lock {
     /// A copy for another key name (COPY): the same lease, but no index entry of its own yet
     /// and no waiters (they wait on the original key, on their own connections).
     pub fn copied(&self) -> Self {
-        Self { lease: self.lease.clone(), waiters: Queue::default(), scheduled: Cell::new(None) }
+        Self { lease: self.lease.clone(), waiters: Queue::default(), scheduled: Cell::new(0) }
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
@@ -444,16 +446,12 @@ impl Lock {
             return Due::Expired;
         }
         let deadline = lease.deadline_mono;
-        match self.scheduled.get() {
-            Some(pending)
-                if pending != entry_deadline && pending > now.mono && pending <= deadline =>
-            {
-                Due::Stale
-            }
-            _ => {
-                self.scheduled.set(Some(deadline));
-                Due::Reschedule(deadline)
-            }
+        let pending = self.scheduled.get();
+        if pending != entry_deadline && pending > now.mono && pending <= deadline {
+            Due::Stale
+        } else {
+            self.scheduled.set(deadline);
+            Due::Reschedule(deadline)
         }
     }
 
@@ -742,6 +740,14 @@ mod tests {
         lock.note_index_entry(lock.index_deadline());
         assert_eq!(lock.renew(b"A", 2_000, at(0), Rules::default()), Renewal::Renewed);
         assert_eq!(lock.needs_index_entry(at(0)), Some(2 * SEC), "a shorter deadline is indexed");
+    }
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_lock_with_a_uuid_token_is_one_96_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Lock>(), 96, "a jemalloc size class; 112 is the next");
+        let lease = Lease::new(&[b'u'; 36], 1, 1_000, at(0));
+        assert_eq!(lease.token.heap_bytes(), 0);
     }
 
     #[test]

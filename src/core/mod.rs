@@ -14,6 +14,7 @@ pub mod lock;
 mod model_tests;
 pub mod ratelimit;
 pub mod stats;
+pub mod token;
 
 pub use error::DlockError;
 pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};

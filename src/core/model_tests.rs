@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use proptest::prelude::*;
 
-use super::expiry::ExpiryIndex;
+use super::expiry::{DueBatch, ExpiryIndex};
 use super::fence::FenceCounter;
 use super::lock::{Due, Renewal, Rules};
 use super::{Acquired, Lock, Now, Waiter};
@@ -80,7 +80,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Store {
     keys: BTreeMap<Resource, Lock>,
-    index: ExpiryIndex<Resource>,
+    index: ExpiryIndex,
     fences: FenceCounter,
     next_waiter: u64,
     /// Hand-overs in the order they happened: (resource, waiter id, fence).
@@ -92,7 +92,7 @@ impl Store {
         if let Some(deadline) =
             self.keys.get(&resource).and_then(|lock| lock.needs_index_entry(now))
         {
-            self.index.insert(deadline, resource);
+            self.index.insert(deadline, 0, &[resource]);
         }
     }
 
@@ -172,13 +172,20 @@ impl Store {
         released
     }
 
+    /// Drains the index in small batches, as the timer does.
     fn sweep(&mut self, now: Now) {
-        while let Some((deadline, resource)) = self.index.pop_due(now.mono) {
-            let Some(lock) = self.keys.get(&resource) else { continue };
-            match lock.on_due(deadline, now) {
-                Due::Expired | Due::Vacant => self.settle(resource, now),
-                Due::Stale => {}
-                Due::Reschedule(next) => self.index.insert(next, resource),
+        let mut batch = DueBatch::default();
+        while self.index.pop_due(now.mono, 3, &mut batch) > 0 {
+            let due: Vec<(u64, Resource)> =
+                batch.iter().map(|(deadline, _, name)| (deadline, name[0])).collect();
+            batch.clear();
+            for (deadline, resource) in due {
+                let Some(lock) = self.keys.get(&resource) else { continue };
+                match lock.on_due(deadline, now) {
+                    Due::Expired | Due::Vacant => self.settle(resource, now),
+                    Due::Stale => {}
+                    Due::Reschedule(next) => self.index.insert(next, 0, &[resource]),
+                }
             }
         }
     }
