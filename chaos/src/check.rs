@@ -262,11 +262,13 @@ fn no_overlap(
     report: &mut Report,
 ) {
     for (resource, mut list) in by_resource(grants) {
-        list.sort_by_key(|g| g.invoked);
-        // suffix[i]: the grant completing first among list[i..].
-        let mut suffix: Vec<Option<&Operation>> = vec![None; list.len() + 1];
+        // A grant with a larger fence is a later grant (fence-order checks that against real
+        // time), also when its acquire was queued before this one completed.
+        list.sort_by_key(|g| g.fence);
+        // first_after[i]: the grant completing first among list[i..] (larger fences).
+        let mut first_after: Vec<Option<&Operation>> = vec![None; list.len() + 1];
         for i in (0..list.len()).rev() {
-            suffix[i] = match suffix[i + 1] {
+            first_after[i] = match first_after[i + 1] {
                 Some(best) if best.completed <= list[i].completed => Some(best),
                 _ => Some(list[i]),
             };
@@ -279,9 +281,9 @@ fn no_overlap(
         });
         for used in uses {
             let Some(own) = grant_of.get(&used.fence) else { continue };
-            let first_later = list.partition_point(|g| g.invoked <= own.completed);
-            let Some(other) = suffix[first_later] else { continue };
-            if other.fence == own.fence || other.completed >= used.invoked {
+            let larger = list.partition_point(|g| g.fence <= own.fence);
+            let Some(other) = first_after[larger] else { continue };
+            if other.completed >= used.invoked {
                 continue;
             }
             let finding = Finding {
@@ -318,8 +320,11 @@ fn grants_kept(
         list.sort_by_key(|g| g.invoked);
         for earlier in &list {
             let lease_end = earlier.invoked.saturating_add(settings.ttl_ns);
-            let first = list.partition_point(|g| g.invoked <= earlier.completed);
-            for later in list[first..].iter().take_while(|g| g.invoked < lease_end) {
+            // Later grants: larger fences (also those queued before this one completed).
+            let later_grants = list.iter().filter(|g| {
+                g.fence > earlier.fence && g.invoked < lease_end && g.completed > earlier.invoked
+            });
+            for later in later_grants {
                 let released =
                     given_up.get(&(resource, earlier.fence)).copied().unwrap_or(u64::MAX);
                 if later.completed >= lease_end || released < later.completed {
@@ -491,7 +496,8 @@ mod tests {
             event(2, 2, Op::Acquire, Kind::Ok, 20, "b"),
             event(3, 1, Op::Acquire, Kind::Ok, 19, "a"),
         ];
-        assert!(checkers(&history, &[], &State::default()).is_empty());
+        // (Both live at once would be an overlap; here only the fence order is in question.)
+        assert!(!checkers(&history, &[], &State::default()).contains(&"fence-order"));
     }
 
     #[test]
@@ -508,6 +514,21 @@ mod tests {
         let report = check(&history, &[crash], &State::default(), &settings());
         assert!(report.violations.is_empty());
         assert_eq!(report.excused.len(), 2);
+    }
+
+    #[test]
+    fn an_overlap_with_a_waiter_queued_before_the_grant_completed_is_caught() {
+        let history = vec![
+            event(0, 1, Op::Acquire, Kind::Invoke, 0, ""),
+            event(1, 2, Op::Acquire, Kind::Invoke, 0, ""),
+            event(2, 1, Op::Acquire, Kind::Ok, 10, "a"),
+            event(20, 2, Op::Acquire, Kind::Ok, 11, "b"),
+            event(30, 1, Op::RedisWrite, Kind::Invoke, 10, ""),
+            event(31, 1, Op::RedisWrite, Kind::Ok, 10, "10:1:1:1"),
+        ];
+        let mut state = State::default();
+        state.redis.insert("r".into(), vec![Accepted { fence: 10, worker: 1, seq: 1, value: 1 }]);
+        assert_eq!(checkers(&history, &[], &state), ["no-overlap", "grants-kept"]);
     }
 
     #[test]

@@ -471,14 +471,15 @@ impl Lease {
         };
         let work = work(cancelled.clone());
         tokio::pin!(work);
-        let mut renewal_failed = false;
+        // When the next renewal is due: an absolute instant, so that a loop pass for another
+        // branch (a keyspace event, such as our own `dlock.renewed`) never postpones it.
+        let mut next_renewal = Instant::now() + self.ttl / 3;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
             let (client, resource, token, fence, ttl) =
                 (&self.client, &self.resource, &self.token, self.fence, self.ttl);
-            let pause = if renewal_failed { ttl / 10 } else { ttl / 3 };
             let renewal = async move {
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep_until(next_renewal.into()).await;
                 renew_once(client, resource, token, fence, ttl).await
             };
             let expiry = tokio::time::sleep_until(self.local_expiry.into());
@@ -502,13 +503,14 @@ impl Lease {
                 renewed = renewal => match renewed {
                     Ok(Some(expiry)) => {
                         self.local_expiry = expiry;
-                        renewal_failed = false;
+                        next_renewal = Instant::now() + ttl / 3;
                     }
                     Ok(None) => break LossReason::RenewalRefused,
                     Err(error) if Instant::now() >= self.local_expiry => {
                         break LossReason::Unreachable(error.to_string());
                     }
-                    Err(_) => renewal_failed = true, // retry sooner, until the local expiry
+                    // Retry sooner, until the local expiry.
+                    Err(_) => next_renewal = Instant::now() + ttl / 10,
                 },
                 // The lease may already be over on the server: stop at the local expiry.
                 _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
@@ -538,7 +540,7 @@ impl Lease {
     async fn ended_by(&self, name: &str) -> Option<LossReason> {
         match name {
             "dlock.expired" => Some(LossReason::Ended(name.to_owned())),
-            "dlock.renewed" | "dlock.acquired" => None,
+            "dlock.renewed" => None,
             _ => match self.client.fence_is_live(&self.resource, self.fence).await {
                 Ok(false) => Some(LossReason::Ended(name.to_owned())),
                 // Live, or unknown: renewals decide.

@@ -287,3 +287,17 @@ async fn a_half_open_connection_is_replaced_and_the_same_token_is_granted_on_the
     assert_eq!(info_field(&mut con, "invoice:3", "owner").as_deref(), Some(lease.token()));
     assert!(lease.release().await.expect("answered"), "released over the new connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_events_never_starves_the_renewals_of_a_healthy_lease() {
+    // Every renewal publishes dlock.renewed on the channel the lease watches: those events must
+    // not postpone the next renewal.
+    let server = Server::start_with(&["--save", "", "--notify-keyspace-events", "KA"]);
+    let options = ClientOptions { watch_events: true, ..ClientOptions::default() };
+    let dlock = Client::connect_with(&server.url(), options).await.expect("connect");
+    for round in 0..5 {
+        let lease = dlock.acquire("job", Duration::from_millis(900)).await.expect("granted");
+        let out = lease.run(|_| tokio::time::sleep(Duration::from_millis(2_000))).await;
+        assert!(out.is_ok(), "round {round}: a healthy lease was reported lost: {out:?}");
+    }
+}
