@@ -27,10 +27,21 @@ const SLICE_MAX_ENTRIES: usize = 10_000;
 const SWEEP_BATCH: usize = 64;
 /// Longest timer period: a far deadline is approached in steps (Redis timers take i64 ms).
 const MAX_TIMER_DELAY_MS: u64 = 3_600_000;
+/// While writes are paused the timer looks again this often, to catch up soon after the pause.
+pub const PAUSED_POLL_MS: u64 = 10;
 
 /// Whether this server decides expiry: it is a primary (replicas follow their primary).
 pub fn decides_expiry(ctx: &Context) -> bool {
     !ctx.get_flags().contains(ContextFlags::SLAVE)
+}
+
+/// Whether writes are paused (`CLIENT PAUSE WRITE`, `FAILOVER`, a `SHUTDOWN` waiting for its
+/// replicas, a cluster manual failover). Like Redis's own expiry, the module then neither
+/// expires, hands over nor propagates anything: the server would abort on a propagated write,
+/// and a replica being caught up for a failover must not receive more.
+pub fn writes_paused() -> bool {
+    // SAFETY: the function pointer is filled in at load; the call takes no arguments.
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|paused| paused() != 0) }
 }
 
 /// Makes sure `lock`, stored at `name` in the selected database, has an index entry at or before
@@ -133,7 +144,13 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         return;
     }
     let started = clock::now();
+    // Answering a waiter nil changes no data, so time-outs are kept even during a pause.
     crate::waiters::time_out(started.mono);
+    if writes_paused() {
+        // Expired leases, gone waiters and lost grants stay as they are until writes resume.
+        rearm_in(&ctx, PAUSED_POLL_MS, started);
+        return;
+    }
     let (to_prune, to_release) = state::with_expiry(|expiry| {
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
     });
@@ -178,6 +195,18 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         BACKLOG.store(true, Ordering::Relaxed);
     }
     arm(&ctx, now);
+}
+
+/// Arms the timer `delay_ms` from `now`, whatever the index says (the timer is not armed).
+fn rearm_in(ctx: &Context, delay_ms: u64, now: Now) {
+    // SAFETY: ctx is live; the timer carries no data.
+    unsafe {
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
+            let due = now.mono.saturating_add(delay_ms * 1_000);
+            state::with_expiry(|expiry| expiry.timer = Some((id, due)));
+        }
+    }
 }
 
 /// Set when a slice of the sweep yielded with due entries left.

@@ -53,9 +53,21 @@ unsafe extern "C" fn on_propagate_timer(
     _data: *mut std::ffi::c_void,
 ) {
     let ctx = Context::new(ctx);
-    if crate::expiry::decides_expiry(&ctx) {
-        propagate_counter(&ctx);
+    if !crate::expiry::decides_expiry(&ctx) {
+        return;
     }
+    if crate::expiry::writes_paused() {
+        // Propagating while writes are paused aborts the server: try again after the pause.
+        // SAFETY: ctx is live for this call; the timer carries no data.
+        unsafe {
+            if let Some(create) = raw::RedisModule_CreateTimer {
+                let delay = crate::expiry::PAUSED_POLL_MS as i64;
+                create(ctx.ctx, delay, Some(on_propagate_timer), std::ptr::null_mut());
+            }
+        }
+        return;
+    }
+    propagate_counter(&ctx);
 }
 
 /// Propagates the counter as `DLOCK.SETFENCE` now (from a context that is not inside a command).

@@ -240,6 +240,19 @@ impl Server {
             .collect()
     }
 
+    /// Waits up to `deadline` for the process to exit on its own; its exit status, if it did.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        while started.elapsed() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return Some(status);
+            }
+            sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     /// Whether the process is still running (it did not crash).
     pub fn is_alive(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
