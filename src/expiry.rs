@@ -9,15 +9,14 @@ use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
 
 use crate::core::expiry::DueBatch;
 use crate::core::lock::Due;
-use crate::core::{Lock, Micros, Now};
+use crate::core::{Lock, Micros, Now, Step};
 use crate::datatype::LOCK_TYPE;
 use crate::state::{self, KeyRef};
-use crate::{clock, settle};
+use crate::{apply, clock};
 
 /// Longest a slice of the sweep may run before yielding to clients.
 const SLICE_BUDGET: Duration = Duration::from_millis(2);
@@ -155,14 +154,11 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
     });
     for key in to_prune {
-        with_lock_at(&ctx, key.db, &key.name, |ctx, handle, name, lock| {
-            lock.retain_waiters(|waiter| crate::waiters::is_alive(waiter.id));
-            settle::settle(ctx, handle, name, lock, started);
-        });
+        with_lock_at(&ctx, key.db, &key.name, started, |step, lock| step.prune(lock));
     }
     for grant in to_release {
-        with_lock_at(&ctx, grant.key.db, &grant.key.name, |ctx, handle, name, lock| {
-            settle::release_lost_grant(ctx, handle, name, lock, &grant, started);
+        with_lock_at(&ctx, grant.key.db, &grant.key.name, started, |step, lock| {
+            step.undo_grant(lock, &grant.token, grant.fence);
         });
     }
     let mut now = started;
@@ -237,22 +233,23 @@ pub fn before_sleep(ctx: &Context) {
 /// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
 /// renewed one.
 fn sweep_one(ctx: &Context, entry_deadline: Micros, db: i32, key: &[u8], now: Now) {
-    with_lock_at(ctx, db, key, |ctx, handle, name, lock| match lock.on_due(entry_deadline, now) {
+    with_lock_at(ctx, db, key, now, |step, lock| match lock.on_due(entry_deadline, now) {
         Due::Stale => {}
         Due::Reschedule(deadline) => {
             state::with_expiry(|expiry| expiry.index.insert(deadline, db, key));
         }
-        Due::Expired | Due::Vacant => settle::settle(ctx, handle, name, lock, now),
+        Due::Expired | Due::Vacant => step.settle_after(lock),
     });
 }
 
-/// Opens the lock at key `key` of database `db` for writing and runs `f` on it; nothing when it
-/// is gone.
+/// Opens the lock at key `key` of database `db`, decides `op` on it at `now` and applies what
+/// changed; nothing when the key is gone.
 fn with_lock_at(
     ctx: &Context,
     db: i32,
     key: &[u8],
-    f: impl FnOnce(&Context, &RedisKeyWritable, &RedisString, &mut Lock),
+    now: Now,
+    op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock),
 ) {
     // SAFETY: ctx is live; SelectDb only changes which database this context addresses.
     if unsafe { raw::RedisModule_SelectDb.map_or(1, |f| f(ctx.ctx, db)) } != 0 {
@@ -261,5 +258,6 @@ fn with_lock_at(
     let name = RedisString::create_from_slice(ctx.ctx, key);
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
-    f(ctx, &handle, &name, lock);
+    let ((), changes) = apply::decide(now, |step| op(step, lock));
+    apply::apply(ctx, &apply::Site { key: &handle, name: &name }, lock, true, changes, now);
 }

@@ -6,6 +6,7 @@
 // A panic inside a command or callback would take the whole server down.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod apply;
 pub mod clock;
 pub mod commands;
 pub mod config;
@@ -16,7 +17,6 @@ pub mod expiry;
 pub mod keyspec;
 pub mod metrics;
 pub mod notify;
-pub mod settle;
 pub mod state;
 pub mod waiters;
 

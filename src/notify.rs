@@ -15,7 +15,7 @@ use crate::core::{Lease, Now};
 
 /// An ownership change, as its event name says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transition {
+pub enum Event {
     /// A new lease was granted.
     Acquired,
     /// The holder moved its deadline (RENEW, or ACQUIRE by the holder).
@@ -28,7 +28,7 @@ pub enum Transition {
     Handoff,
 }
 
-impl Transition {
+impl Event {
     fn event(self) -> &'static CStr {
         match self {
             Self::Acquired => c"dlock.acquired",
@@ -87,13 +87,7 @@ pub fn log(ctx: &Context, level: Level, line: &str) {
 }
 
 /// Publishes a transition of `resource` (in the selected database) and logs it at verbose level.
-pub fn transition(
-    ctx: &Context,
-    what: Transition,
-    resource: &RedisString,
-    lease: &Lease,
-    now: Now,
-) {
+pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease, now: Now) {
     // The raw call with a static name: the crate's wrapper builds a C string per event.
     // SAFETY: ctx is live; the event name is NUL-terminated and static; Redis only reads the key.
     unsafe {

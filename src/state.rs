@@ -14,12 +14,14 @@ use crate::core::fence::FenceCounter;
 /// Largest fence minted or observed by this server (0 before the first).
 static LAST_FENCE: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `f` on the server-wide fence counter and keeps what it leaves there.
-pub fn with_fences<T>(f: impl FnOnce(&mut FenceCounter) -> T) -> T {
-    let mut counter = FenceCounter::new(LAST_FENCE.load(Ordering::Acquire));
-    let result = f(&mut counter);
-    LAST_FENCE.store(counter.last(), Ordering::Release);
-    result
+/// A copy of the server-wide fence counter to decide with; [`keep_fences`] stores it back.
+pub fn fence_counter() -> FenceCounter {
+    FenceCounter::new(LAST_FENCE.load(Ordering::Acquire))
+}
+
+/// Keeps what a decision minted (never lowers the counter).
+pub fn keep_fences(counter: &FenceCounter) {
+    LAST_FENCE.fetch_max(counter.last(), Ordering::AcqRel);
 }
 
 /// Raises the counter to a fence known to exist (a loaded key, a replicated grant, saved aux data).

@@ -2,13 +2,12 @@
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, replicate_lease, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, split_args};
+use crate::apply::{self, Site};
 use crate::core::args;
-use crate::core::{Acquired, Lock, Now, Waiter};
+use crate::core::{Acquired, DlockError, Lock, Step, Waiter};
 use crate::datatype::LOCK_TYPE;
-use crate::notify::{self, Transition};
-use crate::waiters::{self, Outcome};
-use crate::{clock, config, expiry, metrics, settle, state};
+use crate::{clock, config, expiry, metrics, waiters};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
@@ -40,54 +39,44 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     primary_only(ctx)?;
     let request = args::acquire(&rest, config::max_ttl_ms())?;
     let now = clock::now();
-    let rules = config::rules(now.mono);
     let key = ctx.open_key_writable(resource);
-    let mut created = None;
+    let mut fresh = None;
     let lock = match lock_at(&key)? {
-        Some(lock) => {
-            settle::pass_on(ctx, resource, lock, now)?;
-            lock
-        }
-        None => created.insert(Lock::default()),
+        Some(lock) => lock,
+        None => fresh.insert(Lock::default()),
     };
-    let outcome = state::with_fences(|fences| {
-        lock.acquire(request.token, request.ttl_ms, now, fences, rules)
-    })?;
-    let reply = match outcome {
-        Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
-            let fresh = matches!(outcome, Acquired::Granted { .. });
-            metrics::count(|stats| {
-                *(if fresh {
-                    &mut stats.acquire_granted
-                } else {
-                    &mut stats.acquire_reacquired
-                }) += 1;
-            });
-            if let Some(lease) = lock.lease() {
-                replicate_lease(ctx, resource, lease);
-                let what = if fresh { Transition::Acquired } else { Transition::Renewed };
-                notify::transition(ctx, what, resource, lease, now);
+    let (outcome, changes) = apply::decide(now, |step| {
+        let outcome = step.acquire(lock, request.token, request.ttl_ms)?;
+        Ok::<_, DlockError>(match outcome {
+            Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
+                RedisValue::Integer(fence as i64)
             }
-            RedisValue::Integer(fence as i64)
+            Acquired::Busy | Acquired::Held => match request.wait_ms {
+                Some(timeout_ms) if may_block(ctx) => {
+                    wait(ctx, resource, step, lock, &request, timeout_ms)
+                }
+                _ => {
+                    step.contended();
+                    RedisValue::Null
+                }
+            },
+        })
+    });
+    let stored = match fresh.take() {
+        Some(lock) if !lock.is_vacant(now) => {
+            key.set_value(&LOCK_TYPE, lock)?;
+            metrics::lock_key_created();
+            true
         }
-        Acquired::Busy | Acquired::Held => match request.wait_ms {
-            Some(timeout_ms) if may_block(ctx) => {
-                wait(ctx, resource, lock, &request, timeout_ms, now)
-            }
-            _ => {
-                metrics::count(|stats| stats.acquire_contended += 1);
-                RedisValue::Null
-            }
-        },
+        Some(_) => false,
+        None => true,
     };
-    if let Some(lock) = created.take().filter(|lock| !lock.is_vacant(now)) {
-        key.set_value(&LOCK_TYPE, lock)?;
-        metrics::lock_key_created();
+    let site = Site { key: &key, name: resource };
+    match lock_at(&key)? {
+        Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
+        None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),
     }
-    if let Some(lock) = lock_at(&key)? {
-        settle::tidy(ctx, &key, resource, lock, now);
-    }
-    Ok(reply)
+    Ok(outcome?)
 }
 
 /// Whether this call may block: not inside MULTI/EXEC or a script (they answer at once, as
@@ -101,17 +90,18 @@ fn may_block(ctx: &Context) -> bool {
 fn wait(
     ctx: &Context,
     resource: &RedisString,
+    step: &mut Step<'_, apply::Server>,
     lock: &mut Lock,
     request: &args::AcquireArgs<'_>,
     timeout_ms: u64,
-    now: Now,
 ) -> RedisValue {
+    let now = step.now();
     let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
     let key = expiry::key_ref(ctx, resource.as_slice());
     let Some(id) = waiters::block(ctx, key, gives_up_at) else {
+        step.contended();
         return RedisValue::Null;
     };
-    expiry::arm(ctx, now); // the timer answers the wait when it times out
     let waiter = Waiter {
         id,
         token: request.token.into(),
@@ -119,10 +109,6 @@ fn wait(
         gives_up_at,
         queued_at: now.mono,
     };
-    metrics::count(|stats| stats.waits_started += 1);
-    if let Some(superseded) = lock.enqueue(waiter) {
-        waiters::answer(superseded, Outcome::Nil, None);
-        metrics::count(|stats| stats.waits_timed_out += 1);
-    }
+    step.enqueue(lock, waiter);
     RedisValue::NoReply
 }

@@ -1,4 +1,4 @@
-//! One file per command: parse → core → reply → replicate. Shared plumbing lives here.
+//! One file per command: parse → decide in the core → apply → reply. Shared plumbing lives here.
 
 pub mod acquire;
 pub mod fencecheck;
@@ -14,7 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use redis_module::key::{RedisKey, RedisKeyWritable};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, raw};
 
-use crate::core::{DlockError, Lease, Lock};
+use crate::core::{DlockError, Lock};
 use crate::datatype::LOCK_TYPE;
 
 /// What Redis is told about a command: registration flags, arity, key spec, docs.
@@ -138,56 +138,6 @@ pub fn internal_only(ctx: &Context, name: &'static str) -> Result<(), DlockError
         Ok(())
     } else {
         Err(DlockError::InternalCommand(name))
-    }
-}
-
-/// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.
-pub fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease) {
-    if let (Ok(fence), Ok(deadline)) =
-        (i64::try_from(lease.fence), i64::try_from(lease.deadline_wall))
-    {
-        // The raw call: the crate's `replicate` would copy every argument into a new string,
-        // and ACQUIRE makes this call on every grant. Redis prints the integers in decimal, as
-        // `to_string` would.
-        // SAFETY: ctx is live; the command name and the format are NUL-terminated; "sbll" takes
-        // a RedisModuleString, a (pointer, length) buffer that Redis copies, and two long longs.
-        unsafe {
-            if let Some(replicate) = raw::RedisModule_Replicate {
-                replicate(
-                    ctx.ctx,
-                    setlease::C_NAME.as_ptr(),
-                    c"sbll".as_ptr(),
-                    resource.inner,
-                    lease.token.as_ptr().cast::<std::os::raw::c_char>(),
-                    lease.token.len(),
-                    fence as std::os::raw::c_longlong,
-                    deadline as std::os::raw::c_longlong,
-                );
-            }
-        }
-        return;
-    }
-    // Out of i64 range: not a value this module mints; propagate it as it is, for the replica
-    // to refuse as it always did.
-    let fence = lease.fence.to_string();
-    let deadline = lease.deadline_wall.to_string();
-    let args: [&[u8]; 4] =
-        [resource.as_slice(), &lease.token, fence.as_bytes(), deadline.as_bytes()];
-    ctx.replicate(setlease::META.name, &args);
-}
-
-/// Deletes a lock key that holds nothing live any more and propagates the `DEL`.
-pub fn delete_lock_key(ctx: &Context, key: &RedisKeyWritable, resource: &RedisString) {
-    if key.delete().is_ok() {
-        // The raw call with static strings: the crate's `replicate` allocates a C string and an
-        // argument vector per call, and the expiry sweep makes this call once per expired key.
-        // SAFETY: ctx is live; the command name and the format are NUL-terminated; format "s"
-        // takes exactly one RedisModuleString, which Redis retains for as long as it needs it.
-        unsafe {
-            if let Some(replicate) = raw::RedisModule_Replicate {
-                replicate(ctx.ctx, c"DEL".as_ptr(), c"s".as_ptr(), resource.inner);
-            }
-        }
     }
 }
 

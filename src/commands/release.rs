@@ -3,10 +3,9 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, split_args};
+use crate::apply::{self, Site};
+use crate::clock;
 use crate::core::args;
-use crate::core::args::printable;
-use crate::notify::{self, Transition};
-use crate::{clock, metrics, settle};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
@@ -31,28 +30,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
-    let holder = lock.live_lease(now).map(|lease| lease.token.clone());
-    let released = lock.release(token, now);
-    match (&released, holder) {
-        (Some(lease), _) => notify::transition(ctx, Transition::Released, resource, lease, now),
-        (None, Some(holder)) => notify::anomaly(ctx, now, || {
-            format!(
-                "release by a non-owner refused resource={} token={} holder={}",
-                printable(resource.as_slice()),
-                printable(token),
-                printable(&holder)
-            )
-        }),
-        (None, None) => {}
-    }
-    metrics::count(|stats| match &released {
-        Some(lease) => {
-            stats.release_ok += 1;
-            stats.hold_time.record(now.mono.saturating_sub(lease.granted_mono));
-        }
-        None => stats.release_not_owner += 1,
-    });
-    // The lease (released, or expired unnoticed) passes to the queue, or the key goes.
-    settle::settle(ctx, &key, resource, lock, now);
-    Ok(RedisValue::Integer(i64::from(released.is_some())))
+    let (released, changes) = apply::decide(now, |step| step.release(lock, token));
+    apply::apply(ctx, &Site { key: &key, name: resource }, lock, true, changes, now);
+    Ok(RedisValue::Integer(i64::from(released)))
 }

@@ -14,10 +14,12 @@ pub mod lock;
 mod model_tests;
 pub mod ratelimit;
 pub mod stats;
+pub mod step;
 pub mod token;
 
 pub use error::DlockError;
 pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};
+pub use step::{Host, Refusal, Step, Transition};
 
 /// Microseconds, on whichever clock the field's name says.
 pub type Micros = u64;

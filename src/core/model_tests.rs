@@ -1,21 +1,21 @@
 //! The core against a tiny reference model, with a virtual clock.
 //!
-//! A `Store` drives `Lock`s and the `ExpiryIndex` exactly as the Redis glue does: before every
-//! operation on a resource it settles it (an expired lease goes, the head of the queue gets the
-//! lease), keys are deleted once vacant, index entries are inserted on every deadline change, and
-//! a sweep pops due entries. Random operation sequences must agree with the model at every step,
-//! and the invariants of DESIGN.md must hold: at most one live lease per resource, fences strictly
-//! increasing, nothing changed by a non-owner, waiters served in FIFO order, and no expired lease
-//! left behind by a full sweep.
+//! A `Store` runs the same [`Step`] operations the commands and the expiry timer run (each
+//! settles the lock first: an expired lease goes, the head of the queue gets the lease), then
+//! does what the glue's apply step does with the lock: keys are deleted once vacant, index
+//! entries are inserted on every deadline change, and a sweep pops due entries. Random operation
+//! sequences must agree with the model at every step, and the contract's invariants must hold:
+//! at most one live lease per resource, fences strictly increasing, nothing changed by a
+//! non-owner, waiters served in FIFO order, and no expired lease left behind by a full sweep.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use proptest::prelude::*;
 
 use super::expiry::{DueBatch, ExpiryIndex};
 use super::fence::FenceCounter;
 use super::lock::{Due, Renewal, Rules};
-use super::{Acquired, Lock, Now, Waiter};
+use super::{Acquired, Host, Lock, Now, Step, Transition, Waiter};
 
 type Resource = u8;
 
@@ -76,49 +76,56 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// What the glue does around the core, without Redis.
+/// The server around the core, without Redis: the same `Step` operations the commands and the
+/// timer run, and what the glue's apply step does with a lock afterwards (delete the key once
+/// vacant, index its deadline otherwise).
 #[derive(Default)]
 struct Store {
     keys: BTreeMap<Resource, Lock>,
     index: ExpiryIndex,
     fences: FenceCounter,
+    /// The waiter registry: waiters whose client went away.
+    gone: Gone,
     next_waiter: u64,
     /// Hand-overs in the order they happened: (resource, waiter id, fence).
     handed: Vec<(Resource, u64, u64)>,
 }
 
-impl Store {
-    fn reindex(&mut self, resource: Resource, now: Now) {
-        if let Some(deadline) =
-            self.keys.get(&resource).and_then(|lock| lock.needs_index_entry(now))
-        {
-            self.index.insert(deadline, 0, &[resource]);
-        }
-    }
+#[derive(Default)]
+struct Gone(BTreeSet<u64>);
 
-    /// Expire, hand over, delete if vacant: what every access and the sweep do first.
-    fn settle(&mut self, resource: Resource, now: Now) {
-        let Some(lock) = self.keys.get_mut(&resource) else { return };
-        lock.expire(now);
-        if let Some(handed) =
-            lock.hand_over(now, &mut self.fences, Rules::default(), |_| true).expect("mint")
-        {
-            self.handed.push((resource, handed.waiter, handed.fence));
+impl Host for Gone {
+    fn waiter_alive(&self, id: u64) -> bool {
+        !self.0.contains(&id)
+    }
+}
+
+impl Store {
+    /// One decision on `resource` (an empty lock when it has no key), then the glue's part.
+    fn run<T>(
+        &mut self,
+        resource: Resource,
+        now: Now,
+        op: impl FnOnce(&mut Step<'_, Gone>, &mut Lock) -> T,
+    ) -> T {
+        let lock = self.keys.entry(resource).or_default();
+        let mut step = Step::new(now, Rules::default(), &mut self.fences, &self.gone);
+        let result = op(&mut step, lock);
+        for change in step.into_changes() {
+            if let Transition::HandedOver { waiter, fence, .. } = change {
+                self.handed.push((resource, waiter, fence));
+            }
         }
         if lock.is_vacant(now) {
             self.keys.remove(&resource);
-        } else {
-            self.reindex(resource, now);
+        } else if let Some(deadline) = lock.needs_index_entry(now) {
+            self.index.insert(deadline, 0, &[resource]);
         }
+        result
     }
 
     fn acquire(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> Acquired {
-        self.settle(resource, now);
-        let lock = self.keys.entry(resource).or_default();
-        let outcome =
-            lock.acquire(token, ttl_ms, now, &mut self.fences, Rules::default()).expect("fences");
-        self.settle(resource, now);
-        outcome
+        self.run(resource, now, |step, lock| step.acquire(lock, token, ttl_ms).expect("fences"))
     }
 
     /// ACQUIRE … WAIT: an immediate answer, or the id of the new waiter.
@@ -129,47 +136,40 @@ impl Store {
         ttl_ms: u64,
         now: Now,
     ) -> Result<Acquired, u64> {
-        match self.acquire(resource, token, ttl_ms, now) {
-            Acquired::Busy | Acquired::Held => {
-                self.next_waiter += 1;
-                let id = self.next_waiter;
-                let lock = self.keys.entry(resource).or_default();
-                let replaced = lock.enqueue(Waiter {
-                    id,
-                    token: token.into(),
-                    ttl_ms,
-                    gives_up_at: None,
-                    queued_at: now.mono,
-                });
-                assert_eq!(replaced, None, "the model never queues a token twice");
-                Err(id)
+        self.next_waiter += 1;
+        let id = self.next_waiter;
+        self.run(resource, now, |step, lock| {
+            match step.acquire(lock, token, ttl_ms).expect("fences") {
+                Acquired::Busy | Acquired::Held => {
+                    let waiter = Waiter {
+                        id,
+                        token: token.into(),
+                        ttl_ms,
+                        gives_up_at: None,
+                        queued_at: now.mono,
+                    };
+                    step.enqueue(lock, waiter);
+                    Err(id)
+                }
+                immediate => Ok(immediate),
             }
-            immediate => Ok(immediate),
-        }
+        })
     }
 
+    /// A waiter's client goes away: the registry forgets it, the timer prunes its queue.
     fn cancel(&mut self, resource: Resource, id: u64, now: Now) {
-        if let Some(lock) = self.keys.get_mut(&resource) {
-            lock.remove_waiter(id);
-        }
-        self.settle(resource, now);
+        self.gone.0.insert(id);
+        self.run(resource, now, |step, lock| step.prune(lock));
     }
 
     fn renew(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> bool {
-        self.settle(resource, now);
-        let renewed = self.keys.get_mut(&resource).is_some_and(|lock| {
-            lock.renew(token, ttl_ms, now, Rules::default()) == Renewal::Renewed
-        });
-        self.settle(resource, now);
-        renewed
+        self.run(resource, now, |step, lock| {
+            step.renew(lock, token, ttl_ms).expect("fences") == Renewal::Renewed
+        })
     }
 
     fn release(&mut self, resource: Resource, token: &[u8], now: Now) -> bool {
-        self.settle(resource, now);
-        let released =
-            self.keys.get_mut(&resource).is_some_and(|lock| lock.release(token, now).is_some());
-        self.settle(resource, now);
-        released
+        self.run(resource, now, |step, lock| step.release(lock, token))
     }
 
     /// Drains the index in small batches, as the timer does.
@@ -182,7 +182,9 @@ impl Store {
             for (deadline, resource) in due {
                 let Some(lock) = self.keys.get(&resource) else { continue };
                 match lock.on_due(deadline, now) {
-                    Due::Expired | Due::Vacant => self.settle(resource, now),
+                    Due::Expired | Due::Vacant => {
+                        self.run(resource, now, |step, lock| step.settle_after(lock));
+                    }
                     Due::Stale => {}
                     Due::Reschedule(next) => self.index.insert(next, 0, &[resource]),
                 }

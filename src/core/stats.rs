@@ -1,5 +1,8 @@
 //! Counters and latency histograms for `INFO dlock`: fixed size, no allocation per event.
 
+use super::Micros;
+use super::step::{Refusal, Transition};
+
 /// A log-linear histogram of microsecond durations: 8 sub-buckets per power of two, so any
 /// percentile is reported within 12.5 % of the true value, in 4 KiB whatever the traffic.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +121,39 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counts one transition of a lock at `now_mono` (µs, monotonic).
+    pub fn record(&mut self, transition: &Transition, now_mono: Micros) {
+        match transition {
+            Transition::Granted { .. } => self.acquire_granted += 1,
+            Transition::Reacquired { .. } => self.acquire_reacquired += 1,
+            Transition::Renewed => self.renew_ok += 1,
+            Transition::Released(lease) => {
+                self.release_ok += 1;
+                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
+            }
+            Transition::Expired(lease) => {
+                self.leases_expired += 1;
+                self.hold_time.record(lease.deadline_mono.saturating_sub(lease.granted_mono));
+            }
+            Transition::HandedOver { waited, .. } => {
+                self.waits_granted += 1;
+                self.wait_time.record(*waited);
+            }
+            // Its waiter was counted as abandoned when its client went away.
+            Transition::GrantUndone(_) => {}
+            Transition::Queued { .. } => self.waits_started += 1,
+            Transition::Superseded { .. } => self.waits_timed_out += 1,
+            Transition::Refused(Refusal::Contended) => self.acquire_contended += 1,
+            Transition::Refused(Refusal::RenewNotHeld { .. }) => self.renew_refused += 1,
+            Transition::Refused(Refusal::RenewPastMaxHold { .. }) => {
+                self.renew_refused += 1;
+                self.renew_refused_max_hold += 1;
+            }
+            Transition::Refused(Refusal::ReleaseNotOwner { .. }) => self.release_not_owner += 1,
+            Transition::HandOverFailed(_) => {}
+        }
+    }
+
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
     pub fn fields(&self, lock_keys: u64, waiters: u64) -> Vec<(String, u64)> {
         let counters = [

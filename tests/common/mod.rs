@@ -240,6 +240,33 @@ impl Server {
             .collect()
     }
 
+    /// A new server loaded from a copy of this server's AOF directory as it is on disk now (with
+    /// `appendfsync always`, every acknowledged write); this server is left untouched.
+    pub fn start_from_aof_copy(&self, args: &[&str]) -> Server {
+        let source = self.dir.path().join("appendonlydir");
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&source).expect("appendonlydir") {
+            let path = entry.expect("AOF file").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            files.push((format!("appendonlydir/{name}"), std::fs::read(&path).expect("read AOF")));
+        }
+        let dir = tempfile::Builder::new().prefix("dlock-test-").tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("appendonlydir")).expect("mkdir");
+        for (name, contents) in &files {
+            std::fs::write(dir.path().join(name), contents).expect("write AOF copy");
+        }
+        let mut all = vec!["--save", "", "--appendonly", "yes"];
+        all.extend_from_slice(args);
+        let mut server = Server {
+            child: None,
+            port: free_port(),
+            dir,
+            args: all.iter().map(|a| a.to_string()).collect(),
+        };
+        server.spawn(true);
+        server
+    }
+
     /// Waits up to `deadline` for the process to exit on its own; its exit status, if it did.
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
         let started = Instant::now();
@@ -519,4 +546,42 @@ pub fn digest(con: &mut redis::Connection, key: &str) -> String {
     let digests: Vec<String> =
         redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).expect("DIGEST-VALUE");
     digests.into_iter().next().expect("one digest")
+}
+
+/// A small seeded generator (SplitMix64): the same seed gives the same choices.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi.saturating_sub(lo) + 1)
+    }
+
+    /// One of `items`.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+/// A seed from `$name` (to replay a failure), or a fresh one; printed either way.
+pub fn seed_from_env(name: &str) -> u64 {
+    let seed = std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("{name}={seed}");
+    seed
 }

@@ -1,0 +1,231 @@
+//! The one path from a decision to its effects.
+//!
+//! Commands and the expiry timer decide through [`decide`], which runs the core's
+//! [`Step`](crate::core::Step) against this server and returns the transitions it made. [`apply`]
+//! turns them into everything the outside world sees, in one order for every caller: metrics,
+//! keyspace events and log lines, answers to blocked clients, then what replicas and the AOF must
+//! learn (the lock's lease as it now is, or its removal), key deletion and the expiry timer.
+//! Nothing else writes any of these for a lock.
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::{Context, RedisString, raw};
+
+use crate::commands::setlease;
+use crate::core::args::printable;
+use crate::core::{Host, Lease, Lock, Now, Refusal, Step, Transition};
+use crate::notify::{self, Event};
+use crate::state::{self, Grant};
+use crate::waiters::{self, Outcome};
+use crate::{config, expiry, metrics};
+
+/// The server as the lock logic sees it: waiters are alive while the registry says so.
+pub struct Server;
+
+impl Host for Server {
+    fn waiter_alive(&self, id: u64) -> bool {
+        waiters::is_alive(id)
+    }
+}
+
+/// Runs one decision at `now` under the current rules and fence counter; returns what `op`
+/// returned and the transitions to [`apply`]. `op` may call into Redis (block a client).
+pub fn decide<T>(now: Now, op: impl FnOnce(&mut Step<'_, Server>) -> T) -> (T, Vec<Transition>) {
+    let mut fences = state::fence_counter();
+    let mut step = Step::new(now, config::rules(now.mono), &mut fences, &Server);
+    let result = op(&mut step);
+    let changes = step.into_changes();
+    state::keep_fences(&fences);
+    (result, changes)
+}
+
+/// Where a lock lives: its open key and its name in the selected database.
+pub struct Site<'a> {
+    /// The key, open for writing.
+    pub key: &'a RedisKeyWritable,
+    /// The key's name.
+    pub name: &'a RedisString,
+}
+
+/// Makes `changes` (of `lock`, stored at `site` unless `stored` is false) visible and durable.
+pub fn apply(
+    ctx: &Context,
+    site: &Site<'_>,
+    lock: &Lock,
+    stored: bool,
+    changes: Vec<Transition>,
+    now: Now,
+) {
+    let mut lease_changed = false;
+    for change in &changes {
+        metrics::count(|stats| stats.record(change, now.mono));
+        lease_changed |= change.changes_lease();
+        announce(ctx, site, lock, change, now);
+    }
+    let vacant = lock.is_vacant(now);
+    if stored && vacant {
+        delete(ctx, site);
+    } else if lease_changed {
+        match lock.live_lease(now) {
+            Some(lease) => replicate_lease(ctx, site.name, lease),
+            // The lease ended but the key stays (it holds waiters): copies drop the lease.
+            None => replicate_del(ctx, site.name),
+        }
+    }
+    if stored && !vacant {
+        expiry::schedule(ctx, site.name, lock, now);
+        if lock.lease().is_none() {
+            // A queue without a lease (grants held after start-up): look again when they resume.
+            expiry::wake_at(ctx, site.name, config::grants_held_until(), now);
+        }
+    }
+}
+
+/// Events, log lines and answers to blocked clients for one transition.
+fn announce(ctx: &Context, site: &Site<'_>, lock: &Lock, change: &Transition, now: Now) {
+    let name = site.name;
+    let current = || lock.lease();
+    match change {
+        Transition::Granted { .. } => event(ctx, Event::Acquired, name, current(), now),
+        Transition::Reacquired { .. } | Transition::Renewed => {
+            event(ctx, Event::Renewed, name, current(), now);
+        }
+        Transition::Released(lease) => event(ctx, Event::Released, name, Some(lease), now),
+        Transition::Expired(lease) => {
+            event(ctx, Event::Expired, name, Some(lease), now);
+            notify::anomaly(ctx, now, || {
+                format!(
+                    "lease expired under its holder resource={} owner={} fence={} held-ms={} renewals={}",
+                    printable(name.as_slice()),
+                    printable(&lease.token),
+                    lease.fence,
+                    lease.deadline_mono.saturating_sub(lease.granted_mono) / 1_000,
+                    lease.renewals
+                )
+            });
+        }
+        Transition::HandedOver { waiter, fence, .. } => {
+            let lease = current();
+            event(ctx, Event::Handoff, name, lease, now);
+            let grant = lease.map(|lease| Grant {
+                key: expiry::key_ref(ctx, name.as_slice()),
+                token: (*lease.token).into(),
+                fence: lease.fence,
+            });
+            waiters::answer(*waiter, Outcome::Granted(*fence), grant);
+        }
+        Transition::GrantUndone(lease) => {
+            event(ctx, Event::Released, name, Some(lease), now);
+            notify::anomaly(ctx, now, || {
+                format!(
+                    "lease released: its waiter left before the reply resource={} owner={} fence={}",
+                    printable(name.as_slice()),
+                    printable(&lease.token),
+                    lease.fence
+                )
+            });
+        }
+        // The timer answers the wait when it times out.
+        Transition::Queued { .. } => expiry::arm(ctx, now),
+        Transition::Superseded { waiter } => waiters::answer(*waiter, Outcome::Nil, None),
+        Transition::Refused(refusal) => refused(ctx, name, refusal, now),
+        Transition::HandOverFailed(error) => {
+            notify::log(ctx, notify::Level::Warning, &format!("dlock: hand-over failed: {error}"));
+        }
+    }
+}
+
+fn event(ctx: &Context, what: Event, name: &RedisString, lease: Option<&Lease>, now: Now) {
+    if let Some(lease) = lease {
+        notify::transition(ctx, what, name, lease, now);
+    }
+}
+
+/// Rate-limited notice lines for refusals that say something is wrong with a client.
+fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
+    match refusal {
+        Refusal::Contended | Refusal::RenewNotHeld { holder: None, .. } => {}
+        Refusal::ReleaseNotOwner { holder: None, .. } => {}
+        Refusal::RenewNotHeld { token, holder: Some(holder) } => notify::anomaly(ctx, now, || {
+            format!(
+                "renewal refused (not the owner) resource={} token={} holder={}",
+                printable(name.as_slice()),
+                printable(token),
+                printable(holder)
+            )
+        }),
+        Refusal::RenewPastMaxHold { token, held_ms } => notify::anomaly(ctx, now, || {
+            format!(
+                "renewal refused (past dlock.max-hold-ms) resource={} token={} holder={} held-ms={}",
+                printable(name.as_slice()),
+                printable(token),
+                printable(token),
+                held_ms
+            )
+        }),
+        Refusal::ReleaseNotOwner { token, holder: Some(holder) } => {
+            notify::anomaly(ctx, now, || {
+                format!(
+                    "release by a non-owner refused resource={} token={} holder={}",
+                    printable(name.as_slice()),
+                    printable(token),
+                    printable(holder)
+                )
+            });
+        }
+    }
+}
+
+/// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.
+fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease) {
+    if let (Ok(fence), Ok(deadline)) =
+        (i64::try_from(lease.fence), i64::try_from(lease.deadline_wall))
+    {
+        // The raw call: the crate's `replicate` would copy every argument into a new string,
+        // and ACQUIRE makes this call on every grant. Redis prints the integers in decimal, as
+        // `to_string` would.
+        // SAFETY: ctx is live; the command name and the format are NUL-terminated; "sbll" takes
+        // a RedisModuleString, a (pointer, length) buffer that Redis copies, and two long longs.
+        unsafe {
+            if let Some(replicate) = raw::RedisModule_Replicate {
+                replicate(
+                    ctx.ctx,
+                    setlease::C_NAME.as_ptr(),
+                    c"sbll".as_ptr(),
+                    resource.inner,
+                    lease.token.as_ptr().cast::<std::os::raw::c_char>(),
+                    lease.token.len(),
+                    fence as std::os::raw::c_longlong,
+                    deadline as std::os::raw::c_longlong,
+                );
+            }
+        }
+        return;
+    }
+    // Out of i64 range: not a value this module mints; propagate it as it is, for the replica
+    // to refuse as it always did.
+    let fence = lease.fence.to_string();
+    let deadline = lease.deadline_wall.to_string();
+    let args: [&[u8]; 4] =
+        [resource.as_slice(), &lease.token, fence.as_bytes(), deadline.as_bytes()];
+    ctx.replicate(setlease::META.name, &args);
+}
+
+/// Deletes a lock key that holds nothing live any more and propagates the `DEL`.
+fn delete(ctx: &Context, site: &Site<'_>) {
+    if site.key.delete().is_ok() {
+        replicate_del(ctx, site.name);
+    }
+}
+
+/// Propagates `DEL resource`.
+fn replicate_del(ctx: &Context, resource: &RedisString) {
+    // The raw call with static strings: the crate's `replicate` allocates a C string and an
+    // argument vector per call, and the expiry sweep makes this call once per expired key.
+    // SAFETY: ctx is live; the command name and the format are NUL-terminated; format "s"
+    // takes exactly one RedisModuleString, which Redis retains for as long as it needs it.
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(ctx.ctx, c"DEL".as_ptr(), c"s".as_ptr(), resource.inner);
+        }
+    }
+}

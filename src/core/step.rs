@@ -1,0 +1,353 @@
+//! Every operation on a lock as the server runs it, returning what changed as values.
+//!
+//! A [`Step`] is one decision on one lock at one instant. Its operations bring the lock up to
+//! date first (gone waiters leave, an expired lease ends, the head of the queue takes a free
+//! lease), then do what was asked, and record each change as a [`Transition`]. The glue applies
+//! the transitions in one place (replication and AOF, events, log lines, metrics, answers to
+//! blocked clients, timers, key deletion); nothing else writes those. The property tests in
+//! `model_tests.rs` run these same operations against a reference model.
+
+use super::fence::FenceCounter;
+use super::lock::{Acquired, Lease, Lock, Renewal, Rules, Waiter};
+use super::token::Token;
+use super::{DlockError, Micros, Now};
+
+/// What the lock logic needs to ask of the server it runs in.
+pub trait Host {
+    /// Whether waiter `id` still waits for its answer (connected, not timed out, not unblocked).
+    fn waiter_alive(&self, id: u64) -> bool;
+}
+
+/// One change of a lock, or one refused request, in the order it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// ACQUIRE granted a new lease (the lock's lease now) with a fresh fence.
+    Granted {
+        /// The new fence.
+        fence: u64,
+    },
+    /// The holder's ACQUIRE kept its grant (same fence) and moved the deadline.
+    Reacquired {
+        /// The grant's fence.
+        fence: u64,
+    },
+    /// The holder's RENEW moved the deadline of the lock's lease.
+    Renewed,
+    /// The holder released this lease.
+    Released(Lease),
+    /// This lease reached its deadline.
+    Expired(Lease),
+    /// The lease (the lock's lease now) was handed to the head of the queue.
+    HandedOver {
+        /// The blocked client that now holds it.
+        waiter: u64,
+        /// The fence minted for it.
+        fence: u64,
+        /// How long it waited, in µs.
+        waited: Micros,
+    },
+    /// A lease handed to a waiter whose reply never arrived was taken back.
+    GrantUndone(Lease),
+    /// A client joined the queue.
+    Queued {
+        /// The blocked client.
+        waiter: u64,
+    },
+    /// A waiter's place was taken by a newer wait of the same token: it is answered nil.
+    Superseded {
+        /// The blocked client to answer.
+        waiter: u64,
+    },
+    /// A request was refused; nothing changed.
+    Refused(Refusal),
+    /// The lock was free for the head of its queue, but no fence could be minted.
+    HandOverFailed(DlockError),
+}
+
+impl Transition {
+    /// Whether the lock's lease changed (what replicas and the AOF must learn).
+    pub fn changes_lease(&self) -> bool {
+        !matches!(
+            self,
+            Self::Queued { .. }
+                | Self::Superseded { .. }
+                | Self::Refused(_)
+                | Self::HandOverFailed(_)
+        )
+    }
+}
+
+/// Why a request changed nothing, with who held the lease at that moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// ACQUIRE found the lock held or queued for, and did not wait.
+    Contended,
+    /// RENEW by a token that holds no live lease here.
+    RenewNotHeld {
+        /// The token that asked.
+        token: Token,
+        /// The live lease's holder, if any.
+        holder: Option<Token>,
+    },
+    /// RENEW that would carry the lease past `dlock.max-hold-ms`.
+    RenewPastMaxHold {
+        /// The holder that asked.
+        token: Token,
+        /// How long it has held the lease, in ms.
+        held_ms: u64,
+    },
+    /// RELEASE by a token that holds no live lease here.
+    ReleaseNotOwner {
+        /// The token that asked.
+        token: Token,
+        /// The live lease's holder, if any.
+        holder: Option<Token>,
+    },
+}
+
+/// One decision on one lock at one instant.
+pub struct Step<'a, H: Host + ?Sized> {
+    now: Now,
+    rules: Rules,
+    fences: &'a mut FenceCounter,
+    host: &'a H,
+    changes: Vec<Transition>,
+}
+
+impl<'a, H: Host + ?Sized> Step<'a, H> {
+    /// A step at `now` under `rules`, minting from `fences`, asking `host` about waiters.
+    pub fn new(now: Now, rules: Rules, fences: &'a mut FenceCounter, host: &'a H) -> Self {
+        Self { now, rules, fences, host, changes: Vec::new() }
+    }
+
+    /// The instant this step decides at.
+    pub fn now(&self) -> Now {
+        self.now
+    }
+
+    /// What changed, in order. Apply them even when an operation returned an error: the
+    /// changes made before the error stand.
+    pub fn into_changes(self) -> Vec<Transition> {
+        self.changes
+    }
+
+    /// Brings `lock` up to date: an expired lease ends, and a free lock passes to the first
+    /// waiter that still waits (waiters ahead of it that are gone leave the queue).
+    pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
+        if let Some(expired) = lock.expire(self.now) {
+            self.changes.push(Transition::Expired(expired));
+        }
+        let host = self.host;
+        let handed =
+            lock.hand_over(self.now, self.fences, self.rules, |w| host.waiter_alive(w.id))?;
+        if let Some(handed) = handed {
+            self.changes.push(Transition::HandedOver {
+                waiter: handed.waiter,
+                fence: handed.fence,
+                waited: handed.waited,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Step::settle`] after the request was done: a failed hand-over is reported as a
+    /// transition, not as the request's error.
+    pub fn settle_after(&mut self, lock: &mut Lock) {
+        if let Err(error) = self.settle(lock) {
+            self.changes.push(Transition::HandOverFailed(error));
+        }
+    }
+
+    /// Waiters that left (timed out, disconnected) leave the queue; then the lock settles.
+    pub fn prune(&mut self, lock: &mut Lock) {
+        let host = self.host;
+        lock.retain_waiters(|waiter| host.waiter_alive(waiter.id));
+        self.settle_after(lock);
+    }
+
+    /// ACQUIRE: settles, then grants, re-acquires for the holder, or refuses (nothing changes;
+    /// the caller then either queues with [`Step::enqueue`] or reports [`Step::contended`]).
+    pub fn acquire(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        ttl_ms: u64,
+    ) -> Result<Acquired, DlockError> {
+        self.settle(lock)?;
+        let outcome = lock.acquire(token, ttl_ms, self.now, self.fences, self.rules)?;
+        match outcome {
+            Acquired::Granted { fence, .. } => self.changes.push(Transition::Granted { fence }),
+            Acquired::Reacquired { fence } => {
+                self.changes.push(Transition::Reacquired { fence });
+            }
+            Acquired::Busy | Acquired::Held => {}
+        }
+        Ok(outcome)
+    }
+
+    /// An ACQUIRE that was refused and does not wait.
+    pub fn contended(&mut self) {
+        self.changes.push(Transition::Refused(Refusal::Contended));
+    }
+
+    /// ACQUIRE … WAIT: puts `waiter` in line (a waiter of the same token gives up its place).
+    pub fn enqueue(&mut self, lock: &mut Lock, waiter: Waiter) {
+        let id = waiter.id;
+        if let Some(superseded) = lock.enqueue(waiter) {
+            self.changes.push(Transition::Superseded { waiter: superseded });
+        }
+        self.changes.push(Transition::Queued { waiter: id });
+    }
+
+    /// RENEW: settles (an expired lease passes on first: its old owner renews nothing), then
+    /// moves the holder's deadline.
+    pub fn renew(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        ttl_ms: u64,
+    ) -> Result<Renewal, DlockError> {
+        self.settle(lock)?;
+        let renewal = lock.renew(token, ttl_ms, self.now, self.rules);
+        let holder = lock.live_lease(self.now);
+        self.changes.push(match renewal {
+            Renewal::Renewed => Transition::Renewed,
+            Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
+                token: token.into(),
+                holder: holder.map(|lease| lease.token.clone()),
+            }),
+            Renewal::PastMaxHold => Transition::Refused(Refusal::RenewPastMaxHold {
+                token: token.into(),
+                held_ms: holder.map_or(0, |lease| lease.held_ms(self.now)),
+            }),
+        });
+        Ok(renewal)
+    }
+
+    /// RELEASE: settles (a lease handed on at its predecessor's deadline is its new holder's to
+    /// release), the holder gives its live lease up, and the lock settles again (the head of the
+    /// queue takes it). Returns whether `token` held it.
+    pub fn release(&mut self, lock: &mut Lock, token: &[u8]) -> bool {
+        self.settle_after(lock);
+        let holder = lock.live_lease(self.now).map(|lease| lease.token.clone());
+        let released = lock.release(token, self.now);
+        let done = released.is_some();
+        self.changes.push(match released {
+            Some(lease) => Transition::Released(lease),
+            None => Transition::Refused(Refusal::ReleaseNotOwner { token: token.into(), holder }),
+        });
+        self.settle_after(lock);
+        done
+    }
+
+    /// Takes back the lease handed to a waiter whose reply never arrived, if it is still the
+    /// live lease (`token` with `fence`); then settles.
+    pub fn undo_grant(&mut self, lock: &mut Lock, token: &[u8], fence: u64) {
+        if lock.live_lease(self.now).is_some_and(|lease| lease.fence == fence)
+            && let Some(lease) = lock.release(token, self.now)
+        {
+            self.changes.push(Transition::GrantUndone(lease));
+        }
+        self.settle_after(lock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+
+    fn at(seconds: u64) -> Now {
+        Now { mono: seconds * SEC, wall: 1_700_000_000 * SEC + seconds * SEC }
+    }
+
+    /// Every waiter is alive except those listed.
+    struct Gone(&'static [u64]);
+
+    impl Host for Gone {
+        fn waiter_alive(&self, id: u64) -> bool {
+            !self.0.contains(&id)
+        }
+    }
+
+    fn waiter(id: u64, token: &[u8]) -> Waiter {
+        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at: None, queued_at: 0 }
+    }
+
+    fn step_at<'a>(now: Now, fences: &'a mut FenceCounter, host: &'a Gone) -> Step<'a, Gone> {
+        Step::new(now, Rules::default(), fences, host)
+    }
+
+    #[test]
+    fn a_release_with_a_waiter_reports_the_release_then_the_hand_over() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        let mut step = step_at(at(0), &mut fences, &host);
+        assert_eq!(
+            step.acquire(&mut lock, b"A", 10_000),
+            Ok(Acquired::Granted { fence: at(0).wall, replaced_expired: false })
+        );
+        assert_eq!(step.into_changes(), [Transition::Granted { fence: at(0).wall }]);
+        let mut step = step_at(at(1), &mut fences, &host);
+        assert_eq!(step.acquire(&mut lock, b"B", 10_000), Ok(Acquired::Busy));
+        step.enqueue(&mut lock, waiter(7, b"B"));
+        assert_eq!(step.into_changes(), [Transition::Queued { waiter: 7 }]);
+        let mut step = step_at(at(2), &mut fences, &host);
+        assert!(step.release(&mut lock, b"A"));
+        let changes = step.into_changes();
+        assert!(matches!(&changes[0], Transition::Released(lease) if &*lease.token == b"A"));
+        assert_eq!(
+            changes[1],
+            Transition::HandedOver { waiter: 7, fence: at(2).wall, waited: 2 * SEC }
+        );
+        assert_eq!(changes.len(), 2);
+        assert_eq!(lock.live_lease(at(2)).map(|l| &*l.token), Some(&b"B"[..]));
+    }
+
+    #[test]
+    fn an_expired_lease_is_reported_before_the_renewal_it_refuses() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        step_at(at(0), &mut fences, &host).acquire(&mut lock, b"A", 1_000).expect("grant");
+        let mut step = step_at(at(2), &mut fences, &host);
+        assert_eq!(step.renew(&mut lock, b"A", 1_000), Ok(Renewal::NotHeld));
+        let changes = step.into_changes();
+        assert!(matches!(&changes[0], Transition::Expired(lease) if &*lease.token == b"A"));
+        assert_eq!(
+            changes[1],
+            Transition::Refused(Refusal::RenewNotHeld { token: b"A"[..].into(), holder: None })
+        );
+        assert!(changes[0].changes_lease() && !changes[1].changes_lease());
+    }
+
+    #[test]
+    fn gone_waiters_are_pruned_and_a_superseded_wait_is_answered() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let alive = Gone(&[]);
+        step_at(at(0), &mut fences, &alive).acquire(&mut lock, b"A", 10_000).expect("grant");
+        let mut step = step_at(at(0), &mut fences, &alive);
+        step.enqueue(&mut lock, waiter(1, b"B"));
+        step.enqueue(&mut lock, waiter(2, b"C"));
+        step.enqueue(&mut lock, waiter(3, b"B"));
+        assert_eq!(step.into_changes()[2], Transition::Superseded { waiter: 1 });
+        let gone = Gone(&[2]);
+        let mut step = step_at(at(1), &mut fences, &gone);
+        step.prune(&mut lock);
+        assert_eq!(step.into_changes(), []);
+        assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn a_lost_grant_is_undone_only_while_it_is_the_live_lease() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.acquire(&mut lock, b"A", 10_000).expect("grant");
+        let fence = at(0).wall;
+        let mut step = step_at(at(1), &mut fences, &host);
+        step.undo_grant(&mut lock, b"A", fence + 1);
+        assert_eq!(step.into_changes(), [], "another grant's lease stays");
+        let mut step = step_at(at(1), &mut fences, &host);
+        step.undo_grant(&mut lock, b"A", fence);
+        assert!(matches!(&step.into_changes()[..], [Transition::GrantUndone(_)]));
+        assert!(lock.is_vacant(at(1)));
+    }
+}
