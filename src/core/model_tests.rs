@@ -4,7 +4,7 @@
 //! operation on a resource it settles it (an expired lease goes, the head of the queue gets the
 //! lease), keys are deleted once vacant, index entries are inserted on every deadline change, and
 //! a sweep pops due entries. Random operation sequences must agree with the model at every step,
-//! and the invariants of DESIGN.md must hold: at most one live lease per resource, fences strictly
+//! and docs/design.md's invariants must hold: at most one live lease per resource, fences strictly
 //! increasing, nothing changed by a non-owner, waiters served in FIFO order, and no expired lease
 //! left behind by a full sweep.
 
