@@ -833,3 +833,56 @@ fn transcripts_parse_into_clients_and_blocked_replies() {
     assert!(matches!(&steps[3], Step::Await { client: 1, min_elapsed: Some(_), .. }));
     assert_eq!(split_command(r#"SET k "a b" c"#), vec!["SET", "k", "a b", "c"]);
 }
+
+/// `redis.conf.example` runs once its two placeholder paths are replaced, and sets what it says.
+#[test]
+fn redis_conf_example_runs_once_its_paths_are_filled_in() {
+    let example = std::fs::read_to_string(project().join("redis.conf.example")).expect("example");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let module_line = "loadmodule /absolute/path/to/target/release/libdlock.so";
+    let dir_line = "dir /var/lib/redis-dlock";
+    assert!(example.lines().any(|l| l == module_line), "the module placeholder moved");
+    assert!(example.lines().any(|l| l == dir_line), "the dir placeholder moved");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let conf = example
+        .replace(module_line, &format!("loadmodule {}", module_path().display()))
+        .replace(dir_line, &format!("dir {}", dir.path().display()))
+        .replace("port 6379", &format!("port {port}"));
+    let path = dir.path().join("redis.conf");
+    std::fs::write(&path, conf).expect("write conf");
+    let mut child = std::process::Command::new(server_binary())
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut con = None;
+    let up = eventually(Duration::from_secs(20), || {
+        con = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).ok();
+        con.as_mut().is_some_and(|c| redis::cmd("PING").query::<String>(c).is_ok())
+    });
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(up, "redis-server did not start from redis.conf.example");
+        let con = con.as_mut().expect("connected");
+        assert!(common::acquire(con, "invoice:1", "w", 30_000).is_some());
+        let fsync: Vec<String> =
+            redis::cmd("CONFIG").arg("GET").arg("appendfsync").query(con).expect("CONFIG");
+        assert_eq!(fsync, ["appendfsync", "always"]);
+        let policy: Vec<String> =
+            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query(con).expect("CONFIG");
+        assert_eq!(policy, ["maxmemory-policy", "noeviction"]);
+        assert!(
+            eventually(Duration::from_secs(10), || dir.path().join("appendonlydir").exists()),
+            "the AOF goes into `dir`"
+        );
+    }));
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
