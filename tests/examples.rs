@@ -545,13 +545,13 @@ impl Replay<'_> {
         if let Err(why) = match_reply(expected, &actual, &mut self.bindings) {
             self.failures.push(format!("{}:{line}: {what}\n{why}", self.page));
         }
-        if let Some(min) = min_elapsed {
-            if reply.1 + Duration::from_millis(50) < min {
-                self.failures.push(format!(
-                    "{}:{line}: {what} took {:?}, the page says at least {min:?}",
-                    self.page, reply.1
-                ));
-            }
+        if let Some(min) = min_elapsed
+            && reply.1 + Duration::from_millis(50) < min
+        {
+            self.failures.push(format!(
+                "{}:{line}: {what} took {:?}, the page says at least {min:?}",
+                self.page, reply.1
+            ));
         }
     }
 
