@@ -82,4 +82,11 @@ fn the_snippets_docs_clients_md_prints_are_these_files_and_they_run() {
     assert!(!refused.status.success(), "the Python snippet exits non-zero when the lock is held");
     assert!(node("snippet.cjs", server.port).contains("held by someone else"));
     assert!(!exists(&mut con, "invoice:{123}:data"), "nothing was written");
+    // Each snippet waited once and timed out once in the server: no client-side timeout gave up
+    // first, and no retry queued the token again.
+    let count = |con: &mut redis::Connection, field: &str| {
+        info_line(con, "dlock", &format!("dlock_{field}")).expect("INFO dlock field")
+    };
+    assert_eq!(count(&mut con, "waits_started"), "2");
+    assert_eq!(count(&mut con, "waits_timed_out"), "2");
 }
