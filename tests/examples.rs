@@ -16,7 +16,8 @@
 //!   after `=>` in RESP3) matches within ±1500 ms of the printed one.
 //! - **Elapsed time.** A `(2.00s)` line (redis-cli prints one after a command that took 0.5 s or
 //!   more) requires the command to have taken at least that long, less 50 ms; nothing else.
-//! - Everything else matches exactly, formatted as redis-cli 7 prints it.
+//! - Everything else matches exactly, formatted as redis-cli 7 prints it (`INFO` as raw text; blank
+//!   lines are ignored everywhere).
 //!
 //! Two-client transcripts: a line indented by 20 spaces or more belongs to client 2 (the column's
 //! own indentation is removed), any other line to client 1. A command followed by `(blocks)` is sent
@@ -541,7 +542,23 @@ impl Replay<'_> {
         reply: Reply,
         min_elapsed: Option<Duration>,
     ) {
-        let actual = format_reply(&reply.0);
+        let actual = match &reply.0 {
+            // redis-cli prints INFO's text as it is, not as a quoted string.
+            Ok(redis::Value::BulkString(text))
+                if what
+                    .split_whitespace()
+                    .next()
+                    .is_some_and(|c| c.eq_ignore_ascii_case("INFO")) =>
+            {
+                let text = String::from_utf8_lossy(text);
+                text.lines()
+                    .map(str::trim_end)
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect()
+            }
+            _ => format_reply(&reply.0),
+        };
         if let Err(why) = match_reply(expected, &actual, &mut self.bindings) {
             self.failures.push(format!("{}:{line}: {what}\n{why}", self.page));
         }
@@ -697,6 +714,7 @@ const PAGES: &[&str] = &[
     "docs/commands/dlock.renew.md",
     "docs/commands/dlock.setfence.md",
     "docs/commands/dlock.setlease.md",
+    "docs/operations.md",
 ];
 
 macro_rules! pages {
@@ -716,6 +734,7 @@ pages! {
     renew => "docs/commands/dlock.renew.md",
     setfence => "docs/commands/dlock.setfence.md",
     setlease => "docs/commands/dlock.setlease.md",
+    operations => "docs/operations.md",
 }
 
 fn markdown_files(dir: &Path, into: &mut Vec<PathBuf>) {
