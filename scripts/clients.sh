@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Installs the client libraries most users already have, for the cross-client tests, into .deps/:
-# redis-py (PyPI) and node-redis (npm). Nothing is installed system-wide. Prints nothing on success.
+# Installs the client libraries the cross-client tests and the snippets in docs/clients.md run
+# with, at the versions they were tested with, into .deps/: redis-py (PyPI) and node-redis (npm).
+# Nothing is installed system-wide. Prints nothing on success.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -f .deps/python/redis/__init__.py ]; then
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target .deps/python "redis==5.*" >&2
+REDIS_PY=8.1.0
+NODE_REDIS=6.3.1
+if [ "$(PYTHONPATH=.deps/python python3 -c 'import redis; print(redis.__version__)' 2>/dev/null)" != "$REDIS_PY" ]; then
+  rm -rf .deps/python
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target .deps/python "redis==$REDIS_PY" >&2
 fi
-if [ ! -f .deps/node/node_modules/redis/package.json ]; then
+if [ "$(node -p 'require("./.deps/node/node_modules/redis/package.json").version' 2>/dev/null)" != "$NODE_REDIS" ]; then
   mkdir -p .deps/node
-  (cd .deps/node && npm install --silent --no-audit --no-fund --no-save "redis@4" >&2)
+  (cd .deps/node && npm install --silent --no-audit --no-fund --no-save "redis@$NODE_REDIS" >&2)
 fi

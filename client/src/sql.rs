@@ -90,7 +90,7 @@ pub async fn execute_fenced<C: tokio_postgres::GenericClient>(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     fence: u64,
 ) -> Result<u64, SqlFencedError> {
-    // Fences stay below 2^53 (DESIGN), so they always fit a BIGINT.
+    // The server never mints a fence above 2^63 - 1, so a fence always fits a BIGINT.
     let bigint = i64::try_from(fence).unwrap_or(i64::MAX);
     let mut all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.to_vec();
     all.push(&bigint);

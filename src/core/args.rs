@@ -1,6 +1,6 @@
 //! Argument parsing for every command: bytes in, typed requests or a [`DlockError`] out.
 //!
-//! The rules follow DESIGN.md: durations are integers in `1..=max_ttl_ms` (`0` allowed for the
+//! The rules of docs/design.md: durations are integers in `1..=max_ttl_ms` (`0` allowed for the
 //! WAIT timeout), fences are positive integers, tokens are `1..=512` opaque bytes, keywords are
 //! case-insensitive. Integers are read the way Redis reads them: optional `-`, decimal digits, no
 //! `+`, no spaces, no leading zeros.

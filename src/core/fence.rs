@@ -39,7 +39,7 @@ impl FenceCounter {
     }
 }
 
-/// The DESIGN rule as a pure function: the fence that follows `last` at wall time `now_wall`.
+/// The fence rule (docs/design.md) as a pure function: the fence after `last` at `now_wall`.
 pub fn next_fence(last: u64, now_wall: Micros) -> Result<u64, DlockError> {
     let fence = last.saturating_add(1).max(now_wall);
     if fence > MAX_FENCE { Err(DlockError::FencesExhausted) } else { Ok(fence) }
