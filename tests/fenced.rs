@@ -230,3 +230,48 @@ fn the_fenced_write_is_replicated_and_logged_once_and_alone() {
     assert_eq!(aof.matches("hset").count(), 1, "exactly once:\n{aof}");
     assert!(!aof.contains("stale"));
 }
+
+#[test]
+fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
+    // Renamed commands are judged by what they are, not by their name; MODULE stays refused
+    // even where plain MODULE is disabled.
+    let server = Server::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--rename-command",
+        "DEBUG",
+        "xdebug",
+        "--rename-command",
+        "FLUSHALL",
+        "wipe",
+        "--enable-module-command",
+        "no",
+    ]);
+    let mut con = server.client();
+    let _: () = redis::cmd("SET").arg("data").arg("kept").query(&mut con).expect("SET");
+    let fence = acquire(&mut con, "r", "w", 60_000).expect("granted");
+    for command in [
+        &["MODULE", "LOAD", "/nonexistent/other.so"][..],
+        &["xdebug", "SLEEP", "0"],
+        &["wipe"],
+        &["FLUSHDB"],
+        &["CONFIG", "SET", "maxmemory", "1"],
+        &["SAVE"],
+        &["KEYS", "*"],
+        &["SET", "r", "overwritten"],
+        &["DEL", "r"],
+        &["RENAME", "r", "elsewhere"],
+    ] {
+        let text = error_text(fenced(&mut con, "r", fence, command));
+        assert!(text.starts_with(&format!("ERR DLOCK.FENCED refuses '{}'", command[0])), "{text}");
+    }
+    assert_eq!(get(&mut con, "data").as_deref(), Some("kept"), "nothing was flushed");
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("w"), "the lease is untouched");
+    let maxmemory = info_line(&mut con, "memory", "maxmemory");
+    assert_eq!(maxmemory.as_deref(), Some("0"), "no config changed");
+    // Ordinary keyed writes still run.
+    let reply = fenced(&mut con, "r", fence, &["SET", "data", "new"]).expect("fenced SET");
+    assert_eq!(reply, redis::Value::Okay);
+}

@@ -31,8 +31,9 @@ pub const META: CommandMeta = CommandMeta {
 
 /// `RM_Call` flags: `v` argv array, `!` replicate the inner command (and nothing else), `C` check
 /// the caller's ACL, `E` errors as replies, `M` refuse deny-oom commands when out of memory,
-/// `0` answer in the caller's protocol.
-const CALL_FLAGS: &[u8] = b"v!CEM0\0";
+/// `S` script mode (commands scripts may not run are refused, whatever they were renamed to, and
+/// so are writes the server would refuse a script), `0` answer in the caller's protocol.
+const CALL_FLAGS: &[u8] = b"v!CEMS0\0";
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let [_, resource, fence, command, inner_args @ ..] = args else {
@@ -46,14 +47,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             DlockError::FencedRefused { command: printable(command.as_slice()), reason }.into()
         );
     }
+    check_keys(ctx, resource, &args[3..])?;
     if let Err(stale) = check_fence(ctx, resource, fence) {
         if matches!(stale, DlockError::Stale { .. }) {
             metrics::count(|stats| stats.fenced_writes_refused += 1);
         }
         return Err(stale.into());
-    }
-    if ctx.get_flags().contains(ContextFlags::CLUSTER) {
-        check_slots(ctx, resource, &args[3..])?;
     }
     call(ctx, command, &args[3..])
 }
@@ -69,44 +68,69 @@ fn check_fence(ctx: &Context, resource: &RedisString, fence: u64) -> Result<(), 
     }
 }
 
-/// In Redis Cluster every key of the inner command must live in the resource's slot.
-fn check_slots(
+/// The inner command must name a key, never the lock key itself, and in Redis Cluster every key
+/// must live in the resource's slot. Keys are found from the command's own key specs, so a
+/// renamed command is judged like the original: keyless server, admin and keyspace-wide commands
+/// (`FLUSHALL`, `CONFIG`, `MODULE`, `DEBUG`, …) cannot run under a fence.
+fn check_keys(
     ctx: &Context,
     resource: &RedisString,
     inner: &[RedisString],
 ) -> Result<(), DlockError> {
-    let slot = key_slot(resource.as_slice());
+    let command = printable(inner[0].as_slice());
+    let refused = |reason| DlockError::FencedRefused { command: command.clone(), reason };
     let mut argv: Vec<*mut raw::RedisModuleString> = inner.iter().map(|arg| arg.inner).collect();
     let mut count: c_int = 0;
     // SAFETY: argv holds live strings of this call; the returned positions are freed below.
-    unsafe {
-        // Without a way to find the inner keys, nothing can be checked: refuse rather than guess.
+    let keys: Vec<&RedisString> = unsafe {
         let Some(get_keys) = raw::RedisModule_GetCommandKeys else {
-            return Err(DlockError::CrossSlot {
-                key: "?".into(),
-                resource: printable(resource.as_slice()),
-            });
+            return Err(refused("this server cannot tell which keys a command uses"));
         };
         let positions = get_keys(ctx.ctx, argv.as_mut_ptr(), argv.len() as c_int, &mut count);
         if positions.is_null() {
-            return Ok(());
+            // An unknown command or a wrong arity: running it gives the server's own error.
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            return if matches!(errno, Some(ENOENT | EINVAL)) {
+                Ok(())
+            } else {
+                Err(refused(KEYLESS))
+            };
         }
-        let found = std::slice::from_raw_parts(positions, count.max(0) as usize)
+        let keys = std::slice::from_raw_parts(positions, count.max(0) as usize)
             .iter()
             .filter_map(|&at| inner.get(usize::try_from(at).ok()?))
-            .find(|key| key_slot(key.as_slice()) != slot)
-            .map(|key| printable(key.as_slice()));
+            .collect();
         if let Some(free) = raw::RedisModule_Free {
             free(positions.cast());
         }
-        match found {
-            Some(key) => {
-                Err(DlockError::CrossSlot { key, resource: printable(resource.as_slice()) })
-            }
-            None => Ok(()),
+        keys
+    };
+    if keys.is_empty() {
+        return Err(refused(KEYLESS));
+    }
+    if keys.iter().any(|key| key.as_slice() == resource.as_slice()) {
+        return Err(refused("the lock key itself cannot be used under its own fence"));
+    }
+    if ctx.get_flags().contains(ContextFlags::CLUSTER) {
+        let slot = key_slot(resource.as_slice());
+        if let Some(key) = keys.iter().find(|key| key_slot(key.as_slice()) != slot) {
+            return Err(DlockError::CrossSlot {
+                key: printable(key.as_slice()),
+                resource: printable(resource.as_slice()),
+            });
         }
     }
+    Ok(())
 }
+
+const KEYLESS: &str =
+    "commands that name no key (server, admin and keyspace-wide commands) cannot run under a fence";
+
+// RM_GetCommandKeys and RM_Call report why through errno (Linux values).
+const ENOENT: i32 = 2;
+const EACCES: i32 = 13;
+const EINVAL: i32 = 22;
+const ENOSPC: i32 = 28;
 
 /// Runs the inner command and passes its reply through unchanged.
 fn call(ctx: &Context, command: &RedisString, inner: &[RedisString]) -> RedisResult {
@@ -140,11 +164,6 @@ fn unknown(command: &RedisString) -> DlockError {
 /// The error for an inner command the server refused to run (servers without `E`-flag replies).
 fn call_failure(command: &RedisString) -> DlockError {
     let name = printable(command.as_slice());
-    // RM_Call reports why through errno (Linux values).
-    const ENOENT: i32 = 2;
-    const EACCES: i32 = 13;
-    const EINVAL: i32 = 22;
-    const ENOSPC: i32 = 28;
     let message = match std::io::Error::last_os_error().raw_os_error() {
         Some(ENOENT) => format!("ERR unknown command '{name}'"),
         Some(EINVAL) => format!("ERR wrong number of arguments for '{name}' command"),
