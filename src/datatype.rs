@@ -130,7 +130,7 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     // SAFETY: as in rdb_save.
     let lock = unsafe { &*value.cast::<Lock>() };
-    std::mem::size_of::<Lock>() + lock.lease().map_or(0, |lease| lease.token.heap_bytes())
+    std::mem::size_of::<Lock>() + lock.heap_bytes()
 }
 
 /// # Safety

@@ -153,8 +153,13 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     let (to_prune, to_release) = state::with_expiry(|expiry| {
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
     });
-    for key in to_prune {
-        with_lock_at(&ctx, key.db, &key.name, started, |step, lock| step.prune(lock));
+    // One visit per key, however many of its waiters left this turn.
+    let mut to_prune = to_prune;
+    to_prune.sort_unstable();
+    for same_key in to_prune.chunk_by(|a, b| a.0 == b.0) {
+        let key = &same_key[0].0;
+        let ids: Vec<u64> = same_key.iter().map(|(_, id)| *id).collect();
+        with_lock_at(&ctx, key.db, &key.name, started, |step, lock| step.leave(lock, &ids));
     }
     for grant in to_release {
         with_lock_at(&ctx, grant.key.db, &grant.key.name, started, |step, lock| {

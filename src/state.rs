@@ -50,8 +50,9 @@ pub struct Expiry {
     pub index: ExpiryIndex,
     /// The armed timer and the monotonic instant it is due, if one is armed.
     pub timer: Option<(u64, Micros)>,
-    /// Keys whose queue lost a waiter (timeout, disconnect): settled on the next timer turn.
-    pub to_prune: Vec<KeyRef>,
+    /// Waiters that left their key's line (timeout, disconnect): taken out of line and the key
+    /// settled on the next timer turn.
+    pub to_prune: Vec<(KeyRef, u64)>,
     /// Hand-overs whose reply never reached the waiter: released on the next timer turn.
     pub to_release: Vec<Grant>,
 }
@@ -81,7 +82,7 @@ pub fn with_expiry<T>(f: impl FnOnce(&mut Expiry) -> T) -> T {
     f(guard.get_or_insert_with(Expiry::default))
 }
 
-/// Asks the timer to settle `key` soon: a waiter of its queue is gone.
-pub fn prune_later(key: KeyRef) {
-    with_expiry(|expiry| expiry.to_prune.push(key));
+/// Asks the timer to take waiter `id` out of `key`'s line soon and settle the key.
+pub fn prune_later(key: KeyRef, id: u64) {
+    with_expiry(|expiry| expiry.to_prune.push((key, id)));
 }

@@ -151,15 +151,15 @@ pub fn time_out(now_mono: Micros) -> usize {
     }
     for (id, key) in due {
         answer(id, Outcome::Nil, None);
-        state::prune_later(key);
+        state::prune_later(key, id);
     }
     count
 }
 
 /// How a registration that the server ends on its own (disconnect, `CLIENT UNBLOCK`) ends.
 enum Ended {
-    /// It was still waiting: its queue must be pruned.
-    WasWaiting(KeyRef),
+    /// It was still waiting (this id): it must leave its key's line.
+    WasWaiting(KeyRef, u64),
     /// It had been answered; this is what it was told (if anything yet).
     WasAnswered(Option<u64>),
     /// Not ours any more.
@@ -178,7 +178,7 @@ fn end(handle: *mut raw::RedisModuleBlockedClient, deliver: bool) -> Ended {
                 let key = blocked.key.clone();
                 registry.by_id.remove(&id);
                 registry.by_handle.remove(&(handle as usize));
-                Ended::WasWaiting(key)
+                Ended::WasWaiting(key, id)
             }
             State::Answered { fence, delivered, .. } => {
                 *delivered |= deliver;
@@ -186,7 +186,7 @@ fn end(handle: *mut raw::RedisModuleBlockedClient, deliver: bool) -> Ended {
             }
         }
     });
-    if matches!(ended, Ended::WasWaiting(_)) {
+    if matches!(ended, Ended::WasWaiting(..)) {
         // SAFETY: a waiting registration was never unblocked: this frees the handle.
         unsafe {
             if let Some(unblock) = raw::RedisModule_UnblockClient {
@@ -250,8 +250,8 @@ unsafe extern "C" fn on_unblock(
     let handle = unsafe { raw::RedisModule_GetBlockedClientHandle.map(|f| f(ctx)) };
     let ended = handle.map_or(Ended::Unknown, |handle| end(handle, true));
     match ended {
-        Ended::WasWaiting(key) => {
-            state::prune_later(key);
+        Ended::WasWaiting(key, id) => {
+            state::prune_later(key, id);
             crate::expiry::arm(&Context::new(ctx), crate::clock::now());
             crate::metrics::count(|stats| stats.waits_timed_out += 1);
             reply(ctx, None);
@@ -269,8 +269,8 @@ unsafe extern "C" fn on_disconnect(
     ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
-    if let Ended::WasWaiting(key) = end(handle, false) {
-        state::prune_later(key);
+    if let Ended::WasWaiting(key, id) = end(handle, false) {
+        state::prune_later(key, id);
         crate::expiry::arm(&Context::new(ctx), crate::clock::now());
         crate::metrics::count(|stats| stats.waits_abandoned += 1);
     }

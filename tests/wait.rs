@@ -405,3 +405,34 @@ fn waiters_of_a_deleted_lock_are_answered_nil_and_newcomers_do_not_jump_them() {
     assert!(stats.contains("dlock_waiters:0"), "{stats}");
     assert!(acquire(&mut con, "job", "newcomer", 1_000).is_some());
 }
+
+#[test]
+fn memory_usage_counts_the_waiters_of_a_lock() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "one", "holder", 60_000).expect("granted");
+    let usage = |con: &mut redis::Connection| -> i64 {
+        redis::cmd("MEMORY").arg("USAGE").arg("one").query(con).expect("MEMORY USAGE")
+    };
+    let alone = usage(&mut con);
+    let mut waiting = Vec::new();
+    for i in 0..200 {
+        let mut waiter = server.client();
+        let request = redis::cmd("DLOCK.ACQUIRE")
+            .arg("one")
+            .arg(format!("waiter-{i:04}"))
+            .arg(60_000)
+            .arg("WAIT")
+            .arg(0)
+            .get_packed_command();
+        waiter.send_packed_command(&request).expect("send");
+        waiting.push(waiter);
+    }
+    assert!(eventually(Duration::from_secs(10), || {
+        info_field(&mut con, "one", "waiters").as_deref() == Some("200")
+    }));
+    let queued = usage(&mut con);
+    assert!(queued >= alone + 200 * 64, "200 waiters are counted: {alone} -> {queued} bytes");
+    drop(waiting); // the waiters disconnect and leave the line
+    assert!(eventually(Duration::from_secs(10), || usage(&mut con) == alone), "freed again");
+}

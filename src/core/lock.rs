@@ -1,7 +1,7 @@
 //! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap};
 
 use super::args::parse_token;
 use super::error::MAX_FENCE;
@@ -185,54 +185,107 @@ pub enum Due {
     Vacant,
 }
 
-/// A FIFO queue of waiters that costs one pointer while empty, as almost every lock's is.
-// The box is the point: 8 bytes in every lock instead of a 32-byte empty VecDeque.
-#[allow(clippy::box_collection)]
+/// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Queue(Option<Box<VecDeque<Waiter>>>);
+struct Line {
+    /// The place the next waiter takes; places only grow, so their order is the line's.
+    next_place: u64,
+    /// Waiters by place.
+    places: BTreeMap<u64, Waiter>,
+    /// Each waiter's place, by its blocked client's id.
+    place_of_id: HashMap<u64, u64>,
+    /// Each queued token's place: a token waits at most once.
+    place_of_token: HashMap<Box<[u8]>, u64>,
+}
+
+/// A FIFO queue of waiters that costs one pointer while empty, as almost every lock's is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Queue(Option<Box<Line>>);
 
 impl Queue {
-    fn iter(&self) -> std::collections::vec_deque::Iter<'_, Waiter> {
-        static EMPTY: VecDeque<Waiter> = VecDeque::new();
-        self.0.as_deref().unwrap_or(&EMPTY).iter()
+    fn iter(&self) -> impl ExactSizeIterator<Item = &Waiter> + use<'_> {
+        static EMPTY: BTreeMap<u64, Waiter> = BTreeMap::new();
+        self.0.as_ref().map_or(&EMPTY, |line| &line.places).values()
     }
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Waiter> {
-        self.0.iter_mut().flat_map(|queue| queue.iter_mut())
+    fn front(&self) -> Option<&Waiter> {
+        self.0.as_ref()?.places.first_key_value().map(|(_, waiter)| waiter)
     }
 
-    fn push_back(&mut self, waiter: Waiter) {
-        self.0.get_or_insert_with(Box::default).push_back(waiter);
-    }
-
-    fn push_front(&mut self, waiter: Waiter) {
-        self.0.get_or_insert_with(Box::default).push_front(waiter);
+    /// Puts `waiter` at the back, or in the place of a waiter with the same token, whose id is
+    /// returned.
+    fn join(&mut self, waiter: Waiter) -> Option<u64> {
+        let line = self.0.get_or_insert_with(Box::default);
+        if let Some(&place) = line.place_of_token.get(&waiter.token) {
+            let queued = line.places.get_mut(&place)?;
+            let old = std::mem::replace(queued, waiter);
+            line.place_of_id.remove(&old.id);
+            line.place_of_id.insert(queued.id, place);
+            return Some(old.id);
+        }
+        let place = line.next_place;
+        line.next_place += 1;
+        line.place_of_id.insert(waiter.id, place);
+        line.place_of_token.insert(waiter.token.clone(), place);
+        line.places.insert(place, waiter);
+        None
     }
 
     fn pop_front(&mut self) -> Option<Waiter> {
-        let waiter = self.0.as_mut()?.pop_front();
-        self.shrink();
-        waiter
-    }
-
-    fn retain(&mut self, keep: impl FnMut(&Waiter) -> bool) {
-        if let Some(queue) = self.0.as_mut() {
-            queue.retain(keep);
+        let line = self.0.as_mut()?;
+        let (place, waiter) = line.places.pop_first()?;
+        line.place_of_id.remove(&waiter.id);
+        if line.place_of_token.get(&waiter.token) == Some(&place) {
+            line.place_of_token.remove(&waiter.token);
         }
         self.shrink();
+        Some(waiter)
+    }
+
+    /// Takes waiter `id` out of line; whether it was there.
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(line) = self.0.as_mut() else { return false };
+        let Some(place) = line.place_of_id.remove(&id) else { return false };
+        if let Some(waiter) = line.places.remove(&place)
+            && line.place_of_token.get(&waiter.token) == Some(&place)
+        {
+            line.place_of_token.remove(&waiter.token);
+        }
+        self.shrink();
+        true
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Waiter) -> bool) {
+        let gone: Vec<u64> = self.iter().filter(|waiter| !keep(waiter)).map(|w| w.id).collect();
+        for id in gone {
+            self.remove(id);
+        }
     }
 
     fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |queue| queue.len())
+        self.0.as_ref().map_or(0, |line| line.places.len())
     }
 
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Bytes the line holds on the heap (for `MEMORY USAGE`), roughly: each waiter's entry in
+    /// the line and in both indexes, and its token twice.
+    fn heap_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |line| {
+            std::mem::size_of::<Line>()
+                + line
+                    .places
+                    .values()
+                    .map(|waiter| std::mem::size_of::<Waiter>() + 64 + 2 * waiter.token.len())
+                    .sum::<usize>()
+        })
+    }
+
     /// Gives the memory back once the queue is empty.
     fn shrink(&mut self) {
-        if self.0.as_ref().is_some_and(|queue| queue.is_empty()) {
+        if self.0.as_ref().is_some_and(|line| line.places.is_empty()) {
             self.0 = None;
         }
     }
@@ -285,11 +338,7 @@ impl Lock {
     /// Puts a waiter in line. A waiter with the same token takes over the earlier one's place
     /// (a client retrying its wait); the earlier one's id is returned so it can be answered nil.
     pub fn enqueue(&mut self, waiter: Waiter) -> Option<u64> {
-        if let Some(queued) = self.waiters.iter_mut().find(|queued| queued.token == waiter.token) {
-            return Some(std::mem::replace(queued, waiter).id);
-        }
-        self.waiters.push_back(waiter);
-        None
+        self.waiters.join(waiter)
     }
 
     /// Keeps only the waiters for which `alive` holds (the others timed out or disconnected).
@@ -299,9 +348,12 @@ impl Lock {
 
     /// Takes a waiter out of line (timed out, disconnected, unblocked).
     pub fn remove_waiter(&mut self, id: u64) -> bool {
-        let before = self.waiters.len();
-        self.waiters.retain(|waiter| waiter.id != id);
-        self.waiters.len() != before
+        self.waiters.remove(id)
+    }
+
+    /// Bytes held on the heap beyond the value itself: a long token, the line of waiters.
+    pub fn heap_bytes(&self) -> usize {
+        self.lease.as_ref().map_or(0, |lease| lease.token.heap_bytes()) + self.waiters.heap_bytes()
     }
 
     /// With no live lease, passes a new lease to the first waiter that is still `alive` and
@@ -317,18 +369,15 @@ impl Lock {
         if self.live_lease(now).is_some() || (rules.new_grants_held && self.lease.is_none()) {
             return Ok(None);
         }
-        while let Some(waiter) = self.waiters.pop_front() {
+        while let Some(waiter) = self.waiters.front() {
             let timing_out = waiter.gives_up_at.is_some_and(|at| at <= now.mono);
-            if timing_out || !alive(&waiter) {
+            if timing_out || !alive(waiter) {
+                self.waiters.pop_front();
                 continue;
             }
-            let fence = match fences.mint(now.wall) {
-                Ok(fence) => fence,
-                Err(error) => {
-                    self.waiters.push_front(waiter);
-                    return Err(error);
-                }
-            };
+            // Minted before the waiter leaves the line: a refused mint leaves it in place.
+            let fence = fences.mint(now.wall)?;
+            let Some(waiter) = self.waiters.pop_front() else { break };
             self.lease =
                 Some(Lease::new(&waiter.token, fence, rules.grant_ttl_ms(waiter.ttl_ms), now));
             let waited = now.mono.saturating_sub(waiter.queued_at);

@@ -159,7 +159,7 @@ impl Store {
     /// A waiter's client goes away: the registry forgets it, the timer prunes its queue.
     fn cancel(&mut self, resource: Resource, id: u64, now: Now) {
         self.gone.0.insert(id);
-        self.run(resource, now, |step, lock| step.prune(lock));
+        self.run(resource, now, |step, lock| step.leave(lock, &[id]));
     }
 
     fn renew(&mut self, resource: Resource, token: &[u8], ttl_ms: u64, now: Now) -> bool {

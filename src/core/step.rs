@@ -158,10 +158,12 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         }
     }
 
-    /// Waiters that left (timed out, disconnected) leave the queue; then the lock settles.
-    pub fn prune(&mut self, lock: &mut Lock) {
-        let host = self.host;
-        lock.retain_waiters(|waiter| host.waiter_alive(waiter.id));
+    /// Waiters `ids` left (timed out, disconnected, unblocked): they leave the line, each in
+    /// O(log n), and the lock settles.
+    pub fn leave(&mut self, lock: &mut Lock, ids: &[u64]) {
+        for &id in ids {
+            lock.remove_waiter(id);
+        }
         self.settle_after(lock);
     }
 
@@ -320,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn gone_waiters_are_pruned_and_a_superseded_wait_is_answered() {
+    fn waiters_that_left_leave_the_line_and_a_superseded_wait_is_answered() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         let alive = Gone(&[]);
         step_at(at(0), &mut fences, &alive).acquire(&mut lock, b"A", 10_000).expect("grant");
@@ -331,7 +333,7 @@ mod tests {
         assert_eq!(step.into_changes()[2], Transition::Superseded { waiter: 1 });
         let gone = Gone(&[2]);
         let mut step = step_at(at(1), &mut fences, &gone);
-        step.prune(&mut lock);
+        step.leave(&mut lock, &[2]);
         assert_eq!(step.into_changes(), []);
         assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [3]);
     }
