@@ -59,7 +59,7 @@ pub fn apply(
     for change in &changes {
         metrics::count(|stats| stats.record(change, now.mono));
         lease_changed |= change.changes_lease();
-        announce(ctx, site, lock, change, now);
+        announce(ctx, site.name, lock, change, now);
     }
     let vacant = lock.is_vacant(now);
     if stored && vacant {
@@ -80,9 +80,24 @@ pub fn apply(
     }
 }
 
+/// For a decision made inside a keyspace notification (a value arrived under a new name),
+/// where the server takes no write: counters, events, log lines and answers only. The timer
+/// removes the vacant key afterwards, with its `DEL`, like any other.
+pub fn announce_only(
+    ctx: &Context,
+    name: &RedisString,
+    lock: &Lock,
+    changes: Vec<Transition>,
+    now: Now,
+) {
+    for change in &changes {
+        metrics::count(|stats| stats.record(change, now.mono));
+        announce(ctx, name, lock, change, now);
+    }
+}
+
 /// Events, log lines and answers to blocked clients for one transition.
-fn announce(ctx: &Context, site: &Site<'_>, lock: &Lock, change: &Transition, now: Now) {
-    let name = site.name;
+fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition, now: Now) {
     let current = || lock.lease();
     match change {
         Transition::Granted { .. } => event(ctx, Event::Acquired, name, current(), now),
@@ -126,7 +141,17 @@ fn announce(ctx: &Context, site: &Site<'_>, lock: &Lock, change: &Transition, no
         }
         // The timer answers the wait when it times out.
         Transition::Queued { .. } => expiry::arm(ctx, now),
-        Transition::Superseded { waiter } => waiters::answer(*waiter, Outcome::Nil, None),
+        Transition::Superseded { waiter } | Transition::Dismissed { waiter } => {
+            waiters::answer(*waiter, Outcome::Nil, None);
+        }
+        Transition::Displaced(lease) => notify::anomaly(ctx, now, || {
+            format!(
+                "lease ended: its key was renamed or moved to resource={} owner={} fence={}",
+                printable(name.as_slice()),
+                printable(&lease.token),
+                lease.fence
+            )
+        }),
         Transition::Refused(refusal) => refused(ctx, name, refusal, now),
         Transition::HandOverFailed(error) => {
             notify::log(ctx, notify::Level::Warning, &format!("dlock: hand-over failed: {error}"));

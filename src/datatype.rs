@@ -74,7 +74,8 @@ impl FieldSink for RdbFields {
 /// # Safety
 /// Called by Redis with a valid IO handle; returns an owned `Lock` or null (load error).
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    let Some(lock) = decode_lock(&mut RdbFields(rdb), encver, clock::now()) else {
+    let Some(lock) = decode_lock(&mut RdbFields(rdb), encver, clock::now(), state::last_fence())
+    else {
         return ptr::null_mut();
     };
     if let Some(lease) = lock.lease() {

@@ -65,6 +65,9 @@ unsafe extern "C" fn on_server_event(
             state::with_expiry(|expiry| {
                 expiry.index.rewrite(|_, _| true, |db| swapped(db, first, second))
             });
+            if crate::waiters::dismiss_swapped(first, second) > 0 {
+                expiry::arm(&ctx, crate::clock::now());
+            }
         }
         raw::REDISMODULE_EVENT_FLUSHDB
             if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END && !data.is_null() =>

@@ -82,17 +82,27 @@ pub fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
 /// Keyspace events that put an existing lock value under a (new) key name.
 const ARRIVAL_EVENTS: [&str; 5] = ["loaded", "restore", "rename_to", "move_to", "copy_to"];
 
-/// Keyspace notification handler: indexes lock keys that arrive under a new name.
+/// Keyspace notification handler: a value renamed or moved to a new name loses its lease and
+/// its waiters (on every copy of the data set alike); then every arrival is indexed, so the timer
+/// expires it or removes it once vacant.
 pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: &[u8]) {
-    if !ARRIVAL_EVENTS.contains(&event) || !decides_expiry(ctx) {
+    if !ARRIVAL_EVENTS.contains(&event) {
         return;
     }
     let key_name = RedisString::create_from_slice(ctx.ctx, name);
-    let key = ctx.open_key(&key_name);
+    let key = ctx.open_key_writable(&key_name);
     let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
+    let now = clock::now();
+    if matches!(event, "rename_to" | "move_to") {
+        let ((), changes) = apply::decide(now, |step| step.displace(lock));
+        apply::announce_only(ctx, &key_name, lock, changes, now);
+    }
+    if !decides_expiry(ctx) {
+        return;
+    }
     let deadline = lock.index_deadline();
     lock.note_index_entry(deadline);
-    insert(ctx, name, deadline, clock::now());
+    insert(ctx, name, deadline, now);
 }
 
 /// Arms the timer for the earliest deadline in the index, unless it is armed early enough.

@@ -156,6 +156,31 @@ pub fn time_out(now_mono: Micros) -> usize {
     count
 }
 
+/// Answers nil to every client waiting on a key of database `first` or `second` (they were
+/// swapped: a waiter is only ever granted the key it asked for); their lines are pruned where
+/// the values now are.
+pub fn dismiss_swapped(first: i32, second: i32) -> usize {
+    let due: Vec<(u64, KeyRef)> = with_registry(|registry| {
+        registry
+            .by_id
+            .iter()
+            .filter(|(_, b)| matches!(b.state, State::Waiting { .. }))
+            .filter(|(_, b)| b.key.db == first || b.key.db == second)
+            .map(|(&id, b)| (id, b.key.clone()))
+            .collect()
+    });
+    let count = due.len();
+    if count > 0 {
+        crate::metrics::count(|stats| stats.waits_timed_out += count as u64);
+    }
+    for (id, key) in due {
+        answer(id, Outcome::Nil, None);
+        let db = if key.db == first { second } else { first };
+        state::prune_later(KeyRef { db, name: key.name }, id);
+    }
+    count
+}
+
 /// How a registration that the server ends on its own (disconnect, `CLIENT UNBLOCK`) ends.
 enum Ended {
     /// It was still waiting (this id): it must leave its key's line.

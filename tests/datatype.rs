@@ -7,41 +7,106 @@ use std::time::Duration;
 
 use common::*;
 
-#[test]
-fn copy_duplicates_the_lease_and_both_keys_expire_on_time() {
-    let server = Server::start();
-    let mut con = server.client();
-    let fence = acquire(&mut con, "lock:src", "worker", 400).expect("granted");
-    let copied: i64 =
-        redis::cmd("COPY").arg("lock:src").arg("lock:dst").query(&mut con).expect("COPY");
-    assert_eq!(copied, 1);
-    assert_eq!(info_field(&mut con, "lock:dst", "fence"), Some(fence.to_string()));
-    assert_eq!(digest(&mut con, "lock:src"), digest(&mut con, "lock:dst"));
-    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "both swept");
+fn fenced_set(con: &mut redis::Connection, resource: &str, fence: i64) -> redis::RedisResult<()> {
+    redis::cmd("DLOCK.FENCED").arg(resource).arg(fence).arg("SET").arg("data").arg("x").query(con)
 }
 
 #[test]
-fn a_renamed_lock_keeps_its_lease_and_is_still_swept_when_it_expires() {
+fn a_copy_carries_no_lease_so_an_old_fence_never_comes_back() {
     let server = Server::start();
     let mut con = server.client();
-    let fence = acquire(&mut con, "lock:old", "worker", 400).expect("granted");
+    let first = acquire(&mut con, "lock:src", "A", 60_000).expect("granted");
+    let copied: i64 =
+        redis::cmd("COPY").arg("lock:src").arg("lock:bak").query(&mut con).expect("COPY");
+    assert_eq!(copied, 1);
+    assert_eq!(info(&mut con, "lock:bak"), None, "the copy holds no lease");
+    assert_eq!(fencecheck(&mut con, "lock:bak", first), 0);
+    assert_eq!(info_field(&mut con, "lock:src", "owner").as_deref(), Some("A"), "original kept");
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "lock:bak")), "swept");
+    assert_eq!(release(&mut con, "lock:src", "A"), 1);
+    let second = acquire(&mut con, "lock:src", "B", 60_000).expect("granted");
+    // Copying (an empty copy) back over the resource never makes A's fence current again.
+    let _: i64 = redis::cmd("COPY")
+        .arg("lock:bak")
+        .arg("lock:src")
+        .arg("REPLACE")
+        .query(&mut con)
+        .expect("COPY REPLACE");
+    assert!(fenced_set(&mut con, "lock:src", first).is_err(), "A's fence stays stale");
+    assert!(second > first);
+}
+
+#[test]
+fn a_renamed_lock_loses_its_lease_and_its_waiters_are_answered_nil() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "lock:old", "A", 60_000).expect("granted");
+    let mut waiter = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg("lock:old")
+        .arg("B")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .get_packed_command();
+    waiter.send_packed_command(&request).expect("send");
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "lock:old", "waiters").as_deref() == Some("1")
+    }));
     let _: () =
         redis::cmd("RENAME").arg("lock:old").arg("lock:new").query(&mut con).expect("RENAME");
-    assert_eq!(info_field(&mut con, "lock:new", "fence"), Some(fence.to_string()));
-    assert_eq!(renew(&mut con, "lock:new", "worker", 400), 1);
-    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "renamed key swept");
+    let answer: Option<i64> = redis::from_redis_value(&waiter.recv_response().expect("reply"))
+        .expect("an integer or nil");
+    assert_eq!(answer, None, "B asked for lock:old and is never granted lock:new");
+    assert_eq!(
+        info(&mut con, "lock:new"),
+        None,
+        "a lease belongs to the name it was granted under"
+    );
+    assert_eq!(fencecheck(&mut con, "lock:new", first), 0);
+    assert_eq!(renew(&mut con, "lock:new", "A", 60_000), 0);
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "the empty key goes");
+    let later = acquire(&mut con, "lock:old", "C", 60_000).expect("the old name is free");
+    assert!(later > first);
 }
 
 #[test]
-fn a_lock_moved_to_another_database_is_still_swept() {
+fn a_lock_moved_to_another_database_loses_its_lease_there_and_after_a_swapdb() {
     let server = Server::start();
     let mut con = server.client();
-    acquire(&mut con, "lock:m", "worker", 300).expect("granted");
+    let fence = acquire(&mut con, "lock:m", "worker", 60_000).expect("granted");
     let moved: i64 = redis::cmd("MOVE").arg("lock:m").arg(3).query(&mut con).expect("MOVE");
     assert_eq!(moved, 1);
-    let _: () = redis::cmd("SELECT").arg(3).query(&mut con).expect("SELECT");
-    assert_eq!(info_field(&mut con, "lock:m", "owner").as_deref(), Some("worker"));
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(3).query(&mut con).expect("SWAPDB");
+    assert_eq!(info(&mut con, "lock:m"), None, "the moved value came back without its lease");
+    assert!(fenced_set(&mut con, "lock:m", fence).is_err());
     assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "moved key swept");
+}
+
+#[test]
+fn a_swapdb_answers_the_waiters_of_both_databases_nil_and_leases_move_with_their_data() {
+    let server = Server::start();
+    let mut con = server.client();
+    let fence = acquire(&mut con, "lock:w", "A", 60_000).expect("granted");
+    let mut waiter = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg("lock:w")
+        .arg("B")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .get_packed_command();
+    waiter.send_packed_command(&request).expect("send");
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "lock:w", "waiters").as_deref() == Some("1")
+    }));
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).expect("SWAPDB");
+    let answer: Option<i64> = redis::from_redis_value(&waiter.recv_response().expect("reply"))
+        .expect("an integer or nil");
+    assert_eq!(answer, None, "B waited on lock:w of database 0");
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut con).expect("SELECT");
+    assert_eq!(info_field(&mut con, "lock:w", "fence"), Some(fence.to_string()));
+    assert_eq!(info_field(&mut con, "lock:w", "waiters").as_deref(), Some("0"));
 }
 
 #[test]
@@ -171,17 +236,6 @@ fn flushall_drops_locks_and_later_grants_still_expire_on_time() {
 }
 
 #[test]
-fn a_renamed_lock_renewed_to_a_shorter_deadline_is_swept_at_that_deadline() {
-    let server = Server::start();
-    let mut con = server.client();
-    acquire(&mut con, "lock:k", "t", 1_000).expect("granted");
-    assert_eq!(renew(&mut con, "lock:k", "t", 60_000), 1);
-    let _: () = redis::cmd("RENAME").arg("lock:k").arg("lock:k2").query(&mut con).expect("RENAME");
-    assert_eq!(renew(&mut con, "lock:k2", "t", 300), 1);
-    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "lock:k2")), "swept at 300 ms");
-}
-
-#[test]
 fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
     let server = Server::start();
     let mut con = server.client();
@@ -201,4 +255,27 @@ fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
         .query(&mut con);
     assert!(reply.is_err(), "{reply:?}");
     assert!(!exists(&mut con, "lock:forged"));
+}
+
+#[test]
+fn a_restore_payload_with_a_fence_no_clock_could_reach_is_refused() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "lock:ok", "worker", 60_000).expect("granted");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(&mut con).expect("DUMP");
+    let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
+    // After the token comes the fence: opcode 2, 0x81, 8 big-endian bytes.
+    let mut forged = object.to_vec();
+    let token_at = forged.windows(6).position(|w| w == b"worker").expect("token in the dump");
+    let at = token_at + 6 + 2;
+    assert_eq!(forged[at - 1], 0x81, "the fence is a 64-bit length");
+    forged[at..at + 8].copy_from_slice(&(i64::MAX as u64).to_be_bytes());
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
+        .arg("lock:forged")
+        .arg(0)
+        .arg(seal(&[&forged[..], version].concat()))
+        .query(&mut con);
+    assert!(reply.is_err(), "{reply:?}");
+    assert!(!exists(&mut con, "lock:forged"));
+    assert!(acquire(&mut con, "lock:next", "w", 1_000).is_some(), "fences are not exhausted");
 }

@@ -238,3 +238,16 @@ fn a_storm_of_expiries_drains_in_slices_hands_over_on_the_way_and_every_del_reac
     assert_eq!(dbsize(&mut r), 1, "one DEL per expired key reached the replica");
     assert_eq!(info_field(&mut r, "storm:12345", "owner").as_deref(), Some("waiter"));
 }
+
+#[test]
+fn a_rename_ends_the_lease_on_the_replica_too_and_both_lose_the_key() {
+    let (primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    acquire(&mut p, "lock:old", "worker", 60_000).expect("granted");
+    sync(&mut p);
+    let _: () = redis::cmd("RENAME").arg("lock:old").arg("lock:new").query(&mut p).expect("RENAME");
+    sync(&mut p);
+    assert_eq!(info(&mut r, "lock:new"), None, "no lease under the new name on the replica");
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut p, "lock:new")));
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "lock:new")), "DEL replicated");
+}

@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     // A monotonic clock counts from boot or start-up: it never nears u64::MAX, where a grant's
     // deadline would saturate onto `now` and read as expired at once (2^62 µs is 146,000 years).
     let now = Now { mono: mono & ((1 << 62) - 1), wall };
-    let Some(mut lock) = decode_lock(&mut fields, encver, now) else { return };
+    let Some(mut lock) = decode_lock(&mut fields, encver, now, 0) else { return };
     assert!(is_known_version(encver));
     assert_eq!(lock.waiters().len(), 0, "waiters are never persisted");
 
@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
     let mut saved = Vec::new();
     encode_lock(&mut saved, &lock);
     let mut saved_fields = ByteFields::new(&saved);
-    let reloaded = decode_lock(&mut saved_fields, ENCODING_VERSION, now);
+    let reloaded = decode_lock(&mut saved_fields, ENCODING_VERSION, now, 0);
     assert!(saved_fields.rest().is_empty(), "the decoder reads every saved field");
     match (&loaded, reloaded.as_ref().map(|lock| lock.lease())) {
         (None, Some(None)) => {}

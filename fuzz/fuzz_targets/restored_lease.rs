@@ -6,10 +6,10 @@ use dlock::core::Now;
 use dlock::core::error::MAX_FENCE;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|input: (Vec<u8>, u64, u64, u64, u64)| {
-    let (token, fence, deadline, mono, wall) = input;
+fuzz_target!(|input: (Vec<u8>, u64, u64, u64, u64, u64)| {
+    let (token, fence, deadline, mono, wall, last_fence) = input;
     let now = Now { mono, wall };
-    match Lease::restore(&token, fence, deadline, now) {
+    match Lease::restore(&token, fence, deadline, now, last_fence) {
         Ok(lease) => {
             assert!((1..=512).contains(&lease.token.len()));
             assert!((1..=MAX_FENCE).contains(&lease.fence));

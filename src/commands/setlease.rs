@@ -40,7 +40,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         .and_then(|n| u64::try_from(n).ok())
         .ok_or(DlockError::BadReplicatedLease("deadline"))?;
     let now = clock::now();
-    let mut lock = Lock::with_lease(Lease::restore(token, fence, deadline, now)?);
+    let mut lock =
+        Lock::with_lease(Lease::restore(token, fence, deadline, now, state::last_fence())?);
     let key = ctx.open_key_writable(resource);
     // Checks the type before anything changes: another type at the key is WRONGTYPE. A renewal
     // of the grant this copy already has keeps its hold history.

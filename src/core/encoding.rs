@@ -42,7 +42,12 @@ pub fn is_known_version(encver: i32) -> bool {
 
 /// Decodes one lock written with `encver`, with deadlines mapped onto `now`'s monotonic clock.
 /// `None` for an unknown version, a short source, an unknown flag or an invalid lease.
-pub fn decode_lock(source: &mut impl FieldSource, encver: i32, now: Now) -> Option<Lock> {
+pub fn decode_lock(
+    source: &mut impl FieldSource,
+    encver: i32,
+    now: Now,
+    last_fence: u64,
+) -> Option<Lock> {
     if !is_known_version(encver) {
         return None;
     }
@@ -56,7 +61,7 @@ pub fn decode_lock(source: &mut impl FieldSource, encver: i32, now: Now) -> Opti
     let token = source.bytes()?;
     let fence = source.unsigned()?;
     let deadline_wall = source.unsigned()?;
-    let mut lease = Lease::restore(&token, fence, deadline_wall, now).ok()?;
+    let mut lease = Lease::restore(&token, fence, deadline_wall, now, last_fence).ok()?;
     if encver >= ENCODING_VERSION {
         let held: Micros = source.unsigned()?;
         lease.renewals = source.unsigned()?;
@@ -158,7 +163,7 @@ mod tests {
     }
 
     fn decode(bytes: &[u8], encver: i32) -> Option<Lock> {
-        decode_lock(&mut ByteFields::new(bytes), encver, NOW)
+        decode_lock(&mut ByteFields::new(bytes), encver, NOW, 0)
     }
 
     #[test]
@@ -192,7 +197,7 @@ mod tests {
         let valid = fields(2, b"w", 1, NOW.wall, 0, 0);
         for encver in [0, 3, -1, i32::MAX] {
             let mut source = ByteFields::new(&valid);
-            assert!(decode_lock(&mut source, encver, NOW).is_none(), "{encver}");
+            assert!(decode_lock(&mut source, encver, NOW, 0).is_none(), "{encver}");
             assert_eq!(source.rest().len(), valid.len(), "{encver}: nothing read");
         }
     }
@@ -223,14 +228,17 @@ mod tests {
     fn invalid_leases_are_refused_in_both_versions() {
         let long = vec![b'x'; 513];
         let max_token = vec![b'x'; 512];
-        let cases: [(&[u8], u64, u64, bool); 8] = [
+        let year = 365 * 86_400_000_000;
+        let cases: [(&[u8], u64, u64, bool); 10] = [
             (b"", 1, NOW.wall, false),
             (&long, 1, NOW.wall, false),
             (&max_token, 1, NOW.wall, true),
             (b"w", 0, NOW.wall, false),
-            (b"w", MAX_FENCE, NOW.wall, true),
+            (b"w", NOW.wall + 3_600_000_000, NOW.wall, true),
+            (b"w", MAX_FENCE, NOW.wall, false),
             (b"w", MAX_FENCE + 1, NOW.wall, false),
-            (b"w", 1, i64::MAX as u64, true),
+            (b"w", 1, NOW.wall + year, true),
+            (b"w", 1, i64::MAX as u64, false),
             (b"w", 1, i64::MAX as u64 + 1, false),
         ];
         for encver in [1, 2] {

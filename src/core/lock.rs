@@ -9,6 +9,15 @@ use super::fence::FenceCounter;
 use super::token::Token;
 use super::{DlockError, Micros, Now};
 
+/// How far a deadline may lie past the longest ttl: a day, for clocks that differ between
+/// servers.
+const PLAUSIBLE_SLACK_US: u64 = 86_400_000_000;
+/// How far a restored fence may run ahead of the wall clock: a year (a counter that ran ahead
+/// of a wrong clock stays loadable; a forged one cannot exhaust 292,000 years of fences).
+const FENCE_AHEAD_US: u64 = 365 * 86_400_000_000;
+/// The longest ttl any configuration allows (`dlock.max-ttl-ms` is at most a year).
+const MAX_TTL_US: u64 = 365 * 86_400_000_000;
+
 /// "`token` owns the resource until `deadline`", with the fence minted for this grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -44,11 +53,15 @@ impl Lease {
 
     /// A lease whose absolute wall-clock deadline came from persistence or replication, checked
     /// as strictly as client input: nothing invalid ever enters the keyspace this way.
+    ///
+    /// A fence more than a year past the wall clock (and past `last_fence`, the counter as this
+    /// server knows it), or a deadline more than a year and a day away, is refused.
     pub fn restore(
         token: &[u8],
         fence: u64,
         deadline_wall: Micros,
         now: Now,
+        last_fence: u64,
     ) -> Result<Self, DlockError> {
         if parse_token(token).is_err() {
             return Err(DlockError::BadReplicatedLease("token length"));
@@ -56,8 +69,15 @@ impl Lease {
         if !(1..=MAX_FENCE).contains(&fence) {
             return Err(DlockError::BadReplicatedLease("fence"));
         }
+        // Nothing a clock could not have minted or a ttl could not reach: a crafted payload must
+        // not exhaust the fence counter or hold a resource for millennia.
+        if fence > now.wall.saturating_add(FENCE_AHEAD_US) && fence > last_fence {
+            return Err(DlockError::BadReplicatedLease("fence"));
+        }
         // Deadlines travel as signed 64-bit integers (AOF, replication).
-        if deadline_wall > i64::MAX as u64 {
+        if deadline_wall > i64::MAX as u64
+            || deadline_wall > now.wall.saturating_add(MAX_TTL_US + PLAUSIBLE_SLACK_US)
+        {
             return Err(DlockError::BadReplicatedLease("deadline"));
         }
         Ok(Self {
@@ -480,10 +500,22 @@ impl Lock {
         self.lease.as_ref().map_or(0, |lease| lease.deadline_mono)
     }
 
-    /// A copy for another key name (COPY): the same lease, but no index entry of its own yet
-    /// and no waiters (they wait on the original key, on their own connections).
+    /// A copy for another key name (COPY): empty. A lease belongs to the name it was granted
+    /// under, so a copy of it must never become current somewhere else (or later, copied back,
+    /// here again); waiters wait on the original key. The empty copy goes like any vacant key.
     pub fn copied(&self) -> Self {
-        Self { lease: self.lease.clone(), waiters: Queue::default(), scheduled: Cell::new(0) }
+        Self::default()
+    }
+
+    /// The value now lives under another name (RENAME, MOVE): its lease ends and its waiters
+    /// leave the line, both returned. A lease belongs to the name it was granted under, and a
+    /// waiter is only ever granted the name it asked for.
+    pub fn displace(&mut self) -> (Option<Lease>, Vec<u64>) {
+        let mut gone = Vec::with_capacity(self.waiters.len());
+        while let Some(waiter) = self.waiters.pop_front() {
+            gone.push(waiter.id);
+        }
+        (self.lease.take(), gone)
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
@@ -629,10 +661,10 @@ mod tests {
     #[test]
     fn restored_leases_map_their_wall_deadline_onto_this_process_clock() {
         let now = at(100);
-        let lease = Lease::restore(b"A", 7, now.wall + 2 * SEC, now).expect("valid");
+        let lease = Lease::restore(b"A", 7, now.wall + 2 * SEC, now, 0).expect("valid");
         assert_eq!(lease.deadline_mono, now.mono + 2 * SEC);
         assert_eq!(lease.deadline_wall, now.wall + 2 * SEC);
-        let past = Lease::restore(b"A", 7, now.wall - SEC, now).expect("valid");
+        let past = Lease::restore(b"A", 7, now.wall - SEC, now, 0).expect("valid");
         assert!(!past.is_live(now));
         for (token, fence, what) in [
             (&b""[..], 7, "token length"),
@@ -641,10 +673,30 @@ mod tests {
             (b"A", MAX_FENCE + 1, "fence"),
         ] {
             assert_eq!(
-                Lease::restore(token, fence, now.wall, now),
+                Lease::restore(token, fence, now.wall, now, 0),
                 Err(DlockError::BadReplicatedLease(what))
             );
         }
+    }
+
+    #[test]
+    fn a_restored_lease_a_clock_could_not_have_minted_is_refused() {
+        let now = at(100);
+        let day = 86_400 * SEC;
+        let year = 365 * day;
+        let refused = |fence, deadline, last| Lease::restore(b"A", fence, deadline, now, last);
+        assert_eq!(refused(MAX_FENCE, now.wall, 0), Err(DlockError::BadReplicatedLease("fence")));
+        assert_eq!(
+            refused(now.wall + 2 * year, now.wall, 0),
+            Err(DlockError::BadReplicatedLease("fence"))
+        );
+        assert!(refused(now.wall + 2 * year, now.wall, now.wall + 2 * year).is_ok(), "known");
+        assert!(refused(now.wall + 30 * day, now.wall, 0).is_ok(), "clocks may be wrong");
+        assert_eq!(
+            refused(7, now.wall + 2 * year, 0),
+            Err(DlockError::BadReplicatedLease("deadline"))
+        );
+        assert!(refused(7, now.wall + year, 0).is_ok(), "the longest ttl a config allows");
     }
 
     const HELD: Rules = Rules { new_grants_held: true, max_hold_ms: 0 };
@@ -805,9 +857,15 @@ mod tests {
         granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
         let copy = lock.copied();
-        assert_eq!(copy.lease(), lock.lease());
-        assert_eq!(copy.needs_index_entry(at(0)), Some(10 * SEC), "the copy has no entry yet");
+        assert_eq!(copy.lease(), None, "a lease never travels to another name");
+        assert!(copy.is_vacant(at(0)));
+        assert_eq!(copy.index_deadline(), 0, "the empty copy is due at once");
         assert_eq!(lock.needs_index_entry(at(0)), None);
+        lock.enqueue(waiter(1, b"B", None));
+        let (lease, waiters) = lock.displace();
+        assert_eq!(lease.map(|l| l.fence), Some(at(0).wall));
+        assert_eq!(waiters, [1]);
+        assert!(lock.is_vacant(at(0)));
         assert_eq!(Lock::default().index_deadline(), 0, "an empty lock is due at once");
     }
 }

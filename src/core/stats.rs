@@ -142,7 +142,10 @@ impl Stats {
             // Its waiter was counted as abandoned when its client went away.
             Transition::GrantUndone(_) => {}
             Transition::Queued { .. } => self.waits_started += 1,
-            Transition::Superseded { .. } => self.waits_timed_out += 1,
+            Transition::Superseded { .. } | Transition::Dismissed { .. } => {
+                self.waits_timed_out += 1;
+            }
+            Transition::Displaced(_) => {}
             Transition::Refused(Refusal::Contended) => self.acquire_contended += 1,
             Transition::Refused(Refusal::RenewNotHeld { .. }) => self.renew_refused += 1,
             Transition::Refused(Refusal::RenewPastMaxHold { .. }) => {

@@ -58,6 +58,13 @@ pub enum Transition {
         /// The blocked client to answer.
         waiter: u64,
     },
+    /// The lock's value moved to another key name (RENAME, MOVE): its lease ended there.
+    Displaced(Lease),
+    /// A waiter whose key moved away (RENAME, MOVE) left the line: it is answered nil.
+    Dismissed {
+        /// The blocked client to answer.
+        waiter: u64,
+    },
     /// A request was refused; nothing changed.
     Refused(Refusal),
     /// The lock was free for the head of its queue, but no fence could be minted.
@@ -71,6 +78,7 @@ impl Transition {
             self,
             Self::Queued { .. }
                 | Self::Superseded { .. }
+                | Self::Dismissed { .. }
                 | Self::Refused(_)
                 | Self::HandOverFailed(_)
         )
@@ -240,6 +248,16 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         });
         self.settle_after(lock);
         done
+    }
+
+    /// The lock's value arrived under another key name (RENAME, MOVE): its lease ends and its
+    /// waiters are dismissed. Nothing settles: the key is removed later, as a vacant one.
+    pub fn displace(&mut self, lock: &mut Lock) {
+        let (lease, waiters) = lock.displace();
+        if let Some(lease) = lease {
+            self.changes.push(Transition::Displaced(lease));
+        }
+        self.changes.extend(waiters.into_iter().map(|waiter| Transition::Dismissed { waiter }));
     }
 
     /// Takes back the lease handed to a waiter whose reply never arrived, if it is still the
