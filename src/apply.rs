@@ -63,6 +63,7 @@ pub fn apply(
     }
     let vacant = lock.is_vacant(now);
     if stored && vacant {
+        expiry::forget(ctx, site.name, lock, now);
         delete(ctx, site);
     } else if lease_changed {
         match lock.live_lease(now) {

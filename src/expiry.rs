@@ -61,6 +61,15 @@ pub fn wake_at(ctx: &Context, name: &RedisString, deadline: Micros, now: Now) {
     }
 }
 
+/// The key of `lock`, `name` in the selected database, goes away: its pending index entry is
+/// dropped when that is cheap (see `ExpiryIndex::forget_newest`).
+pub fn forget(ctx: &Context, name: &RedisString, lock: &Lock, now: Now) {
+    if let Some(deadline) = lock.pending_index_entry(now) {
+        let db = selected_db(ctx);
+        state::with_expiry(|expiry| expiry.index.forget_newest(deadline, db, name.as_slice()));
+    }
+}
+
 /// Indexes key `name` of the selected database at `deadline`.
 fn insert(ctx: &Context, name: &[u8], deadline: Micros, now: Now) {
     let db = selected_db(ctx);

@@ -54,9 +54,12 @@ unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_repor
     // A crash report must not wait on a lock the crashing code may hold.
     let Ok(mut stats) = STATS.try_lock() else { return };
     let Some(waiters) = crate::waiters::count_now() else { return };
-    let fields = stats
-        .get_or_insert_with(Stats::default)
-        .fields(LOCK_KEYS.load(Ordering::Relaxed), waiters as u64);
+    let Some(index_entries) = crate::state::index_len_now() else { return };
+    let fields = stats.get_or_insert_with(Stats::default).fields(
+        LOCK_KEYS.load(Ordering::Relaxed),
+        waiters as u64,
+        index_entries as u64,
+    );
     drop(stats);
     // SAFETY: ctx is the INFO context of this call; names are NUL-terminated ASCII.
     unsafe {

@@ -86,3 +86,9 @@ pub fn with_expiry<T>(f: impl FnOnce(&mut Expiry) -> T) -> T {
 pub fn prune_later(key: KeyRef, id: u64) {
     with_expiry(|expiry| expiry.to_prune.push((key, id)));
 }
+
+/// Entries in the expiry index now; `None` if it is busy (crash report).
+pub fn index_len_now() -> Option<usize> {
+    let guard = EXPIRY.try_lock().ok()?;
+    Some(guard.as_ref().map_or(0, |expiry| expiry.index.len()))
+}

@@ -254,3 +254,18 @@ fn every_config_is_settable_at_load_and_by_config_set() {
         assert_eq!(value[1], "5000", "{name}");
     }
 }
+
+#[test]
+fn acquire_and_release_cycles_leave_nothing_in_the_expiry_index() {
+    let server = Server::start();
+    let mut con = server.client();
+    for _ in 0..3_000 {
+        acquire(&mut con, "cycled", "worker", 20_000).expect("granted");
+        assert_eq!(release(&mut con, "cycled", "worker"), 1);
+    }
+    assert_eq!(dbsize(&mut con), 0);
+    let entries = info_line(&mut con, "dlock", "dlock_index_entries");
+    assert_eq!(entries.as_deref(), Some("0"), "released grants gave their entries back");
+    acquire(&mut con, "held", "worker", 20_000).expect("granted");
+    assert_eq!(info_line(&mut con, "dlock", "dlock_index_entries").as_deref(), Some("1"));
+}

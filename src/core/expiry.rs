@@ -175,6 +175,25 @@ impl ExpiryIndex {
         self.len += 1;
     }
 
+    /// Drops the entry for `name` of `db` at `deadline` if it is the newest of its bucket (a lease
+    /// released right after its grant, the usual acquire/release cycle), so a released lock does
+    /// not hold index memory until its old deadline. Other entries stay: they are dropped when
+    /// due. Returns whether it dropped one.
+    pub fn forget_newest(&mut self, deadline: Micros, db: i32, name: &[u8]) -> bool {
+        let key = (Self::bucket_of(deadline), db);
+        let Some(bucket) = self.buckets.get_mut(&key) else { return false };
+        let Some((start, end)) = bucket.last() else { return false };
+        if bucket.bytes.get(start..end) != Some(name) {
+            return false;
+        }
+        bucket.bytes.truncate(start);
+        if bucket.bytes.is_empty() {
+            self.buckets.remove(&key);
+        }
+        self.len -= 1;
+        true
+    }
+
     /// When to look next: the end of the first non-empty bucket's millisecond.
     pub fn next_deadline(&self) -> Option<Micros> {
         self.buckets.first_key_value().map(|((number, _), _)| Self::due_at(*number))
@@ -253,6 +272,19 @@ impl ExpiryIndex {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_released_grant_gives_its_entry_back_when_it_is_the_newest() {
+        let mut index = ExpiryIndex::default();
+        index.insert(20_000_500, 0, b"a");
+        index.insert(20_000_700, 0, b"b");
+        assert!(!index.forget_newest(20_000_500, 0, b"a"), "not the newest of its bucket");
+        assert!(!index.forget_newest(20_000_700, 1, b"b"), "another database");
+        assert!(index.forget_newest(20_000_700, 0, b"b"));
+        assert!(index.forget_newest(20_000_500, 0, b"a"), "now the newest");
+        assert!(index.is_empty());
+        assert_eq!(index.next_deadline(), None, "the empty bucket is gone");
+    }
 
     /// Pops one batch of at most `max` entries due at `now`, as `(deadline, db, name)`.
     fn pop(index: &mut ExpiryIndex, now: Micros, max: usize) -> Vec<(Micros, i32, Vec<u8>)> {

@@ -488,6 +488,11 @@ impl Lock {
         }
     }
 
+    /// The deadline of this value's pending index entry at `now`, if it has one.
+    pub fn pending_index_entry(&self, now: Now) -> Option<Micros> {
+        Some(self.scheduled.get()).filter(|&pending| pending > now.mono)
+    }
+
     /// Records that an index entry at `deadline` now exists for this value under its current
     /// key name (after a rename, move, restore, load or promotion inserted one).
     pub fn note_index_entry(&self, deadline: Micros) {

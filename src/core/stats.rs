@@ -158,7 +158,8 @@ impl Stats {
     }
 
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
-    pub fn fields(&self, lock_keys: u64, waiters: u64) -> Vec<(String, u64)> {
+    /// `index_entries` counts the expiry index's entries, live or stale.
+    pub fn fields(&self, lock_keys: u64, waiters: u64, index_entries: u64) -> Vec<(String, u64)> {
         let counters = [
             ("acquire_granted", self.acquire_granted),
             ("acquire_reacquired", self.acquire_reacquired),
@@ -179,6 +180,7 @@ impl Stats {
             ("waits_abandoned", self.waits_abandoned),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
+            ("index_entries", index_entries),
         ];
         let mut fields: Vec<(String, u64)> =
             counters.iter().map(|(name, value)| ((*name).to_owned(), *value)).collect();
