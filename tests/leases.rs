@@ -235,3 +235,30 @@ fn binary_tokens_round_trip_byte_for_byte() {
     let redis::Value::Array(items) = value else { panic!("array") };
     assert_eq!(items[1], redis::Value::BulkString(token.to_vec()));
 }
+
+#[test]
+fn a_late_release_or_renew_of_an_earlier_grant_never_touches_a_later_grant_of_the_same_token() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "r", "worker", 60_000).expect("granted");
+    let fenced = |con: &mut redis::Connection, command: &str, extra: &[&str], fence: i64| -> i64 {
+        redis::cmd(command)
+            .arg("r")
+            .arg("worker")
+            .arg(extra)
+            .arg("FENCE")
+            .arg(fence)
+            .query(con)
+            .expect(command)
+    };
+    assert_eq!(fenced(&mut con, "DLOCK.RELEASE", &[], first), 1);
+    let second = acquire(&mut con, "r", "worker", 60_000).expect("granted again");
+    // The first RELEASE, retried or duplicated, arrives late; so does a RENEW of the first grant.
+    assert_eq!(fenced(&mut con, "DLOCK.RELEASE", &[], first), 0);
+    assert_eq!(fenced(&mut con, "DLOCK.RENEW", &["1000"], first), 0);
+    assert_eq!(fencecheck(&mut con, "r", second), 1, "the second grant stands, untouched");
+    assert!(info_field(&mut con, "r", "ttl-ms").and_then(|t| t.parse::<i64>().ok()) > Some(50_000));
+    assert_eq!(fenced(&mut con, "DLOCK.RENEW", &["60000"], second), 1);
+    assert_eq!(fenced(&mut con, "DLOCK.RELEASE", &[], second), 1);
+    assert!(!exists(&mut con, "r"));
+}

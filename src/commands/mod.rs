@@ -67,6 +67,11 @@ impl ArgMeta {
     pub const fn required(name: &'static str, kind: ArgKind) -> Self {
         Self { name, kind, token: None, optional: false, multiple: false }
     }
+
+    /// An optional argument introduced by a keyword (`FENCE fence`).
+    pub const fn option(name: &'static str, kind: ArgKind, token: &'static str) -> Self {
+        Self { name, kind, token: Some(token), optional: true, multiple: false }
+    }
 }
 
 /// Every command the module registers, for key specs and docs.

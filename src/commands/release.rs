@@ -1,4 +1,5 @@
-//! `DLOCK.RELEASE resource token`: 1 when the owner's live lease was released.
+//! `DLOCK.RELEASE resource token [FENCE fence]`: 1 when the owner's live lease (the grant with
+//! `fence`, when given) was released.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
@@ -10,13 +11,14 @@ use crate::core::args;
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
     flags: "write fast",
-    arity: 3,
+    arity: -3,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
     summary: "Releases the caller's live lease",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(W) for W waiters when the lease passes to one",
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
+        ArgMeta::option("fence", ArgKind::Integer, "FENCE"),
     ],
     acl_categories: "write fast",
 };
@@ -24,13 +26,14 @@ pub const META: CommandMeta = CommandMeta {
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
     primary_only(ctx)?;
-    let token = args::release(&rest)?;
+    let request = args::release(&rest)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
     let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
-    let (released, changes) = apply::decide(now, |step| step.release(lock, token));
+    let (released, changes) =
+        apply::decide(now, |step| step.release_grant(lock, request.token, request.fence));
     apply::apply(ctx, &Site { key: &key, name: resource }, lock, true, changes, now);
     Ok(RedisValue::Integer(i64::from(released)))
 }

@@ -1,4 +1,5 @@
-//! `DLOCK.RENEW resource token ttl-ms`: 1 when the owner's live lease now ends ttl-ms from now.
+//! `DLOCK.RENEW resource token ttl-ms [FENCE fence]`: 1 when the owner's live lease (the grant
+//! with `fence`, when given) now ends ttl-ms from now.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
@@ -11,7 +12,7 @@ use crate::{clock, config};
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.renew",
     flags: "write fast",
-    arity: 4,
+    arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Extends the caller's live lease to ttl-ms from now",
     complexity: "O(log N) where N is the number of leases with a deadline",
@@ -19,6 +20,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
+        ArgMeta::option("fence", ArgKind::Integer, "FENCE"),
     ],
     acl_categories: "write fast",
 };
@@ -32,8 +34,9 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_at(&key)? else {
         return Ok(RedisValue::Integer(0));
     };
-    let (renewal, changes) =
-        apply::decide(now, |step| step.renew(lock, request.token, request.ttl_ms));
+    let (renewal, changes) = apply::decide(now, |step| {
+        step.renew_grant(lock, request.token, request.fence, request.ttl_ms)
+    });
     apply::apply(ctx, &Site { key: &key, name: resource }, lock, true, changes, now);
     Ok(RedisValue::Integer(i64::from(renewal? == Renewal::Renewed)))
 }

@@ -24,13 +24,24 @@ pub struct AcquireArgs<'a> {
     pub wait_ms: Option<u64>,
 }
 
-/// `DLOCK.RENEW resource token ttl-ms`, minus the resource.
+/// `DLOCK.RENEW resource token ttl-ms [FENCE fence]`, minus the resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenewArgs<'a> {
     /// The owner's token.
     pub token: &'a [u8],
     /// New lease length in milliseconds, counted from now.
     pub ttl_ms: u64,
+    /// `FENCE fence`: only the grant with this fence is renewed.
+    pub fence: Option<u64>,
+}
+
+/// `DLOCK.RELEASE resource token [FENCE fence]`, minus the resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseArgs<'a> {
+    /// The owner's token.
+    pub token: &'a [u8],
+    /// `FENCE fence`: only the grant with this fence is released.
+    pub fence: Option<u64>,
 }
 
 /// Parses the arguments of ACQUIRE after the resource: `token ttl-ms [WAIT timeout-ms]`.
@@ -53,20 +64,45 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     Ok(AcquireArgs { token, ttl_ms, wait_ms })
 }
 
-/// Parses the arguments of RENEW after the resource: `token ttl-ms`.
+/// Parses the arguments of RENEW after the resource: `token ttl-ms [FENCE fence]`.
 pub fn renew<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<RenewArgs<'a>, DlockError> {
-    let [token, ttl] = args else {
+    let [token, ttl, options @ ..] = args else {
         return Err(DlockError::WrongArity("dlock.renew"));
     };
-    Ok(RenewArgs { token: parse_token(token)?, ttl_ms: parse_ttl(ttl, max_ttl_ms)? })
+    let token = parse_token(token)?;
+    let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
+    Ok(RenewArgs { token, ttl_ms, fence: fence_option(options, "dlock.renew")? })
 }
 
-/// Parses the arguments of RELEASE after the resource: `token`.
-pub fn release<'a>(args: &[&'a [u8]]) -> Result<&'a [u8], DlockError> {
-    let [token] = args else {
+/// Parses the arguments of RELEASE after the resource: `token [FENCE fence]`.
+pub fn release<'a>(args: &[&'a [u8]]) -> Result<ReleaseArgs<'a>, DlockError> {
+    let [token, options @ ..] = args else {
         return Err(DlockError::WrongArity("dlock.release"));
     };
-    parse_token(token)
+    let token = parse_token(token)?;
+    Ok(ReleaseArgs { token, fence: fence_option(options, "dlock.release")? })
+}
+
+/// The options of RENEW and RELEASE: `[FENCE fence]`. Anything else where the first option
+/// would be is the arity error these commands always gave.
+fn fence_option(options: &[&[u8]], command: &'static str) -> Result<Option<u64>, DlockError> {
+    let mut fence = None;
+    let mut rest = options.iter();
+    while let Some(option) = rest.next() {
+        if !option.eq_ignore_ascii_case(b"FENCE") {
+            return Err(if fence.is_none() {
+                DlockError::WrongArity(command)
+            } else {
+                DlockError::UnknownOption(printable(option))
+            });
+        }
+        if fence.is_some() {
+            return Err(DlockError::RepeatedOption("FENCE"));
+        }
+        let value = rest.next().ok_or(DlockError::OptionWithoutValue("FENCE", "fence"))?;
+        fence = Some(parse_fence(value)?);
+    }
+    Ok(fence)
 }
 
 /// Parses the arguments of FENCECHECK after the resource: `fence`.
@@ -236,6 +272,43 @@ mod tests {
         assert_eq!(acquire(&[b"w1"], MAX), Err(DlockError::WrongArity("dlock.acquire")));
         // The first bad argument, in order, is the one reported.
         assert_eq!(acquire(&[b"", b"0"], MAX), Err(DlockError::BadToken));
+    }
+
+    #[test]
+    fn renew_and_release_take_an_optional_case_insensitive_fence() {
+        let max = DEFAULT_MAX_TTL_MS;
+        assert_eq!(
+            renew(&[b"w", b"1000"], max),
+            Ok(RenewArgs { token: b"w", ttl_ms: 1_000, fence: None })
+        );
+        assert_eq!(
+            renew(&[b"w", b"1000", b"fence", b"42"], max),
+            Ok(RenewArgs { token: b"w", ttl_ms: 1_000, fence: Some(42) })
+        );
+        assert_eq!(release(&[b"w"]), Ok(ReleaseArgs { token: b"w", fence: None }));
+        assert_eq!(
+            release(&[b"w", b"FENCE", b"7"]),
+            Ok(ReleaseArgs { token: b"w", fence: Some(7) })
+        );
+        assert_eq!(
+            release(&[b"w", b"FENCE"]),
+            Err(DlockError::OptionWithoutValue("FENCE", "fence"))
+        );
+        assert_eq!(release(&[b"w", b"FENCE", b"0"]), Err(DlockError::BadFence));
+        assert_eq!(
+            release(&[b"w", b"FENCE", b"7", b"FENCE", b"7"]),
+            Err(DlockError::RepeatedOption("FENCE"))
+        );
+        assert_eq!(
+            renew(&[b"w", b"1000", b"WAIT", b"7"], max),
+            Err(DlockError::WrongArity("dlock.renew")),
+            "as before FENCE existed"
+        );
+        assert_eq!(
+            release(&[b"w", b"FENCE", b"7", b"x"]),
+            Err(DlockError::UnknownOption("x".into()))
+        );
+        assert_eq!(release(&[]), Err(DlockError::WrongArity("dlock.release")));
     }
 
     #[test]

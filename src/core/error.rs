@@ -22,6 +22,10 @@ pub enum DlockError {
     UnknownOption(String),
     /// `WAIT` given without its timeout.
     WaitWithoutTimeout,
+    /// An option (named) given more than once.
+    RepeatedOption(&'static str),
+    /// An option (named) given without its value (named).
+    OptionWithoutValue(&'static str, &'static str),
     /// The fence counter reached [`MAX_FENCE`]; no further grant is possible.
     FencesExhausted,
     /// A lease decision asked of a (writable) replica.
@@ -62,6 +66,12 @@ impl fmt::Display for DlockError {
             Self::BadFence => write!(f, "ERR fence must be a positive integer"),
             Self::UnknownOption(arg) => write!(f, "ERR syntax error: unexpected argument '{arg}'"),
             Self::WaitWithoutTimeout => write!(f, "ERR WAIT needs a timeout-ms argument"),
+            Self::RepeatedOption(option) => {
+                write!(f, "ERR syntax error: {option} given more than once")
+            }
+            Self::OptionWithoutValue(option, value) => {
+                write!(f, "ERR {option} needs a {value} argument")
+            }
             Self::NotPrimary => {
                 write!(f, "READONLY dlock grants, renews and releases leases only on the primary")
             }
@@ -106,6 +116,8 @@ mod tests {
             (DlockError::BadFence, "fence"),
             (DlockError::UnknownOption("FOO".into()), "FOO"),
             (DlockError::WaitWithoutTimeout, "WAIT"),
+            (DlockError::RepeatedOption("FENCE"), "FENCE"),
+            (DlockError::OptionWithoutValue("FENCE", "fence"), "FENCE needs a fence"),
             (DlockError::FencesExhausted, "fence"),
             (DlockError::InternalCommand("DLOCK.SETLEASE"), "DLOCK.SETLEASE"),
             (DlockError::BadReplicatedLease("deadline"), "deadline"),

@@ -443,7 +443,20 @@ impl Lock {
     /// RENEW: the owner of the live lease moves its deadline to `now + ttl_ms`. An expired lease
     /// is never renewed back to life.
     pub fn renew(&mut self, token: &[u8], ttl_ms: u64, now: Now, rules: Rules) -> Renewal {
-        let Some(lease) = self.owned_mut(token, now) else {
+        self.renew_grant(token, None, ttl_ms, now, rules)
+    }
+
+    /// RENEW with `FENCE`: as [`Lock::renew`], and only if the live lease is the grant with
+    /// `fence` (when given), so a late RENEW of an earlier grant of the same token changes nothing.
+    pub fn renew_grant(
+        &mut self,
+        token: &[u8],
+        fence: Option<u64>,
+        ttl_ms: u64,
+        now: Now,
+        rules: Rules,
+    ) -> Renewal {
+        let Some(lease) = self.owned_mut(token, fence, now) else {
             return Renewal::NotHeld;
         };
         let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
@@ -457,7 +470,13 @@ impl Lock {
 
     /// RELEASE: the owner of the live lease gives it up; returns the released lease.
     pub fn release(&mut self, token: &[u8], now: Now) -> Option<Lease> {
-        self.owned_mut(token, now)?;
+        self.release_grant(token, None, now)
+    }
+
+    /// RELEASE with `FENCE`: as [`Lock::release`], and only if the live lease is the grant with
+    /// `fence` (when given): a retried or duplicated RELEASE never frees a later grant.
+    pub fn release_grant(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<Lease> {
+        self.owned_mut(token, fence, now)?;
         self.lease.take()
     }
 
@@ -541,8 +560,10 @@ impl Lock {
         }
     }
 
-    fn owned_mut(&mut self, token: &[u8], now: Now) -> Option<&mut Lease> {
-        self.lease.as_mut().filter(|lease| lease.is_live(now) && *lease.token == *token)
+    fn owned_mut(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<&mut Lease> {
+        self.lease.as_mut().filter(|lease| {
+            lease.is_live(now) && *lease.token == *token && fence.is_none_or(|f| f == lease.fence)
+        })
     }
 }
 
@@ -641,6 +662,20 @@ mod tests {
         assert!(lock.release(b"A", at(1)).is_none(), "a second release finds nothing");
         let second = granted(&mut lock, b"B", 10_000, at(1), &mut fences);
         assert!(second > first);
+    }
+
+    #[test]
+    fn with_a_fence_a_late_renew_or_release_of_an_earlier_grant_changes_nothing() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let first = granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert!(lock.release_grant(b"A", Some(first), at(1)).is_some());
+        let second = granted(&mut lock, b"A", 10_000, at(2), &mut fences);
+        let rules = Rules::default();
+        assert_eq!(lock.renew_grant(b"A", Some(first), 10_000, at(3), rules), Renewal::NotHeld);
+        assert!(lock.release_grant(b"A", Some(first), at(3)).is_none(), "the retried release");
+        assert_eq!(lock.live_lease(at(3)).map(|l| l.fence), Some(second), "the new grant stands");
+        assert_eq!(lock.renew_grant(b"A", Some(second), 10_000, at(3), rules), Renewal::Renewed);
+        assert!(lock.release_grant(b"A", Some(second), at(4)).is_some());
     }
 
     #[test]

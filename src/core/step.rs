@@ -217,8 +217,19 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         token: &[u8],
         ttl_ms: u64,
     ) -> Result<Renewal, DlockError> {
+        self.renew_grant(lock, token, None, ttl_ms)
+    }
+
+    /// RENEW with an optional `FENCE`: only the grant with that fence is renewed.
+    pub fn renew_grant(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        fence: Option<u64>,
+        ttl_ms: u64,
+    ) -> Result<Renewal, DlockError> {
         self.settle(lock)?;
-        let renewal = lock.renew(token, ttl_ms, self.now, self.rules);
+        let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
         let holder = lock.live_lease(self.now);
         self.changes.push(match renewal {
             Renewal::Renewed => Transition::Renewed,
@@ -238,9 +249,14 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// release), the holder gives its live lease up, and the lock settles again (the head of the
     /// queue takes it). Returns whether `token` held it.
     pub fn release(&mut self, lock: &mut Lock, token: &[u8]) -> bool {
+        self.release_grant(lock, token, None)
+    }
+
+    /// RELEASE with an optional `FENCE`: only the grant with that fence is released.
+    pub fn release_grant(&mut self, lock: &mut Lock, token: &[u8], fence: Option<u64>) -> bool {
         self.settle_after(lock);
         let holder = lock.live_lease(self.now).map(|lease| lease.token.clone());
-        let released = lock.release(token, self.now);
+        let released = lock.release_grant(token, fence, self.now);
         let done = released.is_some();
         self.changes.push(match released {
             Some(lease) => Transition::Released(lease),
