@@ -102,6 +102,7 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
     let current = || lock.lease();
     match change {
         Transition::Granted { .. } => event(ctx, Event::Acquired, name, current(), now),
+        Transition::Claimed => {}
         Transition::Reacquired { .. } | Transition::Renewed => {
             event(ctx, Event::Renewed, name, current(), now);
         }

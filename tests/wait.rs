@@ -436,3 +436,66 @@ fn memory_usage_counts_the_waiters_of_a_lock() {
     drop(waiting); // the waiters disconnect and leave the line
     assert!(eventually(Duration::from_secs(10), || usage(&mut con) == alone), "freed again");
 }
+
+/// Sends `ACQUIRE … WAIT` on a connection of its own and never reads the reply: a client that
+/// gave up on its own timeout but keeps its (multiplexed) connection open.
+fn abandoned_wait(server: &Server, token: &str, extra: &[&str]) -> redis::Connection {
+    let mut con = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg("one")
+        .arg(token)
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .arg(extra)
+        .get_packed_command();
+    con.send_packed_command(&request).expect("send");
+    con
+}
+
+#[test]
+fn a_waiter_that_never_reads_blocks_the_resource_only_for_its_claim_window() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "one", "holder", 60_000).expect("granted");
+    let _ghost = abandoned_wait(&server, "ghost", &["CLAIM", "300"]);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "one", "waiters").as_deref() == Some("1")
+    }));
+    assert_eq!(release(&mut con, "one", "holder"), 1);
+    assert_eq!(info_field(&mut con, "one", "owner").as_deref(), Some("ghost"), "handed over");
+    let ttl: i64 = info_field(&mut con, "one", "ttl-ms").and_then(|t| t.parse().ok()).unwrap_or(0);
+    assert!(ttl <= 300, "the grant runs its claim window, not its 60 s ttl: {ttl} ms");
+    // Nobody claims it: it lapses and the resource is free again long before 60 s.
+    assert!(
+        eventually(Duration::from_secs(5), || acquire(&mut con, "one", "next", 1_000).is_some())
+    );
+    assert_eq!(info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref(), Some("1"));
+}
+
+#[test]
+fn a_waiter_that_claims_its_grant_keeps_it_for_its_full_ttl() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "one", "holder", 60_000).expect("granted");
+    let mut waiter = abandoned_wait(&server, "claimer", &["CLAIM", "300"]);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "one", "waiters").as_deref() == Some("1")
+    }));
+    assert_eq!(release(&mut con, "one", "holder"), 1);
+    let fence: i64 =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("fence");
+    let claimed: i64 = redis::cmd("DLOCK.RENEW")
+        .arg("one")
+        .arg("claimer")
+        .arg(60_000)
+        .arg("FENCE")
+        .arg(fence)
+        .query(&mut waiter)
+        .expect("RENEW");
+    assert_eq!(claimed, 1);
+    std::thread::sleep(Duration::from_millis(500)); // past the window
+    assert_eq!(fencecheck(&mut con, "one", fence), 1, "claimed: the window no longer applies");
+    assert_eq!(info_line(&mut con, "dlock", "dlock_grants_claimed").as_deref(), Some("1"));
+    assert_eq!(info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref(), Some("0"));
+}

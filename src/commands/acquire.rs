@@ -1,4 +1,5 @@
-//! `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms]`: fence, or nil when held by another.
+//! `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms] [CLAIM claim-ms]`: fence, or nil when
+//! held by another.
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
@@ -23,13 +24,8 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
-        ArgMeta {
-            name: "timeout-ms",
-            kind: ArgKind::Integer,
-            token: Some("WAIT"),
-            optional: true,
-            multiple: false,
-        },
+        ArgMeta::option("timeout-ms", ArgKind::Integer, "WAIT"),
+        ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM"),
     ],
     acl_categories: "write slow blocking",
 };
@@ -108,6 +104,7 @@ fn wait(
         ttl_ms: request.ttl_ms,
         gives_up_at,
         queued_at: now.mono,
+        claim_ms: request.claim_ms,
     };
     step.enqueue(lock, waiter);
     RedisValue::NoReply

@@ -48,7 +48,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ("fence", lease.map_or(FieldValue::Null, |lease| number(lease.fence))),
             ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
             ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
-            ("renewals", number(lease.map_or(0, |lease| lease.renewals))),
+            ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals)))),
             ("waiters", number(queue.len() as u64)),
             ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
         ],

@@ -51,7 +51,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let renewed = previous.deadline_wall != deadline;
         if let Some(lease) = lock.lease_mut() {
             lease.granted_mono = previous.granted_mono;
-            lease.renewals = previous.renewals + u64::from(renewed);
+            lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
         }
     }
     state::observe_fence(fence);

@@ -13,7 +13,7 @@ pub const MAX_TOKEN_LEN: usize = 512;
 /// Default and, until configs land, fixed upper bound of `ttl-ms` and `timeout-ms`: one day.
 pub const DEFAULT_MAX_TTL_MS: u64 = 86_400_000;
 
-/// `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms]`, minus the resource.
+/// `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms] [CLAIM claim-ms]`, minus the resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The would-be owner's token.
@@ -22,6 +22,8 @@ pub struct AcquireArgs<'a> {
     pub ttl_ms: u64,
     /// `WAIT timeout-ms`, when given (`Some(0)`: wait without limit).
     pub wait_ms: Option<u64>,
+    /// `CLAIM claim-ms`: a lease handed over while the caller waits first runs at most this long.
+    pub claim_ms: Option<u64>,
 }
 
 /// `DLOCK.RENEW resource token ttl-ms [FENCE fence]`, minus the resource.
@@ -51,17 +53,23 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     };
     let token = parse_token(token)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
-    let mut wait_ms = None;
+    let (mut wait_ms, mut claim_ms) = (None, None);
     let mut rest = options.iter();
     while let Some(option) = rest.next() {
         if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
             let timeout = rest.next().ok_or(DlockError::WaitWithoutTimeout)?;
             wait_ms = Some(parse_timeout(timeout, max_ttl_ms)?);
+        } else if option.eq_ignore_ascii_case(b"CLAIM") {
+            if claim_ms.is_some() {
+                return Err(DlockError::RepeatedOption("CLAIM"));
+            }
+            let claim = rest.next().ok_or(DlockError::OptionWithoutValue("CLAIM", "claim-ms"))?;
+            claim_ms = Some(parse_claim(claim, max_ttl_ms)?);
         } else {
             return Err(DlockError::UnknownOption(printable(option)));
         }
     }
-    Ok(AcquireArgs { token, ttl_ms, wait_ms })
+    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms })
 }
 
 /// Parses the arguments of RENEW after the resource: `token ttl-ms [FENCE fence]`.
@@ -124,6 +132,11 @@ pub fn parse_ttl(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
         .and_then(|n| u64::try_from(n).ok())
         .filter(|n| (1..=max_ttl_ms).contains(n))
         .ok_or(DlockError::BadTtl { max: max_ttl_ms })
+}
+
+/// A claim window: an integer in `1..=max_ttl_ms`.
+pub fn parse_claim(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
+    parse_ttl(bytes, max_ttl_ms).map_err(|_| DlockError::BadClaim { max: max_ttl_ms })
 }
 
 /// A WAIT timeout: an integer in `0..=max_ttl_ms`, `0` meaning no limit.
@@ -254,11 +267,11 @@ mod tests {
     fn acquire_reads_token_ttl_and_an_optional_case_insensitive_wait() {
         assert_eq!(
             acquire(&[b"w1", b"30000"], MAX),
-            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: None })
+            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: None, claim_ms: None })
         );
         assert_eq!(
             acquire(&[b"w1", b"30000", b"wAiT", b"0"], MAX),
-            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: Some(0) })
+            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: Some(0), claim_ms: None })
         );
         assert_eq!(acquire(&[b"w1", b"30000", b"WAIT"], MAX), Err(DlockError::WaitWithoutTimeout));
         assert_eq!(
@@ -272,6 +285,32 @@ mod tests {
         assert_eq!(acquire(&[b"w1"], MAX), Err(DlockError::WrongArity("dlock.acquire")));
         // The first bad argument, in order, is the one reported.
         assert_eq!(acquire(&[b"", b"0"], MAX), Err(DlockError::BadToken));
+    }
+
+    #[test]
+    fn acquire_takes_a_claim_window_in_any_order_once() {
+        let args =
+            |claim| AcquireArgs { token: b"w", ttl_ms: 30_000, wait_ms: Some(5), claim_ms: claim };
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"CLAIM", b"500", b"WAIT", b"5"], MAX),
+            Ok(args(Some(500)))
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"wait", b"5", b"claim", b"500"], MAX),
+            Ok(args(Some(500)))
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"CLAIM"], MAX),
+            Err(DlockError::OptionWithoutValue("CLAIM", "claim-ms"))
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"CLAIM", b"0"], MAX),
+            Err(DlockError::BadClaim { max: MAX })
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"CLAIM", b"5", b"CLAIM", b"5"], MAX),
+            Err(DlockError::RepeatedOption("CLAIM"))
+        );
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub fn decode_lock(
     let mut lease = Lease::restore(&token, fence, deadline_wall, now, last_fence).ok()?;
     if encver >= ENCODING_VERSION {
         let held: Micros = source.unsigned()?;
-        lease.renewals = source.unsigned()?;
+        lease.renewals = u32::try_from(source.unsigned()?).unwrap_or(u32::MAX);
         lease.granted_mono = lease.deadline_mono.saturating_sub(held);
     }
     Some(Lock::with_lease(lease))
@@ -79,7 +79,7 @@ pub fn encode_lock(sink: &mut impl FieldSink, lock: &Lock) {
             sink.unsigned(lease.fence);
             sink.unsigned(lease.deadline_wall);
             sink.unsigned(lease.deadline_mono.saturating_sub(lease.granted_mono));
-            sink.unsigned(lease.renewals);
+            sink.unsigned(u64::from(lease.renewals));
         }
         None => sink.unsigned(0),
     }

@@ -14,6 +14,8 @@ pub enum DlockError {
     BadTtl { max: u64 },
     /// `timeout-ms` of `WAIT` out of bounds or not an integer.
     BadTimeout { max: u64 },
+    /// `claim-ms` of `CLAIM` out of bounds or not an integer.
+    BadClaim { max: u64 },
     /// Token empty or longer than [`crate::core::args::MAX_TOKEN_LEN`].
     BadToken,
     /// Fence not a positive integer.
@@ -57,6 +59,9 @@ impl fmt::Display for DlockError {
             }
             Self::BadTimeout { max } => {
                 write!(f, "ERR timeout-ms must be an integer between 0 and {max}")
+            }
+            Self::BadClaim { max } => {
+                write!(f, "ERR claim-ms must be an integer between 1 and {max}")
             }
             Self::BadToken => write!(
                 f,
@@ -112,6 +117,7 @@ mod tests {
             (DlockError::WrongArity("dlock.renew"), "dlock.renew"),
             (DlockError::BadTtl { max: 86_400_000 }, "ttl-ms"),
             (DlockError::BadTimeout { max: 86_400_000 }, "timeout-ms"),
+            (DlockError::BadClaim { max: 86_400_000 }, "claim-ms"),
             (DlockError::BadToken, "token"),
             (DlockError::BadFence, "fence"),
             (DlockError::UnknownOption("FOO".into()), "FOO"),

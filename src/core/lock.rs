@@ -33,7 +33,10 @@ pub struct Lease {
     /// When this grant was made (monotonic): hold time and `held-ms` count from here.
     pub granted_mono: Micros,
     /// How many times the holder renewed this grant.
-    pub renewals: u64,
+    pub renewals: u32,
+    /// Handed over with a claim window (`CLAIM`) that its holder has not yet claimed (by a
+    /// RENEW or a repeated ACQUIRE): it runs only the window until then.
+    pub unclaimed: bool,
 }
 
 impl Lease {
@@ -46,6 +49,7 @@ impl Lease {
             deadline_wall: 0,
             granted_mono: now.mono,
             renewals: 0,
+            unclaimed: false,
         };
         lease.extend(ttl_ms, now);
         lease
@@ -87,6 +91,7 @@ impl Lease {
             deadline_wall,
             granted_mono: now.mono,
             renewals: 0,
+            unclaimed: false,
         })
     }
 
@@ -179,6 +184,8 @@ pub struct Waiter {
     pub gives_up_at: Option<Micros>,
     /// When it joined the queue (monotonic), for the wait-time histogram.
     pub queued_at: Micros,
+    /// `CLAIM claim-ms`: a lease handed to it first runs at most this long, until claimed.
+    pub claim_ms: Option<u64>,
 }
 
 /// A lease passed to the head of the queue.
@@ -398,8 +405,11 @@ impl Lock {
             // Minted before the waiter leaves the line: a refused mint leaves it in place.
             let fence = fences.mint(now.wall)?;
             let Some(waiter) = self.waiters.pop_front() else { break };
-            self.lease =
-                Some(Lease::new(&waiter.token, fence, rules.grant_ttl_ms(waiter.ttl_ms), now));
+            // With a claim window the lease first runs only the window: its holder may be gone.
+            let ttl_ms = waiter.claim_ms.map_or(waiter.ttl_ms, |claim| claim.min(waiter.ttl_ms));
+            let mut lease = Lease::new(&waiter.token, fence, rules.grant_ttl_ms(ttl_ms), now);
+            lease.unclaimed = waiter.claim_ms.is_some();
+            self.lease = Some(lease);
             let waited = now.mono.saturating_sub(waiter.queued_at);
             return Ok(Some(HandOver { waiter: waiter.id, fence, waited }));
         }
@@ -426,6 +436,7 @@ impl Lock {
             let capped_ms =
                 cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
             lease.extend(capped_ms.max(1), now);
+            lease.unclaimed = false;
             return Ok(Acquired::Reacquired { fence: lease.fence });
         }
         if !self.waiters.is_empty() {
@@ -464,7 +475,8 @@ impl Lock {
             return Renewal::PastMaxHold;
         }
         lease.extend(ttl_ms, now);
-        lease.renewals += 1;
+        lease.renewals = lease.renewals.saturating_add(1);
+        lease.unclaimed = false;
         Renewal::Renewed
     }
 
@@ -768,7 +780,14 @@ mod tests {
     }
 
     fn waiter(id: u64, token: &[u8], gives_up_at: Option<Micros>) -> Waiter {
-        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at, queued_at: 0 }
+        Waiter {
+            id,
+            token: token.into(),
+            ttl_ms: 10_000,
+            gives_up_at,
+            queued_at: 0,
+            claim_ms: None,
+        }
     }
 
     #[test]
@@ -809,6 +828,28 @@ mod tests {
             .expect("C");
         assert_eq!((to_c.waiter, to_c.fence > to_b.fence), (2, true));
         assert_eq!(lock.waiters().len(), 0);
+    }
+
+    #[test]
+    fn a_lease_handed_over_with_a_claim_window_runs_the_window_until_its_holder_claims_it() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 1_000, at(0), &mut fences);
+        lock.enqueue(Waiter { claim_ms: Some(2_000), ..waiter(1, b"B", None) });
+        lock.enqueue(Waiter { claim_ms: Some(2_000), ..waiter(2, b"C", None) });
+        let rules = Rules::default();
+        lock.hand_over(at(1), &mut fences, rules, |_| true).expect("mint").expect("B");
+        let lease = lock.live_lease(at(1)).expect("B holds");
+        assert!(lease.unclaimed);
+        assert_eq!(lease.deadline_mono, 3 * SEC, "the window, not B's 10 s ttl");
+        // B never comes back: its grant lapses at the window and C is next.
+        assert!(lock.live_lease(at(3)).is_none());
+        assert!(lock.expire(at(3)).is_some_and(|lease| lease.unclaimed));
+        lock.hand_over(at(3), &mut fences, rules, |_| true).expect("mint").expect("C");
+        // C claims with a RENEW: from then on its ttl is its own.
+        assert_eq!(lock.renew(b"C", 10_000, at(4), rules), Renewal::Renewed);
+        let lease = lock.live_lease(at(4)).expect("C holds");
+        assert!(!lease.unclaimed);
+        assert_eq!(lease.deadline_mono, 14 * SEC);
     }
 
     #[test]

@@ -30,6 +30,8 @@ enum Op {
         resource: Resource,
         token: u8,
         ttl_ms: u64,
+        /// `CLAIM`: a hand-over first runs at most this long.
+        claim_ms: Option<u64>,
     },
     Cancel {
         resource: Resource,
@@ -63,8 +65,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (resource.clone(), token.clone(), ttl.clone())
             .prop_map(|(resource, token, ttl_ms)| Op::Acquire { resource, token, ttl_ms }),
-        2 => (resource.clone(), token.clone(), ttl.clone())
-            .prop_map(|(resource, token, ttl_ms)| Op::Wait { resource, token, ttl_ms }),
+        2 => (resource.clone(), token.clone(), ttl.clone(), proptest::option::of(1u64..20))
+            .prop_map(|(resource, token, ttl_ms, claim_ms)| Op::Wait { resource, token, ttl_ms, claim_ms }),
         1 => (resource.clone(), any::<usize>()).prop_map(|(resource, pick)| Op::Cancel { resource, pick }),
         2 => (resource.clone(), token.clone(), ttl)
             .prop_map(|(resource, token, ttl_ms)| Op::Renew { resource, token, ttl_ms }),
@@ -134,6 +136,7 @@ impl Store {
         resource: Resource,
         token: &[u8],
         ttl_ms: u64,
+        claim_ms: Option<u64>,
         now: Now,
     ) -> Result<Acquired, u64> {
         self.next_waiter += 1;
@@ -147,6 +150,7 @@ impl Store {
                         ttl_ms,
                         gives_up_at: None,
                         queued_at: now.mono,
+                        claim_ms,
                     };
                     step.enqueue(lock, waiter);
                     Err(id)
@@ -193,11 +197,14 @@ impl Store {
     }
 }
 
+/// A waiter in the model: id, token, ttl, claim window.
+type Queued = (u64, u8, u64, Option<u64>);
+
 /// The reference: live leases and queues, compared by value.
 #[derive(Default)]
 struct Model {
     leases: BTreeMap<Resource, (u8, u64, u64)>,
-    queues: BTreeMap<Resource, VecDeque<(u64, u8, u64)>>,
+    queues: BTreeMap<Resource, VecDeque<Queued>>,
     last_fence: u64,
     handed: Vec<(Resource, u64, u64)>,
 }
@@ -220,9 +227,10 @@ impl Model {
             return;
         }
         self.leases.remove(&resource);
-        if let Some((id, token, ttl_ms)) =
+        if let Some((id, token, ttl_ms, claim_ms)) =
             self.queues.get_mut(&resource).and_then(VecDeque::pop_front)
         {
+            let ttl_ms = claim_ms.map_or(ttl_ms, |claim| claim.min(ttl_ms));
             let fence = minted
                 .iter()
                 .find(|(r, waiter, _)| *r == resource && *waiter == id)
@@ -283,13 +291,13 @@ proptest! {
                     let want = model.acquire(resource, token, ttl_ms, now, &store.handed);
                     prop_assert!(same(got, want), "{:?} vs {:?}", got, want);
                 }
-                Op::Wait { resource, token, ttl_ms } => {
+                Op::Wait { resource, token, ttl_ms, claim_ms } => {
                     // The model queues a token at most once, as clients do.
                     let queued = model.queues.get(&resource).is_some_and(|q| q.iter().any(|w| w.1 == token));
                     if queued {
                         continue;
                     }
-                    match store.wait(resource, &[token], ttl_ms, now) {
+                    match store.wait(resource, &[token], ttl_ms, claim_ms, now) {
                         Ok(got) => {
                             let want = model.acquire(resource, token, ttl_ms, now, &store.handed);
                             prop_assert!(same(got, want), "{:?} vs {:?}", got, want);
@@ -298,7 +306,7 @@ proptest! {
                             model.settle(resource, now, &store.handed);
                             prop_assert!(model.live(resource, now).is_some_and(|(owner, ..)| owner != token)
                                 || model.queues.get(&resource).is_some_and(|q| !q.is_empty()));
-                            model.queues.entry(resource).or_default().push_back((id, token, ttl_ms));
+                            model.queues.entry(resource).or_default().push_back((id, token, ttl_ms, claim_ms));
                         }
                     }
                 }

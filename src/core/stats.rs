@@ -114,6 +114,10 @@ pub struct Stats {
     pub waits_timed_out: u64,
     /// Blocked waits whose client went away.
     pub waits_abandoned: u64,
+    /// Leases handed over with a claim window that their holder claimed.
+    pub grants_claimed: u64,
+    /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
+    pub claims_lapsed: u64,
     /// Time from ACQUIRE … WAIT to the hand-over, in µs.
     pub wait_time: Histogram,
     /// Time from grant to release or expiry, in µs.
@@ -131,8 +135,10 @@ impl Stats {
                 self.release_ok += 1;
                 self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
             }
+            Transition::Claimed => self.grants_claimed += 1,
             Transition::Expired(lease) => {
                 self.leases_expired += 1;
+                self.claims_lapsed += u64::from(lease.unclaimed);
                 self.hold_time.record(lease.deadline_mono.saturating_sub(lease.granted_mono));
             }
             Transition::HandedOver { waited, .. } => {
@@ -178,6 +184,8 @@ impl Stats {
             ("waits_granted", self.waits_granted),
             ("waits_timed_out", self.waits_timed_out),
             ("waits_abandoned", self.waits_abandoned),
+            ("grants_claimed", self.grants_claimed),
+            ("claims_lapsed", self.claims_lapsed),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
             ("index_entries", index_entries),

@@ -33,6 +33,9 @@ pub enum Transition {
     },
     /// The holder's RENEW moved the deadline of the lock's lease.
     Renewed,
+    /// The holder of a lease handed over with a claim window claimed it (its first RENEW or
+    /// repeated ACQUIRE); the `Renewed` or `Reacquired` that did it follows.
+    Claimed,
     /// The holder released this lease.
     Released(Lease),
     /// This lease reached its deadline.
@@ -77,6 +80,7 @@ impl Transition {
         !matches!(
             self,
             Self::Queued { .. }
+                | Self::Claimed
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
                 | Self::Refused(_)
@@ -184,7 +188,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         ttl_ms: u64,
     ) -> Result<Acquired, DlockError> {
         self.settle(lock)?;
+        let unclaimed = self.unclaimed_by(lock, token, None);
         let outcome = lock.acquire(token, ttl_ms, self.now, self.fences, self.rules)?;
+        if unclaimed && matches!(outcome, Acquired::Reacquired { .. }) {
+            self.changes.push(Transition::Claimed);
+        }
         match outcome {
             Acquired::Granted { fence, .. } => self.changes.push(Transition::Granted { fence }),
             Acquired::Reacquired { fence } => {
@@ -193,6 +201,13 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             Acquired::Busy | Acquired::Held => {}
         }
         Ok(outcome)
+    }
+
+    /// Whether `token` (with `fence`, when given) holds the live lease, handed over unclaimed.
+    fn unclaimed_by(&self, lock: &Lock, token: &[u8], fence: Option<u64>) -> bool {
+        lock.live_lease(self.now).is_some_and(|lease| {
+            lease.unclaimed && *lease.token == *token && fence.is_none_or(|f| f == lease.fence)
+        })
     }
 
     /// An ACQUIRE that was refused and does not wait.
@@ -229,7 +244,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         ttl_ms: u64,
     ) -> Result<Renewal, DlockError> {
         self.settle(lock)?;
+        let unclaimed = self.unclaimed_by(lock, token, fence);
         let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
+        if unclaimed && renewal == Renewal::Renewed {
+            self.changes.push(Transition::Claimed);
+        }
         let holder = lock.live_lease(self.now);
         self.changes.push(match renewal {
             Renewal::Renewed => Transition::Renewed,
@@ -308,7 +327,14 @@ mod tests {
     }
 
     fn waiter(id: u64, token: &[u8]) -> Waiter {
-        Waiter { id, token: token.into(), ttl_ms: 10_000, gives_up_at: None, queued_at: 0 }
+        Waiter {
+            id,
+            token: token.into(),
+            ttl_ms: 10_000,
+            gives_up_at: None,
+            queued_at: 0,
+            claim_ms: None,
+        }
     }
 
     fn step_at<'a>(now: Now, fences: &'a mut FenceCounter, host: &'a Gone) -> Step<'a, Gone> {
@@ -370,6 +396,22 @@ mod tests {
         step.leave(&mut lock, &[2]);
         assert_eq!(step.into_changes(), []);
         assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn a_claim_is_reported_once_when_the_holder_first_renews() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        step_at(at(0), &mut fences, &host).acquire(&mut lock, b"A", 1_000).expect("grant");
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.enqueue(&mut lock, Waiter { claim_ms: Some(500), ..waiter(7, b"B") });
+        let mut step = step_at(at(1), &mut fences, &host);
+        step.settle(&mut lock).expect("hand over");
+        let mut step = step_at(at(1), &mut fences, &host);
+        assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
+        assert_eq!(step.into_changes(), [Transition::Claimed, Transition::Renewed]);
+        let mut step = step_at(at(2), &mut fences, &host);
+        assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
+        assert_eq!(step.into_changes(), [Transition::Renewed], "claimed once");
     }
 
     #[test]
