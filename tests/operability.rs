@@ -96,7 +96,10 @@ fn counters_move_exactly_as_a_scripted_sequence_predicts_and_resetstat_clears_th
     }
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut con).expect("RESETSTAT");
     let stats = dlock_info(&mut con);
-    assert!(stats.iter().all(|(_, value)| *value == 0), "{stats:?}");
+    // index_entries is a gauge of the expiry index (stale entries of renewed leases wait for
+    // their old deadlines): RESETSTAT does not touch it.
+    let counters = stats.iter().filter(|(name, _)| name.as_str() != "index_entries");
+    assert!(counters.clone().all(|(_, value)| *value == 0), "{stats:?}");
 }
 
 #[test]
