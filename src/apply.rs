@@ -102,7 +102,7 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
     let current = || lock.lease();
     match change {
         Transition::Granted { .. } => event(ctx, Event::Acquired, name, current(), now),
-        Transition::Claimed => {}
+        Transition::Claimed | Transition::Ticketed { .. } | Transition::TicketLapsed => {}
         Transition::Reacquired { .. } | Transition::Renewed => {
             event(ctx, Event::Renewed, name, current(), now);
         }
@@ -120,9 +120,12 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
                 )
             });
         }
-        Transition::HandedOver { waiter, fence, .. } => {
+        Transition::HandedOver { waiter, fence, ticket, .. } => {
             let lease = current();
             event(ctx, Event::Handoff, name, lease, now);
+            if *ticket {
+                return; // its holder learns the fence from its next ACQUIRE
+            }
             let grant = lease.map(|lease| Grant {
                 key: expiry::key_ref(ctx, name.as_slice()),
                 token: (*lease.token).into(),
@@ -164,6 +167,9 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
 fn event(ctx: &Context, what: Event, name: &RedisString, lease: Option<&Lease>, now: Now) {
     if let Some(lease) = lease {
         notify::transition(ctx, what, name, lease, now);
+        if what != Event::Renewed {
+            notify::publish(ctx, what, name, lease.fence);
+        }
     }
 }
 

@@ -39,6 +39,17 @@ impl Event {
         }
     }
 
+    /// The word its channel message starts with.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Renewed => "renewed",
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::Handoff => "handoff",
+        }
+    }
+
     fn verb(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
@@ -109,6 +120,28 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
                 lease.held_ms(now),
             ),
         );
+    }
+}
+
+/// Publishes an ownership change of `resource` on its channel (`core::channel`): with
+/// `SPUBLISH` semantics in Redis Cluster, where the server lets a module publish to a shard
+/// channel, else as `PUBLISH`.
+pub fn publish(ctx: &Context, what: Event, resource: &RedisString, fence: u64) {
+    let channel = crate::core::channel::name(resource.as_slice());
+    let message = crate::core::channel::message(what.word(), fence);
+    let channel = RedisString::create_from_slice(ctx.ctx, &channel);
+    let message = RedisString::create_from_slice(ctx.ctx, &message);
+    let in_cluster = ctx.get_flags().contains(redis_module::ContextFlags::CLUSTER);
+    // SAFETY: ctx is live; both strings live until the end of this call.
+    unsafe {
+        let publish = if in_cluster {
+            raw::RedisModule_PublishMessageShard.or(raw::RedisModule_PublishMessage)
+        } else {
+            raw::RedisModule_PublishMessage
+        };
+        if let Some(publish) = publish {
+            publish(ctx.ctx, channel.inner, message.inner);
+        }
     }
 }
 

@@ -64,6 +64,14 @@ pub fn count_now() -> Option<usize> {
     }))
 }
 
+/// A fresh waiter id for a ticket: tickets and blocked clients never share one.
+pub fn new_ticket_id() -> u64 {
+    with_registry(|registry| {
+        registry.next_id += 1;
+        registry.next_id
+    })
+}
+
 /// Whether waiter `id` still waits (it can be handed the lease).
 pub fn is_alive(id: u64) -> bool {
     with_registry(|registry| {

@@ -195,7 +195,7 @@ fn truncated_and_corrupted_restore_payloads_never_crash_the_server() {
             if kind == "dlocklock" {
                 // A lease that loads answers like any lease (an expired one reads as absent).
                 if let Some(fields) = info(&mut con, "lock:bad") {
-                    assert_eq!(fields.len(), 7);
+                    assert_eq!(fields.len(), 8);
                     assert!(!fields[0].1.is_empty(), "owner");
                     assert!(fields[1].1.parse::<i64>().is_ok_and(|f| f > 0), "fence");
                 }

@@ -192,7 +192,7 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["owner", "fence", "ttl-ms", "held-ms", "renewals", "waiters", "next-waiters"]
+        ["owner", "fence", "ttl-ms", "held-ms", "renewals", "waiters", "next-waiters", "tickets"]
     );
     assert_eq!(fields[0].1, "worker-a");
     assert_eq!(fields[1].1, fence.to_string());

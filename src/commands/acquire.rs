@@ -25,6 +25,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
         ArgMeta::option("timeout-ms", ArgKind::Integer, "WAIT"),
+        ArgMeta::option("ticket-ms", ArgKind::Integer, "QUEUE"),
         ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM"),
     ],
     acl_categories: "write slow blocking",
@@ -47,9 +48,13 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
                 RedisValue::Integer(fence as i64)
             }
-            Acquired::Busy | Acquired::Held => match request.wait_ms {
-                Some(timeout_ms) if may_block(ctx) => {
+            Acquired::Busy | Acquired::Held => match (request.wait_ms, request.queue_ms) {
+                (Some(timeout_ms), _) if may_block(ctx) => {
                     wait(ctx, resource, step, lock, &request, timeout_ms)
+                }
+                (_, Some(ticket_ms)) => {
+                    queue(step, lock, &request, ticket_ms);
+                    RedisValue::Null
                 }
                 _ => {
                     step.contended();
@@ -105,7 +110,33 @@ fn wait(
         gives_up_at,
         queued_at: now.mono,
         claim_ms: request.claim_ms,
+        ticket_until: None,
     };
     step.enqueue(lock, waiter);
     RedisValue::NoReply
+}
+
+/// Takes or keeps the token's place in line with a ticket of `ticket_ms`; its turn is granted
+/// with a claim window (`CLAIM`, by default the ticket's life).
+fn queue(
+    step: &mut Step<'_, apply::Server>,
+    lock: &mut Lock,
+    request: &args::AcquireArgs<'_>,
+    ticket_ms: u64,
+) {
+    let now = step.now();
+    let (id, queued_at) = match lock.queued(request.token) {
+        Some(waiter) if waiter.ticket_until.is_some() => (waiter.id, waiter.queued_at),
+        _ => (waiters::new_ticket_id(), now.mono),
+    };
+    let waiter = Waiter {
+        id,
+        token: request.token.into(),
+        ttl_ms: request.ttl_ms,
+        gives_up_at: None,
+        queued_at,
+        claim_ms: Some(request.claim_ms.unwrap_or(ticket_ms)),
+        ticket_until: Some(now.mono.saturating_add(ticket_ms.saturating_mul(1_000))),
+    };
+    step.enqueue_ticket(lock, waiter);
 }

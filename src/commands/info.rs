@@ -3,7 +3,7 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, lock_in, reply_fields, split_args};
-use crate::core::DlockError;
+use crate::core::{DlockError, Waiter};
 use crate::{clock, waiters};
 
 pub const META: CommandMeta = CommandMeta {
@@ -11,7 +11,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 2,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, hold time, renewals, waiters",
+    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, hold time, renewals, waiters, tickets",
     complexity: "O(W) where W is the number of waiters on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],
     acl_categories: "read fast",
@@ -30,11 +30,16 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_in(&key)? else {
         return Ok(RedisValue::Null);
     };
-    let queue: Vec<&[u8]> = lock
+    // The line as it stands: blocked clients still waiting and tickets not yet lapsed.
+    let standing: Vec<&Waiter> = lock
         .waiters()
-        .filter(|waiter| waiters::is_alive(waiter.id))
-        .map(|waiter| &*waiter.token)
+        .filter(|waiter| match waiter.ticket_until {
+            Some(until) => until > now.mono,
+            None => waiters::is_alive(waiter.id),
+        })
         .collect();
+    let queue: Vec<&[u8]> = standing.iter().map(|waiter| &*waiter.token).collect();
+    let tickets = standing.iter().filter(|waiter| waiter.ticket_until.is_some()).count();
     let lease = lock.live_lease(now);
     if lease.is_none() && queue.is_empty() {
         return Ok(RedisValue::Null);
@@ -49,8 +54,9 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
             ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
             ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals)))),
-            ("waiters", number(queue.len() as u64)),
+            ("waiters", number((queue.len() - tickets) as u64)),
             ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
+            ("tickets", number(tickets as u64)),
         ],
     )
 }

@@ -24,6 +24,9 @@ pub struct AcquireArgs<'a> {
     pub wait_ms: Option<u64>,
     /// `CLAIM claim-ms`: a lease handed over while the caller waits first runs at most this long.
     pub claim_ms: Option<u64>,
+    /// `QUEUE ticket-ms`: not granted at once, the token takes (or keeps) a place in line that
+    /// stands this long unless the same ACQUIRE is sent again.
+    pub queue_ms: Option<u64>,
 }
 
 /// `DLOCK.RENEW resource token ttl-ms [FENCE fence]`, minus the resource.
@@ -53,12 +56,18 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     };
     let token = parse_token(token)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
-    let (mut wait_ms, mut claim_ms) = (None, None);
+    let (mut wait_ms, mut claim_ms, mut queue_ms) = (None, None, None);
     let mut rest = options.iter();
     while let Some(option) = rest.next() {
         if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
             let timeout = rest.next().ok_or(DlockError::WaitWithoutTimeout)?;
             wait_ms = Some(parse_timeout(timeout, max_ttl_ms)?);
+        } else if option.eq_ignore_ascii_case(b"QUEUE") {
+            if queue_ms.is_some() {
+                return Err(DlockError::RepeatedOption("QUEUE"));
+            }
+            let ticket = rest.next().ok_or(DlockError::OptionWithoutValue("QUEUE", "ticket-ms"))?;
+            queue_ms = Some(parse_ticket(ticket, max_ttl_ms)?);
         } else if option.eq_ignore_ascii_case(b"CLAIM") {
             if claim_ms.is_some() {
                 return Err(DlockError::RepeatedOption("CLAIM"));
@@ -69,7 +78,10 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
             return Err(DlockError::UnknownOption(printable(option)));
         }
     }
-    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms })
+    if wait_ms.is_some() && queue_ms.is_some() {
+        return Err(DlockError::ConflictingOptions("WAIT", "QUEUE"));
+    }
+    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms, queue_ms })
 }
 
 /// Parses the arguments of RENEW after the resource: `token ttl-ms [FENCE fence]`.
@@ -137,6 +149,11 @@ pub fn parse_ttl(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
 /// A claim window: an integer in `1..=max_ttl_ms`.
 pub fn parse_claim(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
     parse_ttl(bytes, max_ttl_ms).map_err(|_| DlockError::BadClaim { max: max_ttl_ms })
+}
+
+/// A ticket's life: an integer in `1..=max_ttl_ms`.
+pub fn parse_ticket(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
+    parse_ttl(bytes, max_ttl_ms).map_err(|_| DlockError::BadTicket { max: max_ttl_ms })
 }
 
 /// A WAIT timeout: an integer in `0..=max_ttl_ms`, `0` meaning no limit.
@@ -267,11 +284,23 @@ mod tests {
     fn acquire_reads_token_ttl_and_an_optional_case_insensitive_wait() {
         assert_eq!(
             acquire(&[b"w1", b"30000"], MAX),
-            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: None, claim_ms: None })
+            Ok(AcquireArgs {
+                token: b"w1",
+                ttl_ms: 30_000,
+                wait_ms: None,
+                claim_ms: None,
+                queue_ms: None
+            })
         );
         assert_eq!(
             acquire(&[b"w1", b"30000", b"wAiT", b"0"], MAX),
-            Ok(AcquireArgs { token: b"w1", ttl_ms: 30_000, wait_ms: Some(0), claim_ms: None })
+            Ok(AcquireArgs {
+                token: b"w1",
+                ttl_ms: 30_000,
+                wait_ms: Some(0),
+                claim_ms: None,
+                queue_ms: None
+            })
         );
         assert_eq!(acquire(&[b"w1", b"30000", b"WAIT"], MAX), Err(DlockError::WaitWithoutTimeout));
         assert_eq!(
@@ -289,8 +318,13 @@ mod tests {
 
     #[test]
     fn acquire_takes_a_claim_window_in_any_order_once() {
-        let args =
-            |claim| AcquireArgs { token: b"w", ttl_ms: 30_000, wait_ms: Some(5), claim_ms: claim };
+        let args = |claim| AcquireArgs {
+            token: b"w",
+            ttl_ms: 30_000,
+            wait_ms: Some(5),
+            claim_ms: claim,
+            queue_ms: None,
+        };
         assert_eq!(
             acquire(&[b"w", b"30000", b"CLAIM", b"500", b"WAIT", b"5"], MAX),
             Ok(args(Some(500)))
@@ -310,6 +344,26 @@ mod tests {
         assert_eq!(
             acquire(&[b"w", b"30000", b"CLAIM", b"5", b"CLAIM", b"5"], MAX),
             Err(DlockError::RepeatedOption("CLAIM"))
+        );
+    }
+
+    #[test]
+    fn acquire_takes_a_ticket_but_never_with_wait() {
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"queue", b"5000"], MAX).map(|a| (a.queue_ms, a.wait_ms)),
+            Ok((Some(5_000), None))
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"QUEUE", b"5000", b"WAIT", b"1"], MAX),
+            Err(DlockError::ConflictingOptions("WAIT", "QUEUE"))
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"QUEUE", b"0"], MAX),
+            Err(DlockError::BadTicket { max: MAX })
+        );
+        assert_eq!(
+            acquire(&[b"w", b"30000", b"QUEUE"], MAX),
+            Err(DlockError::OptionWithoutValue("QUEUE", "ticket-ms"))
         );
     }
 

@@ -16,6 +16,10 @@ pub enum DlockError {
     BadTimeout { max: u64 },
     /// `claim-ms` of `CLAIM` out of bounds or not an integer.
     BadClaim { max: u64 },
+    /// `ticket-ms` of `QUEUE` out of bounds or not an integer.
+    BadTicket { max: u64 },
+    /// Two options (named) that cannot be given together.
+    ConflictingOptions(&'static str, &'static str),
     /// Token empty or longer than [`crate::core::args::MAX_TOKEN_LEN`].
     BadToken,
     /// Fence not a positive integer.
@@ -62,6 +66,12 @@ impl fmt::Display for DlockError {
             }
             Self::BadClaim { max } => {
                 write!(f, "ERR claim-ms must be an integer between 1 and {max}")
+            }
+            Self::BadTicket { max } => {
+                write!(f, "ERR ticket-ms must be an integer between 1 and {max}")
+            }
+            Self::ConflictingOptions(a, b) => {
+                write!(f, "ERR syntax error: {a} and {b} cannot be combined")
             }
             Self::BadToken => write!(
                 f,
@@ -118,6 +128,8 @@ mod tests {
             (DlockError::BadTtl { max: 86_400_000 }, "ttl-ms"),
             (DlockError::BadTimeout { max: 86_400_000 }, "timeout-ms"),
             (DlockError::BadClaim { max: 86_400_000 }, "claim-ms"),
+            (DlockError::BadTicket { max: 86_400_000 }, "ticket-ms"),
+            (DlockError::ConflictingOptions("WAIT", "QUEUE"), "WAIT and QUEUE"),
             (DlockError::BadToken, "token"),
             (DlockError::BadFence, "fence"),
             (DlockError::UnknownOption("FOO".into()), "FOO"),

@@ -1,7 +1,7 @@
 //! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::args::parse_token;
 use super::error::MAX_FENCE;
@@ -186,6 +186,8 @@ pub struct Waiter {
     pub queued_at: Micros,
     /// `CLAIM claim-ms`: a lease handed to it first runs at most this long, until claimed.
     pub claim_ms: Option<u64>,
+    /// A ticket (`QUEUE`), not a blocked client: it lapses at this instant unless refreshed.
+    pub ticket_until: Option<Micros>,
 }
 
 /// A lease passed to the head of the queue.
@@ -197,6 +199,8 @@ pub struct HandOver {
     pub fence: u64,
     /// How long it waited, in µs.
     pub waited: Micros,
+    /// It was a ticket (`QUEUE`): nobody is blocked to answer.
+    pub ticket: bool,
 }
 
 /// What the active expiry cycle should do with a key whose index entry came due.
@@ -219,10 +223,37 @@ struct Line {
     next_place: u64,
     /// Waiters by place.
     places: BTreeMap<u64, Waiter>,
-    /// Each waiter's place, by its blocked client's id.
+    /// Each waiter's place, by its id.
     place_of_id: HashMap<u64, u64>,
     /// Each queued token's place: a token waits at most once.
     place_of_token: HashMap<Box<[u8]>, u64>,
+    /// Tickets by when they lapse, then place.
+    tickets: BTreeSet<(Micros, u64)>,
+}
+
+impl Line {
+    /// Takes the waiter at `place` out of every index.
+    fn take(&mut self, place: u64) -> Option<Waiter> {
+        let waiter = self.places.remove(&place)?;
+        self.place_of_id.remove(&waiter.id);
+        if self.place_of_token.get(&waiter.token) == Some(&place) {
+            self.place_of_token.remove(&waiter.token);
+        }
+        if let Some(until) = waiter.ticket_until {
+            self.tickets.remove(&(until, place));
+        }
+        Some(waiter)
+    }
+
+    /// Puts `waiter` at `place` in every index.
+    fn put(&mut self, place: u64, waiter: Waiter) {
+        self.place_of_id.insert(waiter.id, place);
+        self.place_of_token.insert(waiter.token.clone(), place);
+        if let Some(until) = waiter.ticket_until {
+            self.tickets.insert((until, place));
+        }
+        self.places.insert(place, waiter);
+    }
 }
 
 /// A FIFO queue of waiters that costs one pointer while empty, as almost every lock's is.
@@ -239,47 +270,66 @@ impl Queue {
         self.0.as_ref()?.places.first_key_value().map(|(_, waiter)| waiter)
     }
 
+    /// The waiter of `token`, if it is in line.
+    fn of_token(&self, token: &[u8]) -> Option<&Waiter> {
+        let line = self.0.as_ref()?;
+        line.places.get(line.place_of_token.get(token)?)
+    }
+
     /// Puts `waiter` at the back, or in the place of a waiter with the same token, whose id is
     /// returned.
     fn join(&mut self, waiter: Waiter) -> Option<u64> {
         let line = self.0.get_or_insert_with(Box::default);
         if let Some(&place) = line.place_of_token.get(&waiter.token) {
-            let queued = line.places.get_mut(&place)?;
-            let old = std::mem::replace(queued, waiter);
-            line.place_of_id.remove(&old.id);
-            line.place_of_id.insert(queued.id, place);
+            let old = line.take(place)?;
+            line.put(place, waiter);
             return Some(old.id);
         }
         let place = line.next_place;
         line.next_place += 1;
-        line.place_of_id.insert(waiter.id, place);
-        line.place_of_token.insert(waiter.token.clone(), place);
-        line.places.insert(place, waiter);
+        line.put(place, waiter);
         None
     }
 
     fn pop_front(&mut self) -> Option<Waiter> {
         let line = self.0.as_mut()?;
-        let (place, waiter) = line.places.pop_first()?;
-        line.place_of_id.remove(&waiter.id);
-        if line.place_of_token.get(&waiter.token) == Some(&place) {
-            line.place_of_token.remove(&waiter.token);
-        }
+        let place = *line.places.first_key_value()?.0;
+        let waiter = line.take(place);
         self.shrink();
-        Some(waiter)
+        waiter
     }
 
     /// Takes waiter `id` out of line; whether it was there.
     fn remove(&mut self, id: u64) -> bool {
         let Some(line) = self.0.as_mut() else { return false };
-        let Some(place) = line.place_of_id.remove(&id) else { return false };
-        if let Some(waiter) = line.places.remove(&place)
-            && line.place_of_token.get(&waiter.token) == Some(&place)
-        {
-            line.place_of_token.remove(&waiter.token);
-        }
+        let Some(&place) = line.place_of_id.get(&id) else { return false };
+        line.take(place);
         self.shrink();
         true
+    }
+
+    /// Takes out the tickets that lapsed by `now_mono`.
+    fn lapsed_tickets(&mut self, now_mono: Micros) -> Vec<Waiter> {
+        let Some(line) = self.0.as_mut() else { return Vec::new() };
+        let mut lapsed = Vec::new();
+        while let Some(&(until, place)) =
+            line.tickets.first().filter(|(until, _)| *until <= now_mono)
+        {
+            line.tickets.remove(&(until, place));
+            lapsed.extend(line.take(place));
+        }
+        self.shrink();
+        lapsed
+    }
+
+    /// When the first standing ticket lapses.
+    fn first_ticket_lapse(&self) -> Option<Micros> {
+        self.0.as_ref()?.tickets.first().map(|(until, _)| *until)
+    }
+
+    /// How many tickets stand in line.
+    fn tickets(&self) -> usize {
+        self.0.as_ref().map_or(0, |line| line.tickets.len())
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&Waiter) -> bool) {
@@ -298,7 +348,7 @@ impl Queue {
     }
 
     /// Bytes the line holds on the heap (for `MEMORY USAGE`), roughly: each waiter's entry in
-    /// the line and in both indexes, and its token twice.
+    /// the line and in its indexes, and its token twice.
     fn heap_bytes(&self) -> usize {
         self.0.as_ref().map_or(0, |line| {
             std::mem::size_of::<Line>()
@@ -307,6 +357,7 @@ impl Queue {
                     .values()
                     .map(|waiter| std::mem::size_of::<Waiter>() + 64 + 2 * waiter.token.len())
                     .sum::<usize>()
+                + line.tickets.len() * 24
         })
     }
 
@@ -373,6 +424,31 @@ impl Lock {
         self.waiters.retain(|waiter| alive(waiter));
     }
 
+    /// The waiter of `token`, if it stands in line.
+    pub fn queued(&self, token: &[u8]) -> Option<&Waiter> {
+        self.waiters.of_token(token)
+    }
+
+    /// How many tickets (`QUEUE`) stand in line.
+    pub fn tickets(&self) -> usize {
+        self.waiters.tickets()
+    }
+
+    /// Takes the tickets that lapsed by `now` out of line.
+    pub fn drop_lapsed_tickets(&mut self, now: Now) -> Vec<Waiter> {
+        self.waiters.lapsed_tickets(now.mono)
+    }
+
+    /// When this lock next needs the timer: its lease's deadline or the first ticket's lapse.
+    pub fn next_wake(&self) -> Option<Micros> {
+        let lease = self.lease.as_ref().map(|lease| lease.deadline_mono);
+        let ticket = self.waiters.first_ticket_lapse();
+        match (lease, ticket) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Takes a waiter out of line (timed out, disconnected, unblocked).
     pub fn remove_waiter(&mut self, id: u64) -> bool {
         self.waiters.remove(id)
@@ -398,7 +474,11 @@ impl Lock {
         }
         while let Some(waiter) = self.waiters.front() {
             let timing_out = waiter.gives_up_at.is_some_and(|at| at <= now.mono);
-            if timing_out || !alive(waiter) {
+            let waiting = match waiter.ticket_until {
+                Some(until) => until > now.mono,
+                None => alive(waiter),
+            };
+            if timing_out || !waiting {
                 self.waiters.pop_front();
                 continue;
             }
@@ -411,7 +491,8 @@ impl Lock {
             lease.unclaimed = waiter.claim_ms.is_some();
             self.lease = Some(lease);
             let waited = now.mono.saturating_sub(waiter.queued_at);
-            return Ok(Some(HandOver { waiter: waiter.id, fence, waited }));
+            let ticket = waiter.ticket_until.is_some();
+            return Ok(Some(HandOver { waiter: waiter.id, fence, waited, ticket }));
         }
         Ok(None)
     }
@@ -509,7 +590,7 @@ impl Lock {
     /// Records that an expiry index entry at `deadline` is needed and returns whether the caller
     /// must insert one: not when an entry at or before it is still pending.
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
-        let deadline = self.lease.as_ref()?.deadline_mono;
+        let deadline = self.next_wake()?;
         let pending = self.scheduled.get();
         if pending > now.mono && pending <= deadline {
             None
@@ -533,7 +614,7 @@ impl Lock {
     /// Where the expiry index should look at this key next: its lease's deadline, or at once
     /// when it holds no lease (to hand over to waiters, or to delete the key).
     pub fn index_deadline(&self) -> Micros {
-        self.lease.as_ref().map_or(0, |lease| lease.deadline_mono)
+        self.next_wake().unwrap_or(0)
     }
 
     /// A copy for another key name (COPY): empty. A lease belongs to the name it was granted
@@ -556,13 +637,12 @@ impl Lock {
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
     pub fn on_due(&self, entry_deadline: Micros, now: Now) -> Due {
-        let Some(lease) = &self.lease else {
+        let Some(deadline) = self.next_wake() else {
             return Due::Vacant;
         };
-        if !lease.is_live(now) {
-            return Due::Expired;
+        if deadline <= now.mono {
+            return Due::Expired; // a lease ended, or a ticket lapsed
         }
-        let deadline = lease.deadline_mono;
         let pending = self.scheduled.get();
         if pending != entry_deadline && pending > now.mono && pending <= deadline {
             Due::Stale
@@ -787,6 +867,7 @@ mod tests {
             gives_up_at,
             queued_at: 0,
             claim_ms: None,
+            ticket_until: None,
         }
     }
 

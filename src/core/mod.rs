@@ -4,6 +4,7 @@
 //! takes a [`Now`]. This is where correctness lives; the Redis glue around it stays thin.
 
 pub mod args;
+pub mod channel;
 pub mod encoding;
 pub mod error;
 pub mod expiry;

@@ -33,6 +33,13 @@ enum Op {
         /// `CLAIM`: a hand-over first runs at most this long.
         claim_ms: Option<u64>,
     },
+    /// `ACQUIRE … QUEUE ticket-ms`.
+    Ticket {
+        resource: Resource,
+        token: u8,
+        ttl_ms: u64,
+        ticket_ms: u64,
+    },
     Cancel {
         resource: Resource,
         pick: usize,
@@ -67,6 +74,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(resource, token, ttl_ms)| Op::Acquire { resource, token, ttl_ms }),
         2 => (resource.clone(), token.clone(), ttl.clone(), proptest::option::of(1u64..20))
             .prop_map(|(resource, token, ttl_ms, claim_ms)| Op::Wait { resource, token, ttl_ms, claim_ms }),
+        2 => (resource.clone(), token.clone(), ttl.clone(), 1u64..40)
+            .prop_map(|(resource, token, ttl_ms, ticket_ms)| Op::Ticket { resource, token, ttl_ms, ticket_ms }),
         1 => (resource.clone(), any::<usize>()).prop_map(|(resource, pick)| Op::Cancel { resource, pick }),
         2 => (resource.clone(), token.clone(), ttl)
             .prop_map(|(resource, token, ttl_ms)| Op::Renew { resource, token, ttl_ms }),
@@ -151,8 +160,41 @@ impl Store {
                         gives_up_at: None,
                         queued_at: now.mono,
                         claim_ms,
+                        ticket_until: None,
                     };
                     step.enqueue(lock, waiter);
+                    Err(id)
+                }
+                immediate => Ok(immediate),
+            }
+        })
+    }
+
+    /// ACQUIRE … QUEUE: an immediate answer, or the id of the (new or refreshed) ticket.
+    fn ticket(
+        &mut self,
+        resource: Resource,
+        token: &[u8],
+        ttl_ms: u64,
+        ticket_ms: u64,
+        now: Now,
+    ) -> Result<Acquired, u64> {
+        self.next_waiter += 1;
+        let fresh = self.next_waiter;
+        self.run(resource, now, |step, lock| {
+            match step.acquire(lock, token, ttl_ms).expect("fences") {
+                Acquired::Busy | Acquired::Held => {
+                    let id = lock.queued(token).map_or(fresh, |queued| queued.id);
+                    let waiter = Waiter {
+                        id,
+                        token: token.into(),
+                        ttl_ms,
+                        gives_up_at: None,
+                        queued_at: now.mono,
+                        claim_ms: Some(ticket_ms),
+                        ticket_until: Some(now.mono + ticket_ms * 1_000),
+                    };
+                    step.enqueue_ticket(lock, waiter);
                     Err(id)
                 }
                 immediate => Ok(immediate),
@@ -197,8 +239,16 @@ impl Store {
     }
 }
 
-/// A waiter in the model: id, token, ttl, claim window.
-type Queued = (u64, u8, u64, Option<u64>);
+/// A waiter in the model.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    id: u64,
+    token: u8,
+    ttl_ms: u64,
+    claim_ms: Option<u64>,
+    /// A ticket: lapses then unless refreshed.
+    ticket_until: Option<u64>,
+}
 
 /// The reference: live leases and queues, compared by value.
 #[derive(Default)]
@@ -223,21 +273,33 @@ impl Model {
     /// in another order than the model, so a hand-over takes the fence the store minted for that
     /// very waiter (the store's fences are checked to increase separately).
     fn settle(&mut self, resource: Resource, now: Now, minted: &[(Resource, u64, u64)]) {
+        if let Some(queue) = self.queues.get_mut(&resource) {
+            queue.retain(|w| w.ticket_until.is_none_or(|until| until > now.mono));
+        }
         if self.live(resource, now).is_some() {
             return;
         }
         self.leases.remove(&resource);
-        if let Some((id, token, ttl_ms, claim_ms)) =
-            self.queues.get_mut(&resource).and_then(VecDeque::pop_front)
-        {
-            let ttl_ms = claim_ms.map_or(ttl_ms, |claim| claim.min(ttl_ms));
+        if let Some(waiter) = self.queues.get_mut(&resource).and_then(VecDeque::pop_front) {
+            let ttl_ms = waiter.claim_ms.map_or(waiter.ttl_ms, |claim| claim.min(waiter.ttl_ms));
             let fence = minted
                 .iter()
-                .find(|(r, waiter, _)| *r == resource && *waiter == id)
+                .find(|(r, id, _)| *r == resource && *id == waiter.id)
                 .map_or(0, |(_, _, fence)| *fence);
             self.last_fence = self.last_fence.max(fence);
-            self.leases.insert(resource, (token, fence, now.mono + ttl_ms * 1_000));
-            self.handed.push((resource, id, fence));
+            self.leases.insert(resource, (waiter.token, fence, now.mono + ttl_ms * 1_000));
+            self.handed.push((resource, waiter.id, fence));
+        }
+    }
+
+    /// When `resource` next needs settling: its lease's deadline or its first ticket's lapse.
+    fn next_wake(&self, resource: Resource) -> Option<u64> {
+        let lease = self.leases.get(&resource).map(|(_, _, deadline)| *deadline);
+        let ticket =
+            self.queues.get(&resource).and_then(|q| q.iter().filter_map(|w| w.ticket_until).min());
+        match (lease, ticket) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -293,7 +355,7 @@ proptest! {
                 }
                 Op::Wait { resource, token, ttl_ms, claim_ms } => {
                     // The model queues a token at most once, as clients do.
-                    let queued = model.queues.get(&resource).is_some_and(|q| q.iter().any(|w| w.1 == token));
+                    let queued = model.queues.get(&resource).is_some_and(|q| q.iter().any(|w| w.token == token));
                     if queued {
                         continue;
                     }
@@ -306,13 +368,45 @@ proptest! {
                             model.settle(resource, now, &store.handed);
                             prop_assert!(model.live(resource, now).is_some_and(|(owner, ..)| owner != token)
                                 || model.queues.get(&resource).is_some_and(|q| !q.is_empty()));
-                            model.queues.entry(resource).or_default().push_back((id, token, ttl_ms, claim_ms));
+                            let waiter = Queued { id, token, ttl_ms, claim_ms, ticket_until: None };
+                            model.queues.entry(resource).or_default().push_back(waiter);
+                        }
+                    }
+                }
+                Op::Ticket { resource, token, ttl_ms, ticket_ms } => {
+                    // A token waits in one way at a time, as clients do.
+                    let blocked = model.queues.get(&resource).is_some_and(|q| q.iter().any(|w| w.token == token && w.ticket_until.is_none()));
+                    if blocked {
+                        continue;
+                    }
+                    match store.ticket(resource, &[token], ttl_ms, ticket_ms, now) {
+                        Ok(got) => {
+                            let want = model.acquire(resource, token, ttl_ms, now, &store.handed);
+                            prop_assert!(same(got, want), "{:?} vs {:?}", got, want);
+                        }
+                        Err(id) => {
+                            model.settle(resource, now, &store.handed);
+                            prop_assert!(model.live(resource, now).is_some_and(|(owner, ..)| owner != token));
+                            let queue = model.queues.entry(resource).or_default();
+                            let ticket = Queued { id, token, ttl_ms, claim_ms: Some(ticket_ms), ticket_until: Some(now.mono + ticket_ms * 1_000) };
+                            match queue.iter_mut().find(|w| w.token == token) {
+                                Some(place) => {
+                                    prop_assert_eq!(place.id, id, "a refreshed ticket keeps its id");
+                                    *place = ticket;
+                                }
+                                None => queue.push_back(ticket),
+                            }
                         }
                     }
                 }
                 Op::Cancel { resource, pick } => {
-                    let Some(queue) = model.queues.get_mut(&resource).filter(|q| !q.is_empty()) else { continue };
-                    let (id, ..) = queue.remove(pick % queue.len()).expect("in range");
+                    // Blocked clients go away; tickets simply stop being refreshed.
+                    let Some(queue) = model.queues.get_mut(&resource) else { continue };
+                    let blocked: Vec<usize> = (0..queue.len()).filter(|&i| queue[i].ticket_until.is_none()).collect();
+                    if blocked.is_empty() {
+                        continue;
+                    }
+                    let id = queue.remove(blocked[pick % blocked.len()]).expect("in range").id;
                     store.cancel(resource, id, now);
                     model.settle(resource, now, &store.handed);
                 }
@@ -348,12 +442,11 @@ proptest! {
                 }
                 Op::Sweep => {
                     store.sweep(now);
-                    // The sweep meets expired leases in deadline order; the model follows suit.
-                    let mut expired: Vec<(u64, Resource)> = model
-                        .leases
-                        .iter()
-                        .filter(|(_, (_, _, deadline))| *deadline <= now.mono)
-                        .map(|(resource, (_, _, deadline))| (*deadline, *resource))
+                    // The sweep meets expired leases and lapsed tickets in time order; the model
+                    // follows suit.
+                    let mut expired: Vec<(u64, Resource)> = (0..3)
+                        .filter_map(|resource| Some((model.next_wake(resource)?, resource)))
+                        .filter(|(wake, _)| *wake <= now.mono)
                         .collect();
                     expired.sort();
                     for (_, resource) in expired {
@@ -379,7 +472,7 @@ proptest! {
                 });
                 prop_assert_eq!(got, model.live(resource, now));
                 let queue: Vec<u64> = store.keys.get(&resource).map(|l| l.waiters().map(|w| w.id).collect()).unwrap_or_default();
-                let want: Vec<u64> = model.queues.get(&resource).map(|q| q.iter().map(|w| w.0).collect()).unwrap_or_default();
+                let want: Vec<u64> = model.queues.get(&resource).map(|q| q.iter().map(|w| w.id).collect()).unwrap_or_default();
                 prop_assert_eq!(queue, want);
             }
         }

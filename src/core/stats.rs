@@ -114,6 +114,12 @@ pub struct Stats {
     pub waits_timed_out: u64,
     /// Blocked waits whose client went away.
     pub waits_abandoned: u64,
+    /// Tokens that took a place in a queue with a ticket (`QUEUE`).
+    pub tickets_queued: u64,
+    /// Tickets whose turn came: granted with a claim window.
+    pub tickets_granted: u64,
+    /// Tickets not refreshed in time: they left their queue.
+    pub tickets_lapsed: u64,
     /// Leases handed over with a claim window that their holder claimed.
     pub grants_claimed: u64,
     /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
@@ -141,10 +147,17 @@ impl Stats {
                 self.claims_lapsed += u64::from(lease.unclaimed);
                 self.hold_time.record(lease.deadline_mono.saturating_sub(lease.granted_mono));
             }
-            Transition::HandedOver { waited, .. } => {
+            Transition::HandedOver { waited, ticket: false, .. } => {
                 self.waits_granted += 1;
                 self.wait_time.record(*waited);
             }
+            Transition::HandedOver { waited, ticket: true, .. } => {
+                self.tickets_granted += 1;
+                self.wait_time.record(*waited);
+            }
+            Transition::Ticketed { refreshed: false } => self.tickets_queued += 1,
+            Transition::Ticketed { refreshed: true } => {}
+            Transition::TicketLapsed => self.tickets_lapsed += 1,
             // Its waiter was counted as abandoned when its client went away.
             Transition::GrantUndone(_) => {}
             Transition::Queued { .. } => self.waits_started += 1,
@@ -184,6 +197,9 @@ impl Stats {
             ("waits_granted", self.waits_granted),
             ("waits_timed_out", self.waits_timed_out),
             ("waits_abandoned", self.waits_abandoned),
+            ("tickets_queued", self.tickets_queued),
+            ("tickets_granted", self.tickets_granted),
+            ("tickets_lapsed", self.tickets_lapsed),
             ("grants_claimed", self.grants_claimed),
             ("claims_lapsed", self.claims_lapsed),
             ("lock_keys", lock_keys),

@@ -42,12 +42,14 @@ pub enum Transition {
     Expired(Lease),
     /// The lease (the lock's lease now) was handed to the head of the queue.
     HandedOver {
-        /// The blocked client that now holds it.
+        /// The waiter that now holds it.
         waiter: u64,
         /// The fence minted for it.
         fence: u64,
         /// How long it waited, in µs.
         waited: Micros,
+        /// It was a ticket: nobody is blocked to answer; its next ACQUIRE learns the fence.
+        ticket: bool,
     },
     /// A lease handed to a waiter whose reply never arrived was taken back.
     GrantUndone(Lease),
@@ -56,6 +58,13 @@ pub enum Transition {
         /// The blocked client.
         waiter: u64,
     },
+    /// A token took a place in the queue with a ticket (`QUEUE`), or refreshed its ticket.
+    Ticketed {
+        /// Whether it was already in line (a refresh).
+        refreshed: bool,
+    },
+    /// A ticket was not refreshed in time and left the queue.
+    TicketLapsed,
     /// A waiter's place was taken by a newer wait of the same token: it is answered nil.
     Superseded {
         /// The blocked client to answer.
@@ -80,6 +89,8 @@ impl Transition {
         !matches!(
             self,
             Self::Queued { .. }
+                | Self::Ticketed { .. }
+                | Self::TicketLapsed
                 | Self::Claimed
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
@@ -146,6 +157,8 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// Brings `lock` up to date: an expired lease ends, and a free lock passes to the first
     /// waiter that still waits (waiters ahead of it that are gone leave the queue).
     pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
+        let lapsed = lock.drop_lapsed_tickets(self.now).len();
+        self.changes.extend(std::iter::repeat_n(Transition::TicketLapsed, lapsed));
         if let Some(expired) = lock.expire(self.now) {
             self.changes.push(Transition::Expired(expired));
         }
@@ -157,6 +170,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
                 waiter: handed.waiter,
                 fence: handed.fence,
                 waited: handed.waited,
+                ticket: handed.ticket,
             });
         }
         Ok(())
@@ -222,6 +236,21 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             self.changes.push(Transition::Superseded { waiter: superseded });
         }
         self.changes.push(Transition::Queued { waiter: id });
+    }
+
+    /// ACQUIRE … QUEUE: `waiter` (a ticket) takes `token`'s place in line, or the back of it;
+    /// a token already in line keeps its place and its ticket is refreshed.
+    pub fn enqueue_ticket(&mut self, lock: &mut Lock, waiter: Waiter) {
+        let before = lock.queued(&waiter.token).map(|queued| (queued.id, queued.ticket_until));
+        let id = waiter.id;
+        let superseded = lock.enqueue(waiter);
+        match before {
+            // A blocked wait of the same token gives its place to the ticket: it is answered nil.
+            Some((old, None)) => self.changes.push(Transition::Superseded { waiter: old }),
+            Some((_, Some(_))) => {}
+            None => debug_assert!(superseded.is_none() && id > 0),
+        }
+        self.changes.push(Transition::Ticketed { refreshed: before.is_some() });
     }
 
     /// RENEW: settles (an expired lease passes on first: its old owner renews nothing), then
@@ -334,6 +363,7 @@ mod tests {
             gives_up_at: None,
             queued_at: 0,
             claim_ms: None,
+            ticket_until: None,
         }
     }
 
@@ -360,7 +390,7 @@ mod tests {
         assert!(matches!(&changes[0], Transition::Released(lease) if &*lease.token == b"A"));
         assert_eq!(
             changes[1],
-            Transition::HandedOver { waiter: 7, fence: at(2).wall, waited: 2 * SEC }
+            Transition::HandedOver { waiter: 7, fence: at(2).wall, waited: 2 * SEC, ticket: false }
         );
         assert_eq!(changes.len(), 2);
         assert_eq!(lock.live_lease(at(2)).map(|l| &*l.token), Some(&b"B"[..]));
@@ -412,6 +442,46 @@ mod tests {
         let mut step = step_at(at(2), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
         assert_eq!(step.into_changes(), [Transition::Renewed], "claimed once");
+    }
+
+    #[test]
+    fn a_ticket_keeps_its_place_while_refreshed_is_granted_with_a_claim_window_and_lapses() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        step_at(at(0), &mut fences, &host).acquire(&mut lock, b"A", 5_000).expect("grant");
+        let ticket = |id, token: &[u8], until| Waiter {
+            ticket_until: Some(until),
+            claim_ms: Some(2_000),
+            ..waiter(id, token)
+        };
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.enqueue_ticket(&mut lock, ticket(1, b"B", at(3).mono));
+        step.enqueue_ticket(&mut lock, ticket(2, b"C", at(3).mono));
+        step.enqueue_ticket(&mut lock, ticket(3, b"B", at(6).mono));
+        assert_eq!(
+            step.into_changes(),
+            [
+                Transition::Ticketed { refreshed: false },
+                Transition::Ticketed { refreshed: false },
+                Transition::Ticketed { refreshed: true },
+            ]
+        );
+        assert_eq!(lock.tickets(), 2);
+        assert_eq!(lock.next_wake(), Some(at(3).mono), "C's ticket lapses first");
+        // C stops refreshing: at 3 s it leaves; B, refreshed, is still first in line.
+        let mut step = step_at(at(3), &mut fences, &host);
+        step.settle(&mut lock).expect("settle");
+        assert_eq!(step.into_changes(), [Transition::TicketLapsed]);
+        assert_eq!(lock.waiters().map(|w| &*w.token).collect::<Vec<_>>(), [&b"B"[..]]);
+        // A's lease ends at 5 s: B's ticket is granted with its claim window.
+        let mut step = step_at(at(5), &mut fences, &host);
+        step.settle(&mut lock).expect("settle");
+        let changes = step.into_changes();
+        assert!(matches!(changes[1], Transition::HandedOver { ticket: true, .. }), "{changes:?}");
+        let lease = lock.live_lease(at(5)).expect("B holds");
+        assert_eq!(
+            (&*lease.token, lease.deadline_mono, lease.unclaimed),
+            (&b"B"[..], 7 * SEC, true)
+        );
     }
 
     #[test]

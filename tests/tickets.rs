@@ -1,0 +1,135 @@
+//! `DLOCK.ACQUIRE … QUEUE ticket-ms`: a place in the resource's one FIFO line without holding a
+//! connection; refreshed by sending the same ACQUIRE again; granted with a claim window; lapsed
+//! when not refreshed. Ownership changes are published on the resource's channel.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn queue(con: &mut redis::Connection, resource: &str, token: &str, ticket_ms: u64) -> Option<i64> {
+    redis::cmd("DLOCK.ACQUIRE")
+        .arg(resource)
+        .arg(token)
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(ticket_ms)
+        .query(con)
+        .expect("ACQUIRE QUEUE")
+}
+
+#[test]
+fn tickets_are_served_in_order_without_barging_and_the_next_acquire_learns_the_fence() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue(&mut con, "r", "B", 10_000), None, "B takes a ticket");
+    assert_eq!(queue(&mut con, "r", "C", 10_000), None, "C takes a ticket");
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("2"));
+    assert_eq!(acquire(&mut con, "r", "D", 60_000), None, "nobody barges past the line");
+    assert_eq!(queue(&mut con, "r", "C", 10_000), None, "C refreshes and keeps its place");
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("B"), "B's turn");
+    let ttl: i64 = info_field(&mut con, "r", "ttl-ms").and_then(|t| t.parse().ok()).unwrap_or(0);
+    assert!(ttl <= 10_000, "granted with a claim window of the ticket's life: {ttl}");
+    let fence = queue(&mut con, "r", "B", 10_000).expect("B's next ACQUIRE learns its fence");
+    assert!(fence > first);
+    let ttl: i64 = info_field(&mut con, "r", "ttl-ms").and_then(|t| t.parse().ok()).unwrap_or(0);
+    assert!(ttl > 50_000, "claimed: the full ttl now runs ({ttl} ms)");
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("1"), "C still stands");
+}
+
+#[test]
+fn a_ticket_that_is_not_refreshed_leaves_and_a_grant_nobody_claims_passes_on() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue(&mut con, "r", "gone", 300), None);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_line(&mut con, "dlock", "dlock_tickets_lapsed").as_deref() == Some("1")
+    }));
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
+    // B's ticket comes up, but B never comes back: its grant lapses after its claim window.
+    assert_eq!(queue(&mut con, "r", "B", 60_000), None);
+    let claim_ms: &[&str] = &["CLAIM", "300"];
+    let _: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("r")
+        .arg("C")
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(60_000)
+        .arg(claim_ms)
+        .query(&mut con)
+        .expect("C queues with a short claim window");
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("B"));
+    assert_eq!(release(&mut con, "r", "B"), 1, "B is done at once");
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("C"));
+    assert!(
+        eventually(Duration::from_secs(5), || acquire(&mut con, "r", "D", 1_000).is_some()),
+        "C never claimed: the resource is free after 300 ms"
+    );
+}
+
+#[test]
+fn a_thousand_tickets_on_one_resource_are_granted_in_order() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "r", "holder", 60_000).expect("granted");
+    let tokens: Vec<String> = (0..1_000).map(|i| format!("t{i:04}")).collect();
+    for token in &tokens {
+        assert_eq!(queue(&mut con, "r", token, 60_000), None);
+    }
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("1000"));
+    let mut holder = "holder".to_owned();
+    let mut last_fence = 0;
+    for token in &tokens {
+        assert_eq!(release(&mut con, "r", &holder), 1);
+        let fence = queue(&mut con, "r", token, 60_000).expect("its turn");
+        assert!(fence > last_fence, "fences increase along the line");
+        last_fence = fence;
+        holder = token.clone();
+    }
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
+}
+
+#[test]
+fn ownership_changes_are_published_on_the_resources_channel() {
+    let server = Server::start();
+    let mut con = server.client();
+    let mut subscriber = server.client();
+    subscriber.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("dlock:{r}").expect("SUBSCRIBE");
+    let a = acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue(&mut con, "r", "B", 60_000), None);
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    let mut messages = Vec::new();
+    for _ in 0..3 {
+        let message = pubsub.get_message().expect("a message");
+        messages.push(message.get_payload::<String>().expect("text"));
+    }
+    let handed: i64 =
+        messages[2].strip_prefix("handoff ").and_then(|f| f.parse().ok()).expect("fence");
+    assert_eq!(messages[..2], [format!("acquired {a}"), format!("released {a}")]);
+    assert!(handed > a);
+}
+
+#[test]
+fn bad_queue_options_are_refused_and_change_nothing() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "r", "A", 60_000).expect("granted");
+    for (args, error) in [
+        (&["QUEUE"][..], "ERR QUEUE needs a ticket-ms argument"),
+        (&["QUEUE", "0"], "ERR ticket-ms must be an integer between 1 and 86400000"),
+        (&["QUEUE", "5", "QUEUE", "5"], "ERR syntax error: QUEUE given more than once"),
+        (&["QUEUE", "5", "WAIT", "5"], "ERR syntax error: WAIT and QUEUE cannot be combined"),
+    ] {
+        let reply =
+            redis::cmd("DLOCK.ACQUIRE").arg("r").arg("B").arg(60_000).arg(args).query(&mut con);
+        assert_eq!(error_text(reply), error, "{args:?}");
+    }
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
+}
