@@ -1,11 +1,9 @@
 //! The lock data type under Redis's generic key commands: COPY, RENAME, MOVE, DUMP/RESTORE,
 //! MEMORY USAGE, DEBUG DIGEST-VALUE, and corrupted RESTORE payloads.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use dlock_testkit::*;
 
 #[test]
 fn copy_duplicates_the_lease_and_both_keys_expire_on_time() {

@@ -1,11 +1,9 @@
 //! The failure modes users fear, each against a real redis-server.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 /// Sleeps until `ttl` after `granted_at`, plus a small margin, so the lease has certainly ended.
 fn wait_past(granted_at: Instant, ttl: Duration) {
