@@ -140,7 +140,7 @@ impl Store {
         let id = self.next_waiter;
         self.run(resource, now, |step, lock| {
             match step.acquire(lock, token, ttl_ms).expect("fences") {
-                Acquired::Busy | Acquired::Held => {
+                Acquired::Busy | Acquired::GrantsHeld => {
                     let waiter = Waiter {
                         id,
                         token: token.into(),
