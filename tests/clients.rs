@@ -3,12 +3,10 @@
 //! docs/clients.md prints are files here, run as they are. Libraries go into .deps/, at the
 //! versions scripts/clients.sh pins.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use dlock_testkit::*;
 
 fn project() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,8 +1,6 @@
 //! Command surface: bad input, WRONGTYPE, MULTI/EXEC, Lua, ACL key patterns, key specs, docs.
 
-mod common;
-
-use common::*;
+use dlock_testkit::*;
 
 fn run(con: &mut redis::Connection, args: &[&[u8]]) -> redis::RedisResult<redis::Value> {
     let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("command name"));

@@ -1,11 +1,9 @@
 //! The lock data type under Redis's generic key commands: COPY, RENAME, MOVE, DUMP/RESTORE,
 //! MEMORY USAGE, DEBUG DIGEST-VALUE, and corrupted RESTORE payloads.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use dlock_testkit::*;
 
 fn fenced_set(con: &mut redis::Connection, resource: &str, fence: i64) -> redis::RedisResult<()> {
     redis::cmd("DLOCK.FENCED").arg(resource).arg(fence).arg("SET").arg("data").arg("x").query(con)

@@ -1,11 +1,9 @@
 //! `docs/commands/*.md`, `COMMAND DOCS` and the key specs of `COMMAND INFO` say the same thing,
 //! so none of them can drift.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use dlock_testkit::*;
 
 const COMMANDS: [&str; 8] = [
     "dlock.acquire",

@@ -32,15 +32,13 @@
 //! - `<!-- replay: aof -->`: the next code block is the decoded newest AOF increment file (one
 //!   command per line, arguments separated by spaces); it must match within 10 s.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 /// Tolerance for `ttl-ms` and `held-ms`.
 const TIME_SLACK_MS: i64 = 1500;
@@ -887,7 +885,7 @@ fn redis_conf_example_runs_once_its_paths_are_filled_in() {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert!(up, "redis-server did not start from redis.conf.example");
         let con = con.as_mut().expect("connected");
-        assert!(common::acquire(con, "invoice:1", "w", 30_000).is_some());
+        assert!(dlock_testkit::acquire(con, "invoice:1", "w", 30_000).is_some());
         let fsync: Vec<String> =
             redis::cmd("CONFIG").arg("GET").arg("appendfsync").query(con).expect("CONFIG");
         assert_eq!(fsync, ["appendfsync", "always"]);

@@ -1,13 +1,11 @@
 //! `DLOCK.FENCED`: a write that carries a stale fence does not happen.
 
-mod common;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 fn fenced(
     con: &mut redis::Connection,

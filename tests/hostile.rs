@@ -1,11 +1,9 @@
 //! Hostile conditions: memory pressure, eviction, and a barrage of random command lines.
 
-mod common;
-
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-use common::*;
+use dlock_testkit::*;
 
 /// Fills memory with plain strings until the server refuses writes. Small values: a large
 /// argument sits in the query buffer and counts as used memory only while it is read.

@@ -1,11 +1,9 @@
 //! The failure modes users fear, each against a real redis-server.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 /// Sleeps until `ttl` after `granted_at`, plus a small margin, so the lease has certainly ended.
 fn wait_past(granted_at: Instant, ttl: Duration) {
@@ -45,11 +43,17 @@ fn a_late_renew_returns_0_and_never_revives_the_lease() {
     let server = Server::start();
     let mut a = server.client();
     let granted_at = Instant::now();
-    acquire(&mut a, "invoice:3", "worker-a", 200).expect("granted");
-    assert_eq!(renew(&mut a, "invoice:3", "worker-a", 200), 1, "renewal while live");
+    acquire(&mut a, "invoice:3", "worker-a", 400).expect("granted");
+    sleep(Duration::from_millis(150));
+    assert_eq!(renew(&mut a, "invoice:3", "worker-a", 400), 1, "renewal while live");
     let renewed_at = Instant::now();
-    assert!(renewed_at >= granted_at);
-    wait_past(renewed_at, Duration::from_millis(200));
+    wait_past(granted_at, Duration::from_millis(400));
+    assert_eq!(
+        info_field(&mut a, "invoice:3", "owner").as_deref(),
+        Some("worker-a"),
+        "the renewal carried the lease past its first deadline"
+    );
+    wait_past(renewed_at, Duration::from_millis(400));
     assert_eq!(renew(&mut a, "invoice:3", "worker-a", 10_000), 0);
     assert_eq!(info(&mut a, "invoice:3"), None);
     assert!(!exists(&mut a, "invoice:3"), "the refused renewal also removed the dead key");

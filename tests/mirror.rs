@@ -7,12 +7,10 @@
 //! same deadline within a few milliseconds. `MIRROR_SEED` replays a run, `MIRROR_BATCHES`
 //! lengthens it (the seed is printed).
 
-mod common;
-
 use std::thread::{self, JoinHandle, sleep};
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 const RESOURCES: [&str; 4] = ["m:a", "m:b", "m:c", "m:d"];
 const TOKENS: [&str; 3] = ["t1", "t2", "t3"];

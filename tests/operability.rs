@@ -1,11 +1,9 @@
 //! What an operator sees: `INFO dlock`, `DLOCK.INFO`, keyspace events, log lines, configs.
 
-mod common;
-
 use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 /// `INFO dlock` as (field without the `dlock_` prefix, value).
 fn dlock_info(con: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {

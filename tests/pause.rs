@@ -3,12 +3,10 @@
 //! a propagated write during a pause aborts the server when an AOF or a replica is attached.
 //! Once writes resume it catches up, and the replica and the AOF hold what the primary holds.
 
-mod common;
-
 use std::thread::{self, sleep};
 use std::time::Duration;
 
-use common::*;
+use dlock_testkit::*;
 
 const AOF: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
 

@@ -1,10 +1,8 @@
 //! Leases and fences across DEBUG RELOAD, RDB and AOF restarts; effects in the AOF.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 fn ttl_ms(con: &mut redis::Connection, resource: &str) -> i64 {
     info_field(con, resource, "ttl-ms").expect("live lease").parse().expect("integer")

@@ -1,11 +1,9 @@
 //! A real primary and replica: the replica applies the primary's effects and decides nothing.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 fn primary_and_replica() -> (Server, Server) {
     primary_and_replica_with(&[], &[])

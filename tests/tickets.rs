@@ -2,11 +2,9 @@
 //! connection; refreshed by sending the same ACQUIRE again; granted with a claim window; lapsed
 //! when not refreshed. Ownership changes are published on the resource's channel.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use dlock_testkit::*;
 
 fn queue(con: &mut redis::Connection, resource: &str, token: &str, ticket_ms: u64) -> Option<i64> {
     redis::cmd("DLOCK.ACQUIRE")

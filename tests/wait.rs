@@ -1,13 +1,11 @@
 //! `DLOCK.ACQUIRE … WAIT`: the server holds a FIFO queue and hands the lease over itself.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::*;
+use dlock_testkit::*;
 
 /// A client blocked in ACQUIRE WAIT on its own connection: its reply and when it came.
 fn wait_in_thread(

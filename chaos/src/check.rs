@@ -11,7 +11,7 @@ pub struct Fault {
     pub kind: &'static str,
     pub start: u64,
     pub end: u64,
-    /// By the README's table this fault may lose a lease (a crash without `appendfsync always`, a
+    /// By docs/guarantees.md this fault may lose a lease (a crash without `appendfsync always`, a
     /// promotion): an overlap right after it is counted apart, not as a violation.
     pub may_lose_leases: bool,
 }

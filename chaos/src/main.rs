@@ -1,24 +1,22 @@
-//! `dlock-chaos`: a primary and a replica with the module, each behind a proxy of ours, a
-//! throwaway PostgreSQL, worker processes that lock and write fenced, a seeded nemesis, and
-//! checkers over the history. Ends with one line:
-//! `chaos: <ops> ops, <faults> faults (<kind>=<n>, …), <violations> violations`.
+//! `dlock-chaos`: a primary and a replica with the module, a throwaway PostgreSQL, worker
+//! processes that lock and write fenced, a seeded nemesis, and checkers over the history. The
+//! workers reach the primary, and the replica streams from it, through TCP proxies of the test
+//! kit (`dlock-testkit`), which the nemesis delays, drops and cuts. Prints every finding, then a
+//! summary line and last
+//! `chaos: <ops> ops, <faults> faults (<kind>=<n>, …), <violations> violations`; exits 1 when
+//! there is a violation.
 //!
 //! `dlock-chaos [--seconds N] [--seed S] [--profile always|failover] [--workers N] [--resources N]`
-//! (`CHAOS_SECONDS` and `CHAOS_SEED` are the defaults of the first two).
+//! (`CHAOS_SECONDS` and `CHAOS_SEED` are the defaults of the first two). The module is
+//! `$DLOCK_MODULE`, else the `libdlock.so` next to this binary. `dlock-chaos worker …` is how the
+//! harness starts its worker processes.
 //!
 //! `--unfenced-sql` is the harness's self-check: workers drop the SQL fence condition and stall
 //! past their lease now and then, and the run must end with violations.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-#[path = "../../tests/common/postgres.rs"]
-mod postgres;
-
 mod check;
 mod history;
 mod nemesis;
-mod proxy;
-mod rng;
 mod worker;
 
 use std::collections::BTreeMap;

@@ -7,12 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use dlock_testkit::{LinkProxy, Postgres, Rng, Server, wait_until_replica_streams};
+
 use crate::check::{self, Accepted, Fault, Finding, Report, Settings, State};
-use crate::common::{Server, eventually, exists};
 use crate::history::{Event, now_ns};
-use crate::postgres::Postgres;
-use crate::proxy::Proxy;
-use crate::rng::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -72,9 +70,9 @@ struct Cluster {
     primary: Node,
     replica: Node,
     /// The workers' link to the primary.
-    clients: Proxy,
+    clients: LinkProxy,
     /// The replica's replication link to the primary.
-    replication: Proxy,
+    replication: LinkProxy,
     args: Vec<String>,
 }
 
@@ -86,14 +84,7 @@ impl Cluster {
     }
 
     fn wait_for_replica(&self) -> bool {
-        let (mut p, mut r) = (self.primary.server.client(), self.replica.server.client());
-        let streaming = eventually(Duration::from_secs(20), || {
-            let _: redis::RedisResult<()> =
-                redis::cmd("SET").arg("sync-marker").arg(now_ns()).query(&mut p);
-            exists(&mut r, "sync-marker")
-        });
-        let _: redis::RedisResult<()> = redis::cmd("DEL").arg("sync-marker").query(&mut p);
-        streaming
+        wait_until_replica_streams(&self.primary.server, &self.replica.server)
     }
 }
 
@@ -221,11 +212,6 @@ fn kinds(profile: Profile) -> &'static [&'static str] {
 }
 
 pub fn run(config: &Config) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("proxy runtime");
     let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir().expect("run dir");
     let ttl_ms = config.ttl.as_millis().to_string();
     let fsync = if config.profile == Profile::Always { "always" } else { "everysec" };
@@ -246,8 +232,8 @@ pub fn run(config: &Config) -> Outcome {
     .collect();
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let primary = Server::start_with(&arg_refs);
-    let replication = Proxy::start(runtime.handle(), primary.port);
-    let clients = Proxy::start(runtime.handle(), primary.port);
+    let replication = LinkProxy::start(primary.port);
+    let clients = LinkProxy::start(primary.port);
     let mut cluster = Cluster {
         primary: Node { server: primary },
         replica: Node { server: Server::start_with(&["--save", ""]) },
@@ -323,12 +309,12 @@ pub fn run(config: &Config) -> Outcome {
             }
             "drop-link" => cluster.clients.drop_connections(),
             "partition-clients" => {
-                cluster.clients.partition();
+                cluster.clients.cut();
                 sleep(ttl.mul_f64(0.5 + rng.below(150) as f64 / 100.0));
                 cluster.clients.heal();
             }
             "partition-replica" => {
-                cluster.replication.partition();
+                cluster.replication.cut();
                 sleep(Duration::from_millis(rng.between(500, 3_000)));
                 cluster.replication.heal();
             }

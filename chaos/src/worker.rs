@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use dlock_client::sql::{SqlFencedError, execute_fenced};
 use dlock_client::{AcquireError, Client, ClientOptions, Replicas, RunError};
+use dlock_testkit::Rng;
 
 use crate::check::Accepted;
 use crate::history::{Kind, Log, Op};
-use crate::rng::Rng;
 
 /// What a worker is told on its command line.
 pub struct Args {

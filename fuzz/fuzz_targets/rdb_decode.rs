@@ -83,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(live_before.is_some_and(|lease| &*lease.token != b"fuzz"));
             assert_eq!(lock.lease(), loaded.as_ref(), "a busy lock is left alone");
         }
-        Ok(Acquired::Held) => panic!("grants are not held back here"),
+        Ok(Acquired::GrantsHeld) => panic!("grants are not held back here"),
         Err(_) => {
             assert!(live_before.is_none() && (fences.last() == MAX_FENCE || wall > MAX_FENCE))
         }

@@ -48,7 +48,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
                 RedisValue::Integer(fence as i64)
             }
-            Acquired::Busy | Acquired::Held => match (request.wait_ms, request.queue_ms) {
+            Acquired::Busy | Acquired::GrantsHeld => match (request.wait_ms, request.queue_ms) {
                 (Some(timeout_ms), _) if may_block(ctx) => {
                     wait(ctx, resource, step, lock, &request, timeout_ms)
                 }

@@ -107,11 +107,7 @@ mod tests {
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
         assert_eq!(key_slot(b"{invoice:123}"), key_slot(b"{invoice:123}:data"));
-        assert_eq!(
-            key_slot(b"foo{}{bar}"),
-            key_slot(b"foo{}{bar}"),
-            "an empty tag hashes the whole key"
-        );
+        assert_eq!(key_slot(b"foo{}{bar}"), 8363, "an empty tag hashes the whole key");
         assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
     }

@@ -127,12 +127,12 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// The latest deadline a lease granted at `granted` may reach.
     /// A new grant's ttl: never longer than the hold limit.
     fn grant_ttl_ms(&self, ttl_ms: u64) -> u64 {
         if self.max_hold_ms > 0 { ttl_ms.min(self.max_hold_ms) } else { ttl_ms }
     }
 
+    /// The latest deadline a lease granted at `granted` may reach (`None`: no limit).
     fn hold_limit(&self, granted: Micros) -> Option<Micros> {
         (self.max_hold_ms > 0)
             .then(|| granted.saturating_add(self.max_hold_ms.saturating_mul(1_000)))
@@ -168,7 +168,7 @@ pub enum Acquired {
     /// Another token holds a live lease, or others wait first; nothing changed.
     Busy,
     /// The resource has no lease record and new grants are held back (restart grant delay).
-    Held,
+    GrantsHeld,
 }
 
 /// A client blocked in `ACQUIRE … WAIT`, in line for the lease.
@@ -212,7 +212,7 @@ pub enum Due {
     Stale,
     /// The lease is live (renewed since): index it again at this deadline.
     Reschedule(Micros),
-    /// There is no lease: the key should not exist.
+    /// There is no lease: hand it to a waiter, or delete the key if nobody waits.
     Vacant,
 }
 
@@ -524,7 +524,7 @@ impl Lock {
             return Ok(Acquired::Busy);
         }
         if rules.new_grants_held && self.lease.is_none() {
-            return Ok(Acquired::Held);
+            return Ok(Acquired::GrantsHeld);
         }
         let fence = fences.mint(now.wall)?;
         let replaced_expired = self.lease.is_some();
@@ -587,8 +587,8 @@ impl Lock {
         }
     }
 
-    /// Records that an expiry index entry at `deadline` is needed and returns whether the caller
-    /// must insert one: not when an entry at or before it is still pending.
+    /// The deadline at which the caller must insert an expiry index entry for this key (and
+    /// records it as pending), or `None`: no lease, or an entry at or before it is still pending.
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.next_wake()?;
         let pending = self.scheduled.get();
@@ -963,7 +963,7 @@ mod tests {
     #[test]
     fn held_grants_wait_for_the_delay_but_known_leases_follow_the_usual_rules() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
-        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences, HELD), Ok(Acquired::Held));
+        assert_eq!(lock.acquire(b"A", 1_000, at(0), &mut fences, HELD), Ok(Acquired::GrantsHeld));
         lock.enqueue(waiter(1, b"A", None));
         assert_eq!(lock.hand_over(at(0), &mut fences, HELD, |_| true), Ok(None));
         assert!(

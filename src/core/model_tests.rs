@@ -152,7 +152,7 @@ impl Store {
         let id = self.next_waiter;
         self.run(resource, now, |step, lock| {
             match step.acquire(lock, token, ttl_ms).expect("fences") {
-                Acquired::Busy | Acquired::Held => {
+                Acquired::Busy | Acquired::GrantsHeld => {
                     let waiter = Waiter {
                         id,
                         token: token.into(),
@@ -183,7 +183,7 @@ impl Store {
         let fresh = self.next_waiter;
         self.run(resource, now, |step, lock| {
             match step.acquire(lock, token, ttl_ms).expect("fences") {
-                Acquired::Busy | Acquired::Held => {
+                Acquired::Busy | Acquired::GrantsHeld => {
                     let id = lock.queued(token).map_or(fresh, |queued| queued.id);
                     let waiter = Waiter {
                         id,

@@ -212,7 +212,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             Acquired::Reacquired { fence } => {
                 self.changes.push(Transition::Reacquired { fence });
             }
-            Acquired::Busy | Acquired::Held => {}
+            Acquired::Busy | Acquired::GrantsHeld => {}
         }
         Ok(outcome)
     }

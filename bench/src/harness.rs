@@ -1,0 +1,82 @@
+//! The server every scenario runs against, and clients on threads.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use dlock_testkit::{Launch, Rng, Server, info_value};
+
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A redis-server (never `$DLOCK_SERVER`) with the release module: `$DLOCK_MODULE`, else
+/// `target/release/libdlock.so` of this repository.
+pub fn start_server() -> Result<Server> {
+    let module = match std::env::var_os("DLOCK_MODULE") {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libdlock.so"),
+    }
+    .canonicalize()?;
+    Ok(Launch::new()
+        .binary("redis-server")
+        .module(module)
+        .args(&["--save", "", "--appendonly", "no"])
+        .args(&["--maxclients", "10000", "--loglevel", "warning"])
+        .try_start()?)
+}
+
+/// Empties the server between cases.
+pub fn flush(server: &Server) -> Result<()> {
+    let mut con = server.try_client()?;
+    redis::cmd("FLUSHALL").arg("SYNC").query::<()>(&mut con)?;
+    Ok(())
+}
+
+/// `used_memory` from `INFO memory`, in bytes.
+pub fn used_memory(server: &Server) -> Result<f64> {
+    let mut con = server.try_client()?;
+    let info: String = redis::cmd("INFO").arg("memory").query(&mut con)?;
+    Ok(info_value(&info, "used_memory").ok_or("no used_memory")?.parse()?)
+}
+
+/// Runs `f` on `clients` threads, each with its own connection and random source, for `seconds`;
+/// returns the sum of what the threads count.
+pub fn run_clients(
+    server: &Server,
+    clients: usize,
+    seconds: u64,
+    f: impl Fn(&mut redis::Connection, &mut Rng, &dyn Fn() -> bool) -> Result<u64>
+    + Send
+    + Sync
+    + 'static,
+) -> Result<u64> {
+    let f = Arc::new(f);
+    let start = Arc::new(Barrier::new(clients + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for client in 0..clients {
+        let mut con = server.try_client()?;
+        let (f, start, stop, total) = (f.clone(), start.clone(), stop.clone(), total.clone());
+        handles.push(thread::spawn(move || -> Result<()> {
+            let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ ((client as u64 + 1) * 0x1000_0001));
+            start.wait();
+            let running = || !stop.load(Ordering::Relaxed);
+            total.fetch_add(f(&mut con, &mut rng, &running)?, Ordering::Relaxed);
+            Ok(())
+        }));
+    }
+    start.wait();
+    thread::sleep(Duration::from_secs(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.join().map_err(|_| "client thread panicked")??;
+    }
+    Ok(total.load(Ordering::Relaxed))
+}
+
+/// A 36-byte token of this client's own: competing clients must not share an identity.
+pub fn client_token(rng: &mut Rng) -> String {
+    format!("{:018x}{:018x}", rng.next() >> 8, rng.next() >> 8)
+}

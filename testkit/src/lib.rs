@@ -1,0 +1,30 @@
+//! What dlock's integration tests, benchmarks and chaos harness share, in one place: real
+//! `redis-server` processes with the module loaded (each on its own port and directory, with a
+//! start-up deadline, killed on drop), a primary with a replica, a Redis Cluster, a TCP proxy
+//! for link faults, a seeded random source, INFO parsing, one-line command helpers and a
+//! throwaway PostgreSQL.
+//!
+//! Modules name their siblings through `super::`, never `crate::`: `tests/common/mod.rs` compiles
+//! these same files for test crates that do not depend on the kit yet.
+
+mod cluster;
+mod commands;
+mod info;
+mod postgres;
+mod proxy;
+mod rng;
+mod server;
+
+pub use cluster::Cluster;
+pub use commands::{
+    acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
+    release, renew, resp_command,
+};
+pub use info::{cluster_info, info_fields, info_line, info_value, wait_for_background_persistence};
+pub use postgres::{PG_USER, Postgres};
+pub use proxy::LinkProxy;
+pub use rng::{Rng, seed_from_env};
+pub use server::{
+    AOF_ALWAYS, Launch, Server, free_port, module_path, primary_and_replica_with, server_binary,
+    wait_until_replica_streams,
+};

@@ -1,0 +1,136 @@
+//! A TCP proxy of our own in front of a server, for link faults without `tc netem`: cut the link
+//! (close what is open, refuse what comes) until healed, delay every chunk, close every open
+//! connection, swallow one reply, or let open connections go silent; its target can move to
+//! another server (after a promotion).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{sleep, spawn};
+use std::time::Duration;
+
+/// The proxy's controls; cheap to clone. Its threads outlive it (a test process ends soon).
+#[derive(Clone)]
+pub struct LinkProxy {
+    /// The loopback port clients connect to instead of the server's.
+    pub port: u16,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    target: AtomicU16,
+    delay_ms: AtomicU64,
+    cut: AtomicBool,
+    drop_next_reply: AtomicBool,
+    /// Connections numbered below this forward nothing more, but stay open (a half-open link).
+    silent_below: AtomicU64,
+    /// The number of the last accepted connection.
+    accepted: AtomicU64,
+    /// Both ends of every connection forwarded since the last [`LinkProxy::drop_connections`].
+    open: Mutex<Vec<TcpStream>>,
+}
+
+impl LinkProxy {
+    /// Forwards connections on a fresh loopback port to `127.0.0.1:target_port`.
+    pub fn start(target_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let shared = Arc::new(Shared { target: AtomicU16::new(target_port), ..Shared::default() });
+        let accepting = shared.clone();
+        spawn(move || {
+            for (number, client) in (1u64..).zip(listener.incoming()) {
+                accepting.accepted.store(number, Ordering::SeqCst);
+                let Ok(client) = client else { continue };
+                if accepting.cut.load(Ordering::SeqCst) {
+                    continue; // refused: the link is cut
+                }
+                let target = accepting.target.load(Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else { continue };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let mut open = accepting.open.lock().expect("proxy streams");
+                for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
+                    let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else { continue };
+                    let shared = accepting.clone();
+                    spawn(move || forward(from, to, replies, number, &shared));
+                }
+                open.push(client);
+                open.push(server);
+            }
+        });
+        Self { port, shared }
+    }
+
+    /// Cuts the link: every open connection closes, new ones are refused until [`LinkProxy::heal`].
+    pub fn cut(&self) {
+        self.shared.cut.store(true, Ordering::SeqCst);
+        self.drop_connections();
+    }
+
+    /// Ends a cut and a delay.
+    pub fn heal(&self) {
+        self.shared.cut.store(false, Ordering::SeqCst);
+        self.set_delay(Duration::ZERO);
+    }
+
+    /// Delays every chunk in both directions by `delay` (zero heals).
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Closes every connection open now; new ones are accepted.
+    pub fn drop_connections(&self) {
+        for stream in self.shared.open.lock().expect("proxy streams").drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Forwards new connections to another port (open ones are closed).
+    pub fn retarget(&self, target_port: u16) {
+        self.shared.target.store(target_port, Ordering::SeqCst);
+        self.drop_connections();
+    }
+
+    /// The next reply from the server is swallowed and its connection closed: the request was
+    /// carried out, the client never learns how.
+    pub fn drop_next_reply(&self) {
+        self.shared.drop_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Every connection open now goes silent: what is sent is swallowed, nothing is closed (the
+    /// peer vanished without a FIN). New connections work.
+    pub fn silence_open_connections(&self) {
+        let last = self.shared.accepted.load(Ordering::SeqCst);
+        self.shared.silent_below.store(last + 1, Ordering::SeqCst);
+    }
+}
+
+/// Copies one direction of connection `number`; the reply direction obeys `drop_next_reply`.
+fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, shared: &Shared) {
+    let mut buffer = [0u8; 16 * 1024];
+    while let Ok(read) = from.read(&mut buffer) {
+        if read == 0 {
+            break;
+        }
+        if number < shared.silent_below.load(Ordering::SeqCst) {
+            continue; // swallowed
+        }
+        let delay = shared.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            sleep(Duration::from_millis(delay));
+        }
+        if shared.cut.load(Ordering::SeqCst) {
+            break;
+        }
+        if replies && shared.drop_next_reply.swap(false, Ordering::SeqCst) {
+            let _ = from.shutdown(Shutdown::Both);
+            break;
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
