@@ -90,9 +90,10 @@ impl Client {
                     };
                 }
                 Ok((None, _)) => return Err(AcquireError::Held),
-                Err(error) if is_ambiguous(&error) => {
-                    // Anything but a refused connection may have left a grant behind.
-                    reached_server |= !error.is_connection_refusal();
+                Err(failure) if is_ambiguous(failure.error()) => {
+                    // Anything but a request that never left may have left a grant behind.
+                    reached_server |= failure.was_sent();
+                    let error = RedisError::from(failure);
                     if Instant::now() >= deadline {
                         return Err(if reached_server {
                             AcquireError::Unknown { token, source: error }
@@ -104,10 +105,10 @@ impl Client {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 // After an attempt that may have been granted, the token must not be lost.
-                Err(error) if reached_server => {
-                    return Err(AcquireError::Unknown { token, source: error });
+                Err(failure) if reached_server => {
+                    return Err(AcquireError::Unknown { token, source: failure.into() });
                 }
-                Err(error) => return Err(AcquireError::Server(error)),
+                Err(failure) => return Err(AcquireError::Server(failure.into())),
             }
         }
     }

@@ -96,7 +96,8 @@ impl Lease {
                 fenced.arg(bytes);
             }
         }
-        self.client.send(&fenced, Duration::ZERO).await.map_err(|error| {
+        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
+            let error = RedisError::from(failure);
             if error.code() == Some("STALE") {
                 observe::stale_write_refused();
                 FencedError::Stale(error.detail().unwrap_or_default().to_owned())
@@ -232,7 +233,7 @@ async fn renew_once(
             )))
         }
         (Ok((renewed, _)), _) => Ok(renewed == 1),
-        (Err(error), _) => Err(error),
+        (Err(failure), _) => Err(failure.into()),
     };
     match &renewed {
         Ok(true) => {}

@@ -30,6 +30,11 @@
 //!   ([`ClientOptions::watch_events`]) cancel the work and return [`RunError::LockLost`]; when
 //!   the work ends, an owner-checked RELEASE is sent with a bounded timeout and a failed release
 //!   is reported, not swallowed.
+//! - Connecting is bounded by [`ClientOptions::connect_timeout`] and fails as
+//!   [`ConnectError::Unreachable`] when nothing listens, nothing answers or the connection is
+//!   cut. A request is never sent on a connection the server already closed: it opens a new one
+//!   first, so an ACQUIRE that could not reach a dead server is [`AcquireError::Unreachable`]
+//!   (nothing granted), and [`AcquireError::Unknown`] is kept for requests that may have arrived.
 //! - The local expiry is conservative: counted from *before* the ACQUIRE or RENEW was sent, so it
 //!   is never later than the server's deadline (unless the server caps the ttl with
 //!   `dlock.max-hold-ms`).
@@ -53,12 +58,16 @@ pub mod observe;
 pub mod sql;
 
 pub use connection::Client;
-pub use error::{AcquireError, FencedError, LossReason, RunError};
+pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::Lease;
 
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
+    /// How long opening a connection (TCP or Unix socket, and the handshake) may take before the
+    /// server counts as unreachable: [`Client::connect`] fails with
+    /// [`ConnectError::Unreachable`], and a request that needed a new connection was never sent.
+    pub connect_timeout: Duration,
     /// How long one request may take before its outcome counts as unknown (a WAIT adds its own
     /// timeout to this).
     pub request_timeout: Duration,
@@ -89,6 +98,7 @@ pub struct Replicas {
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
+            connect_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(2),
             acquire_deadline: Duration::from_secs(10),
             cancel_grace: Duration::from_millis(100),
