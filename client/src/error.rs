@@ -2,12 +2,58 @@
 
 use redis::RedisError;
 
+/// Why [`Client::connect`](crate::Client::connect) gave no client.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The URL cannot be used: malformed, or a scheme this client does not speak (TLS).
+    Config(RedisError),
+    /// No connection within [`ClientOptions::connect_timeout`](crate::ClientOptions::connect_timeout):
+    /// refused (nothing listens), timed out (no answer), reset or closed during the handshake, or
+    /// the host name did not resolve.
+    Unreachable(RedisError),
+    /// The server answered the handshake with an error (a wrong password, a database it lacks).
+    Server(RedisError),
+}
+
+impl ConnectError {
+    /// Classifies an error met while opening a connection: any I/O error means the server was
+    /// not reached.
+    pub(crate) fn classify(error: RedisError) -> Self {
+        if error.is_io_error() {
+            Self::Unreachable(error)
+        } else if error.kind() == redis::ErrorKind::InvalidClientConfig {
+            Self::Config(error)
+        } else {
+            Self::Server(error)
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "cannot connect with this URL: {e}"),
+            Self::Unreachable(e) => write!(f, "dlock server unreachable: {e}"),
+            Self::Server(e) => write!(f, "dlock server refused the connection: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(e) | Self::Unreachable(e) | Self::Server(e) => Some(e),
+        }
+    }
+}
+
 /// Why an ACQUIRE did not give a lease.
 #[derive(Debug)]
 pub enum AcquireError {
     /// Another token holds the lock (after the wait, if one was asked for).
     Held,
-    /// The server could not be reached; nothing was granted.
+    /// The server could not be reached; nothing was granted: every attempt failed before the
+    /// request left (refused, timed out connecting, the connection already closed by the server).
     Unreachable(RedisError),
     /// The outcome is unknown: a grant may exist under `token`. Release it with
     /// [`Client::release`](crate::Client::release) or let it expire; never retry with another token.

@@ -8,7 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use dlock_client::{AcquireError, Client, ClientOptions, LossReason, Replicas, RunError};
+use dlock_client::{
+    AcquireError, Client, ClientOptions, ConnectError, LossReason, Replicas, RunError,
+};
+
+/// Room for a slow test machine on top of a configured bound: failing within it shows the bound
+/// holds, where the unbounded client took two minutes.
+const SLACK: Duration = Duration::from_secs(5);
 
 async fn client(server: &Server) -> Client {
     Client::connect(&server.url()).await.expect("connect")
@@ -300,4 +306,79 @@ async fn watching_events_never_starves_the_renewals_of_a_healthy_lease() {
         let out = lease.run(|_| tokio::time::sleep(Duration::from_millis(2_000))).await;
         assert!(out.is_ok(), "round {round}: a healthy lease was reported lost: {out:?}");
     }
+}
+
+/// A local port nothing listens on: bound by the system, then released.
+fn unused_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_where_nothing_listens_fails_at_once_as_unreachable() {
+    let options =
+        ClientOptions { connect_timeout: Duration::from_secs(2), ..ClientOptions::default() };
+    let url = format!("redis://127.0.0.1:{}/", unused_port());
+    let started = Instant::now();
+    let result = Client::connect_with(&url, options).await;
+    assert!(matches!(result, Err(ConnectError::Unreachable(_))), "{:?}", result.err());
+    assert!(
+        started.elapsed() < Duration::from_secs(2) + SLACK,
+        "refused, so not retried past the connect timeout: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_server_that_never_answers_gives_up_at_the_connect_timeout() {
+    // The kernel accepts the connection into the listener's backlog; nothing ever answers the
+    // handshake.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("redis://127.0.0.1:{}/", silent.local_addr().expect("addr").port());
+    let options =
+        ClientOptions { connect_timeout: Duration::from_secs(1), ..ClientOptions::default() };
+    let started = Instant::now();
+    let result = Client::connect_with(&url, options).await;
+    assert!(matches!(result, Err(ConnectError::Unreachable(_))), "{:?}", result.err());
+    assert!(started.elapsed() < Duration::from_secs(1) + SLACK, "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_the_client_cannot_use_is_a_config_error() {
+    let result = Client::connect("http://127.0.0.1:6379/").await;
+    assert!(matches!(result, Err(ConnectError::Config(_))), "{:?}", result.err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_after_the_server_was_killed_is_unreachable_not_unknown() {
+    let mut server = Server::start();
+    let options =
+        ClientOptions { acquire_deadline: Duration::from_secs(1), ..ClientOptions::default() };
+    let dlock = Client::connect_with(&server.url(), options).await.expect("connect");
+    server.kill();
+    // Time for the client's socket to see the server's end of stream: the ACQUIRE is then never
+    // sent on the dead connection, and every new connection is refused.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    match dlock.acquire("job", Duration::from_secs(10)).await {
+        Err(AcquireError::Unreachable(_)) => {}
+        other => panic!("expected unreachable (no request left this machine), got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1) + SLACK,
+        "retried refusals until the acquire deadline, no longer: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_is_reached_again_by_the_same_client() {
+    let mut server = Server::start();
+    let dlock = client(&server).await;
+    dlock.acquire("before", Duration::from_secs(30)).await.expect("granted");
+    server.crash_and_restart();
+    let lease = dlock.acquire("after", Duration::from_secs(30)).await.expect("granted again");
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "after", "owner").as_deref(), Some(lease.token()));
+    assert!(lease.release().await.expect("answered"), "released over the new connection");
 }

@@ -1,0 +1,244 @@
+//! The held lease: renewal tied to the work it protects, release, fenced writes, and noticing
+//! that the lease was lost.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::RedisError;
+
+use crate::connection::millis;
+use crate::{CancellationToken, Client, FencedError, LossReason, RunError, observe};
+
+impl Client {
+    /// Whether `fence` is still the live lease's fence on `resource` (`DLOCK.FENCECHECK`).
+    pub async fn fence_is_live(&self, resource: &str, fence: u64) -> Result<bool, RedisError> {
+        let live: i64 = self
+            .send(redis::cmd("DLOCK.FENCECHECK").arg(resource).arg(fence), Duration::ZERO)
+            .await?;
+        Ok(live == 1)
+    }
+}
+
+/// A granted lease: `token` owns `resource` with `fence` until the server's deadline.
+pub struct Lease {
+    pub(crate) client: Client,
+    pub(crate) resource: String,
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) local_expiry: Instant,
+    pub(crate) granted: Instant,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &self.resource)
+            .field("token", &self.token)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// The locked resource.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// This lease's owner token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The fencing token: send it with every write the lease protects.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// A conservative end of the lease on this machine's clock: never after the server's deadline.
+    pub fn local_expiry(&self) -> Instant {
+        self.local_expiry
+    }
+
+    /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
+    /// lost), `Err` when the server did not answer (or too few replicas acknowledged).
+    pub async fn renew(&mut self) -> Result<bool, RedisError> {
+        let renewed =
+            renew_once(&self.client, &self.resource, &self.token, self.fence, self.ttl).await?;
+        if let Some(expiry) = renewed {
+            self.local_expiry = expiry;
+        }
+        Ok(renewed.is_some())
+    }
+
+    /// Runs `command` in the server only if this lease's fence is still the live one
+    /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens.
+    ///
+    /// ```no_run
+    /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
+    /// let mut write = redis::cmd("HSET");
+    /// write.arg("invoice:123:data").arg("status").arg("paid");
+    /// let _added: i64 = lease.fenced(&write).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fenced<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+    ) -> Result<T, FencedError> {
+        let mut fenced = redis::cmd("DLOCK.FENCED");
+        fenced.arg(&self.resource).arg(self.fence);
+        for arg in command.args_iter() {
+            if let redis::Arg::Simple(bytes) = arg {
+                fenced.arg(bytes);
+            }
+        }
+        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
+            let error = RedisError::from(failure);
+            if error.code() == Some("STALE") {
+                observe::stale_write_refused();
+                FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+            } else {
+                FencedError::Redis(error)
+            }
+        })
+    }
+
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
+    pub async fn release(self) -> Result<bool, RedisError> {
+        let released = self.client.release(&self.resource, &self.token).await;
+        let ok = matches!(released, Ok(true));
+        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
+        released
+    }
+
+    /// Runs `work` while keeping the lease: renewals every third of the ttl, in this task, only
+    /// while `work` runs. If the lease is lost, `work`'s token is cancelled, `work` gets
+    /// `cancel_grace` to stop and is then dropped, and `run` returns [`RunError::LockLost`].
+    /// When `work` ends, the lease is released; a failed release is [`RunError::NotReleased`].
+    pub async fn run<F, Fut, T>(mut self, work: F) -> Result<T, RunError<T>>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let cancelled = CancellationToken::new();
+        let mut events = if self.client.options.watch_events {
+            self.client.subscribe(&self.resource).await
+        } else {
+            None
+        };
+        let work = work(cancelled.clone());
+        tokio::pin!(work);
+        // When the next renewal is due: an absolute instant, so that a loop pass for another
+        // branch (a keyspace event, such as our own `dlock.renewed`) never postpones it.
+        let mut next_renewal = Instant::now() + self.ttl / 3;
+        let lost = loop {
+            // The renewal is polled beside the work, so the work never waits for a round trip.
+            let (client, resource, token, fence, ttl) =
+                (&self.client, &self.resource, &self.token, self.fence, self.ttl);
+            let renewal = async move {
+                tokio::time::sleep_until(next_renewal.into()).await;
+                renew_once(client, resource, token, fence, ttl).await
+            };
+            let expiry = tokio::time::sleep_until(self.local_expiry.into());
+            let event = async {
+                match events.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                output = &mut work => {
+                    return match self.release().await {
+                        Ok(true) => Ok(output),
+                        Ok(false) => Err(RunError::NotReleased {
+                            output,
+                            reason: "the lease was no longer held".into(),
+                        }),
+                        Err(error) => Err(RunError::NotReleased { output, reason: error.to_string() }),
+                    };
+                }
+                renewed = renewal => match renewed {
+                    Ok(Some(expiry)) => {
+                        self.local_expiry = expiry;
+                        next_renewal = Instant::now() + ttl / 3;
+                    }
+                    Ok(None) => break LossReason::RenewalRefused,
+                    Err(error) if Instant::now() >= self.local_expiry => {
+                        break LossReason::Unreachable(error.to_string());
+                    }
+                    // Retry sooner, until the local expiry.
+                    Err(_) => next_renewal = Instant::now() + ttl / 10,
+                },
+                // The lease may already be over on the server: stop at the local expiry.
+                _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
+                message = event => match message {
+                    // The subscription's connection ended: renewals alone watch the lease now.
+                    None => events = None,
+                    Some(message) => {
+                        let name: String = message.get_payload().unwrap_or_default();
+                        if let Some(reason) = self.ended_by(&name).await {
+                            break reason;
+                        }
+                    }
+                },
+            }
+        };
+        cancelled.cancel();
+        let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
+        observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
+        // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
+        let _ = self.client.release(&self.resource, &self.token).await;
+        Err(RunError::LockLost(lost))
+    }
+
+    /// Whether the keyspace event `name` on this lease's resource means the lease ended:
+    /// `dlock.expired` says so; our own renewals say nothing; anything else (a DEL, a hand-over,
+    /// a rename) is confirmed with FENCECHECK.
+    async fn ended_by(&self, name: &str) -> Option<LossReason> {
+        match name {
+            "dlock.expired" => Some(LossReason::Ended(name.to_owned())),
+            "dlock.renewed" => None,
+            _ => match self.client.fence_is_live(&self.resource, self.fence).await {
+                Ok(false) => Some(LossReason::Ended(name.to_owned())),
+                // Live, or unknown: renewals decide.
+                Ok(true) | Err(_) => None,
+            },
+        }
+    }
+}
+
+/// One RENEW (and WAIT, if asked): the new conservative local expiry when renewed, `None` when
+/// refused; a renewal too few replicas acknowledged is an error (it could be lost in a failover).
+async fn renew_once(
+    client: &Client,
+    resource: &str,
+    token: &str,
+    fence: u64,
+    ttl: Duration,
+) -> Result<Option<Instant>, RedisError> {
+    let sent = Instant::now();
+    let ttl_ms = millis(ttl);
+    let cmd = redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms).clone();
+    let renewed = client.send_write::<i64>(&cmd, Duration::ZERO).await;
+    let renewed = match (renewed, client.options.replicas) {
+        (Ok((1, Some(acked))), Some(replicas)) if acked < u64::from(replicas.count) => {
+            Err(RedisError::from((
+                redis::ErrorKind::ResponseError,
+                "renewal acknowledged by too few replicas",
+                format!("{acked} of {}", replicas.count),
+            )))
+        }
+        (Ok((renewed, _)), _) => Ok(renewed == 1),
+        (Err(failure), _) => Err(failure.into()),
+    };
+    match &renewed {
+        Ok(true) => {}
+        Ok(false) => observe::renewal_failed(resource, token, fence, true),
+        Err(_) => observe::renewal_failed(resource, token, fence, false),
+    }
+    Ok(renewed?.then_some(sent + Duration::from_millis(ttl_ms)))
+}
