@@ -57,6 +57,7 @@ async fn work(args: Args) {
         replicas: (args.replicas > 0)
             .then_some(Replicas { count: args.replicas, timeout: Duration::from_millis(200) }),
         watch_events: false,
+        ..ClientOptions::default()
     };
     let dlock = connect("dlock", async || {
         Client::connect_with(&args.redis_url, options.clone()).await.ok()

@@ -1,16 +1,13 @@
 //! The client against a real redis-server with the module (started per test by the shared harness).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
 use dlock_client::{
     AcquireError, Client, ClientOptions, ConnectError, LossReason, Replicas, RunError,
 };
+use dlock_testkit::*;
 
 /// Room for a slow test machine on top of a configured bound: failing within it shows the bound
 /// holds, where the unbounded client took two minutes.

@@ -1,16 +1,11 @@
 //! Runs the invoice example end to end: a throwaway PostgreSQL, a redis-server with the module,
 //! a stalled worker and healthy ones.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 #[path = "../examples/invoice_worker.rs"]
 #[allow(dead_code)] // the example's `main`
 mod invoice_worker;
-#[path = "../../tests/common/postgres.rs"]
-mod postgres;
 
-use common::Server;
-use postgres::Postgres;
+use dlock_testkit::{Postgres, Server};
 
 #[test]
 fn a_stalled_workers_late_update_is_refused_and_every_invoice_is_paid_once() {

@@ -1,13 +1,10 @@
 //! The client's figures move through the `metrics` facade (one recorder per process, so these
 //! checks live in a test binary of their own).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use dlock_client::{AcquireError, Client, RunError};
+use dlock_testkit::*;
 use metrics::{SharedString, Unit};
 use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
