@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The Python client (python/): installs its tools into .deps/venv (only what is missing) and checks it.
+#   bash scripts/python.sh test     ruff, ruff format --check, mypy --strict, pytest, python -m build
+#   bash scripts/python.sh venv     only create/update the virtual environment; prints its python
+# The tests start their own redis-server with the module: DLOCK_MODULE, else target/release, else
+# target/debug (build it first: cargo build --release). DLOCK_SERVER picks another server binary
+# (e.g. Valkey: DLOCK_SERVER=$(bash scripts/valkey.sh)).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+venv=.deps/venv
+py=$venv/bin/python
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+make_venv() {
+  if [ ! -x "$py" ]; then
+    mkdir -p .deps
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      # Debian ships venv (and ensurepip) separately.
+      rm -rf "$venv"
+      echo "python: installing python3-venv" >&2
+      export DEBIAN_FRONTEND=noninteractive
+      as_root apt-get update -qq
+      as_root apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+      python3 -m venv "$venv"
+    fi
+  fi
+  # Install (or update) only when the requirements changed since the last install.
+  local stamp=$venv/.dlock-requirements
+  local wanted
+  wanted=$(cat python/requirements-dev.txt python/pyproject.toml | sha256sum | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+    "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+    "$py" -m pip install --quiet --disable-pip-version-check -r python/requirements-dev.txt >&2
+    "$py" -m pip install --quiet --disable-pip-version-check -e ./python >&2
+    echo "$wanted" >"$stamp"
+  fi
+}
+
+find_module() {
+  if [ -n "${DLOCK_MODULE:-}" ]; then
+    echo "$DLOCK_MODULE"
+    return
+  fi
+  local candidate
+  for candidate in target/release/libdlock.so target/debug/libdlock.so target/debug/deps/libdlock.so; do
+    if [ -f "$candidate" ]; then
+      echo "$repo/$candidate"
+      return
+    fi
+  done
+  echo "python: no libdlock.so found; run 'cargo build --release' or set DLOCK_MODULE" >&2
+  exit 1
+}
+
+case "${1:-test}" in
+  venv)
+    make_venv
+    echo "$repo/$py"
+    ;;
+  test)
+    make_venv
+    DLOCK_MODULE=$(find_module)
+    export DLOCK_MODULE
+    echo "python: module $DLOCK_MODULE" >&2
+    "$venv/bin/ruff" check python
+    "$venv/bin/ruff" format --check python
+    (cd python && "$repo/$venv/bin/mypy" --strict src tests examples)
+    # pytest exits 5 when it collected no test: that is a failure here too.
+    status=0
+    (cd python && "$repo/$py" -m pytest -q) || status=$?
+    if [ "$status" -ne 0 ]; then
+      [ "$status" -eq 5 ] && echo "python: pytest collected no tests" >&2
+      exit "$status"
+    fi
+    out=$(mktemp -d)
+    trap 'rm -rf "$out"' EXIT
+    "$py" -m build --outdir "$out" python >/dev/null
+    ls "$out"
+    ;;
+  *)
+    echo "usage: $0 [test|venv]" >&2
+    exit 2
+    ;;
+esac
