@@ -184,6 +184,9 @@ def as_int(reply: object) -> Optional[int]:
     raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
 
 
+# A lease cut to end with max_hold ends up to this much before it (milliseconds round down).
+MAX_HOLD_ROUNDING = 0.002
+
 # Pause between retries of an acquire whose outcome was unknown.
 RETRY_PAUSE = 0.05
 
@@ -320,10 +323,9 @@ class LeaseState:
         with self._lock:
             if self._reason is not None:
                 return None
-            if self._hold_end is not None and now >= self._hold_end:
-                return "max_hold"
-            if now >= self._local_expiry:
-                return "unreachable"
+            ended = self._ended(now)
+            if ended is not None:
+                return ended
             if now < self._next_renewal:
                 return None
             ttl_ms = self.ttl_ms
@@ -367,9 +369,21 @@ class LeaseState:
             callback()
         return True
 
+    def _ended(self, now: float) -> Optional[str]:
+        """Why the lease is over at ``now`` by the clock alone, if it is (lock held)."""
+        if self._hold_end is not None and now >= self._hold_end - MAX_HOLD_ROUNDING:
+            # Renewals near the end are cut to end with the hold, rounded down to milliseconds.
+            return "max_hold"
+        if now >= self._local_expiry:
+            return "unreachable"
+        return None
+
     def check(self) -> None:
-        if not self.lost.is_set() and time.monotonic() >= self.due_expiry():
-            self.lose("max_hold" if self._past_hold() else "unreachable")
+        if not self.lost.is_set():
+            with self._lock:
+                ended = self._ended(time.monotonic())
+            if ended is not None:
+                self.lose(ended)
         if self.lost.is_set():
             raise LeaseLost(self.resource, self.fence, self.reason or "unknown")
 
@@ -379,9 +393,3 @@ class LeaseState:
             if self._hold_end is not None:
                 end = min(end, self._hold_end)
             return end
-
-    def _past_hold(self) -> bool:
-        with self._lock:
-            return self._hold_end is not None and time.monotonic() >= self._hold_end
-
-
