@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pytest
 import redis
@@ -49,6 +49,11 @@ def free_port() -> int:
         return port
 
 
+def cmd(client: Any, *args: Any) -> Any:
+    """A raw command (redis-py's ``execute_command``), awaitable for asyncio clients."""
+    return client.execute_command(*args)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
     """Polls ``predicate`` until it holds or ``timeout`` seconds passed; its last answer."""
     deadline = time.monotonic() + timeout
@@ -65,7 +70,7 @@ class Server:
 
     def __init__(self, *extra: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="dlock-py-")
-        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
         for _attempt in range(5):
             self.port = free_port()

@@ -12,7 +12,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 import dlock
-from conftest import Server, wait_until
+from conftest import Server, cmd, wait_until
 
 
 def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> None:
@@ -21,7 +21,7 @@ def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> No
         assert isinstance(lease.fence, int)
         assert lease.fence > 0
         assert lease.resource == "invoice:123"
-        info = r.execute_command("DLOCK.INFO", "invoice:123")
+        info = cmd(r, "DLOCK.INFO", "invoice:123")
         assert info[info.index(b"owner") + 1] == lease.token.encode()
         assert info[info.index(b"fence") + 1] == lease.fence
         assert lease.fenced("SET", "invoice:123:total", "10") == b"OK"
@@ -30,7 +30,7 @@ def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> No
         while time.monotonic() < end:
             lease.check()
             time.sleep(0.05)
-        assert r.execute_command("DLOCK.FENCECHECK", "invoice:123", lease.fence) == 1
+        assert cmd(r, "DLOCK.FENCECHECK", "invoice:123", lease.fence) == 1
         assert not lease.lost.is_set()
     assert r.exists("invoice:123") == 0
     assert r.get("invoice:123:total") == b"10"
@@ -55,7 +55,7 @@ def test_tokens_are_random_and_fences_increase(r: redis.Redis) -> None:
 
 
 def test_not_acquired_when_the_timeout_passes(server: Server, r: redis.Redis) -> None:
-    assert r.execute_command("DLOCK.ACQUIRE", "busy", "someone-else", 30000) is not None
+    assert cmd(r, "DLOCK.ACQUIRE", "busy", "someone-else", 30000) is not None
     locks = dlock.Locks(r)
     started = time.monotonic()
     with pytest.raises(dlock.NotAcquired) as raised, locks.hold("busy", ttl=5, timeout=0.3):
@@ -76,11 +76,9 @@ def test_not_acquired_when_the_timeout_passes(server: Server, r: redis.Redis) ->
 def test_a_long_wait_is_one_server_side_wait(server: Server) -> None:
     """redis-py with a short socket timeout and retries would turn one long WAIT into many; dlock's
     wait runs on a connection of its own, with the socket timeout above the wait and no retries."""
-    impatient = server.client(
-        socket_timeout=0.3, retry=Retry(ExponentialBackoff(), 5)
-    )
+    impatient = server.client(socket_timeout=0.3, retry=Retry(ExponentialBackoff(), 5))
     with server.client() as admin:
-        admin.execute_command("DLOCK.ACQUIRE", "slow", "holder", 30000)
+        cmd(admin, "DLOCK.ACQUIRE", "slow", "holder", 30000)
     locks = dlock.Locks(impatient)
     # Nobody releases: the whole wait (about 7 socket timeouts) runs out in one server-side wait.
     with pytest.raises(dlock.NotAcquired), locks.hold("slow", ttl=5, timeout=2.0):
@@ -93,13 +91,13 @@ def test_a_long_wait_is_one_server_side_wait(server: Server) -> None:
     def release_later() -> None:
         time.sleep(1.0)
         with server.client() as admin:
-            admin.execute_command("DLOCK.RELEASE", "slow", "holder")
+            cmd(admin, "DLOCK.RELEASE", "slow", "holder")
 
     releaser = threading.Thread(target=release_later)
     releaser.start()
     try:
         with locks.hold("slow", ttl=5, timeout=5.0) as lease:
-            assert impatient.execute_command("DLOCK.FENCECHECK", "slow", lease.fence) == 1
+            assert cmd(impatient, "DLOCK.FENCECHECK", "slow", lease.fence) == 1
     finally:
         releaser.join()
     info = server.info()
@@ -246,7 +244,7 @@ def test_a_stale_fenced_write_is_refused(server: Server, r: redis.Redis) -> None
         assert raised.value.resource == "invoice:{7}"
         assert raised.value.fence == old.fence
         assert str(new.fence) in raised.value.detail
-    assert r.hget("invoice:{7}:data", "status") == b"paid"
+    assert cmd(r, "HGET", "invoice:{7}:data", "status") == b"paid"
     assert locks.metrics.get("stale_writes") == 1
     assert server.info()["dlock_fenced_writes_refused"] == 1
     # The inner command's own errors are redis-py's, unchanged.
@@ -268,9 +266,10 @@ def test_redis_errors_pass_through_unchanged(r: redis.Redis) -> None:
 
 def test_max_hold_bounds_the_whole_hold(r: redis.Redis) -> None:
     locks = dlock.Locks(r)
-    with pytest.raises(dlock.LeaseLost) as raised, locks.hold(
-        "bounded", ttl=30, max_hold=0.5
-    ) as lease:
+    with (
+        pytest.raises(dlock.LeaseLost) as raised,
+        locks.hold("bounded", ttl=30, max_hold=0.5) as lease,
+    ):
         assert lease.lost.wait(0.5 + 1.0)
     assert raised.value.reason == "max_hold"
     # The server's lease ended with the hold too (no renewal went past it).

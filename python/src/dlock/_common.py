@@ -8,7 +8,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Union
+from typing import Callable, Union
 
 import redis
 
@@ -46,7 +46,7 @@ def millis_up(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-def _text(value: object) -> Optional[str]:
+def _text(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, str):
@@ -80,14 +80,14 @@ def _tokens_in(doc: object, found: set[str]) -> None:
 class Features:
     """The options of the dlock commands this server advertises (``COMMAND DOCS``)."""
 
-    acquire: FrozenSet[str] = frozenset()
-    renew: FrozenSet[str] = frozenset()
-    release: FrozenSet[str] = frozenset()
+    acquire: frozenset[str] = frozenset()
+    renew: frozenset[str] = frozenset()
+    release: frozenset[str] = frozenset()
 
     @classmethod
     def from_docs(cls, reply: object) -> Features:
         """Reads ``COMMAND DOCS DLOCK.ACQUIRE DLOCK.RENEW DLOCK.RELEASE``'s reply."""
-        entries: Dict[str, object] = {}
+        entries: dict[str, object] = {}
         if isinstance(reply, dict):
             for name, doc in reply.items():
                 entries[(_text(name) or "").lower()] = doc
@@ -96,7 +96,7 @@ class Features:
             for index in range(0, len(items) - 1, 2):
                 entries[(_text(items[index]) or "").lower()] = items[index + 1]
 
-        def tokens(name: str) -> FrozenSet[str]:
+        def tokens(name: str) -> frozenset[str]:
             found: set[str] = set()
             _tokens_in(entries.get(name), found)
             return frozenset(found & set(OPTION_TOKENS))
@@ -108,7 +108,7 @@ class Features:
         )
 
 
-FEATURES_COMMAND: Tuple[Arg, ...] = (
+FEATURES_COMMAND: tuple[Arg, ...] = (
     "COMMAND",
     "DOCS",
     "DLOCK.ACQUIRE",
@@ -125,11 +125,11 @@ def acquire_command(
     resource: str,
     token: str,
     ttl_ms: int,
-    wait_ms: Optional[int] = None,
-    claim_ms: Optional[int] = None,
-    meta: Optional[Meta] = None,
-) -> List[Arg]:
-    args: List[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
+    wait_ms: int | None = None,
+    claim_ms: int | None = None,
+    meta: Meta | None = None,
+) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
     if wait_ms is not None:
         args += ["WAIT", wait_ms]
         if claim_ms is not None and "CLAIM" in features.acquire:
@@ -141,15 +141,15 @@ def acquire_command(
 
 def renew_command(
     features: Features, resource: str, token: str, ttl_ms: int, fence: int
-) -> List[Arg]:
-    args: List[Arg] = ["DLOCK.RENEW", resource, token, ttl_ms]
+) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.RENEW", resource, token, ttl_ms]
     if "FENCE" in features.renew:
         args += ["FENCE", fence]
     return args
 
 
-def release_command(features: Features, resource: str, token: str, fence: int) -> List[Arg]:
-    args: List[Arg] = ["DLOCK.RELEASE", resource, token]
+def release_command(features: Features, resource: str, token: str, fence: int) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.RELEASE", resource, token]
     if "FENCE" in features.release:
         args += ["FENCE", fence]
     return args
@@ -174,7 +174,7 @@ def is_refused(error: BaseException) -> bool:
     return isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(error)
 
 
-def as_int(reply: object) -> Optional[int]:
+def as_int(reply: object) -> int | None:
     if reply is None:
         return None
     if isinstance(reply, int):
@@ -200,8 +200,8 @@ class AcquirePlan:
     def __init__(
         self,
         ttl: float,
-        timeout: Optional[float],
-        max_hold: Optional[float],
+        timeout: float | None,
+        max_hold: float | None,
         request_timeout: float,
     ) -> None:
         self.token = new_token()
@@ -220,7 +220,7 @@ class AcquirePlan:
             return float("inf")
         return self.wait_until - time.monotonic()
 
-    def next_wait_ms(self) -> Optional[int]:
+    def next_wait_ms(self) -> int | None:
         """The WAIT of the next ACQUIRE in milliseconds, or ``None`` for a plain one."""
         if not self._wait_next:
             return None
@@ -239,7 +239,7 @@ class AcquirePlan:
         self._wait_next = self.left() > 0
         return True
 
-    def answered(self, fence: Optional[int], waited: bool) -> bool:
+    def answered(self, fence: int | None, waited: bool) -> bool:
         """Whether the lease is ours with a known deadline after this reply."""
         if fence is not None:
             if waited:
@@ -274,7 +274,7 @@ class LeaseState:
         fence: int,
         ttl_ms: int,
         sent_at: float,
-        hold_end: Optional[float],
+        hold_end: float | None,
         metrics: Metrics,
     ) -> None:
         self.resource = resource
@@ -284,12 +284,12 @@ class LeaseState:
         self.lost = threading.Event()
         self.granted_at = time.monotonic()
         self._lock = threading.Lock()
-        self._reason: Optional[str] = None
+        self._reason: str | None = None
         self._local_expiry = sent_at + ttl_ms / 1000
         self._next_renewal = sent_at + ttl_ms / 3000
         self._hold_end = hold_end
         self._metrics = metrics
-        self._on_lost: List[Callable[[], None]] = []
+        self._on_lost: list[Callable[[], None]] = []
 
     @property
     def ttl(self) -> float:
@@ -301,7 +301,7 @@ class LeaseState:
             return self._local_expiry
 
     @property
-    def reason(self) -> Optional[str]:
+    def reason(self) -> str | None:
         with self._lock:
             return self._reason
 
@@ -312,12 +312,14 @@ class LeaseState:
     def due(self) -> float:
         """When the renewer must next look at this lease (monotonic seconds)."""
         with self._lock:
+            if self._reason is not None:
+                return float("inf")  # lost: nothing more to do
             due = min(self._next_renewal, self._local_expiry)
             if self._hold_end is not None:
                 due = min(due, self._hold_end)
             return due
 
-    def step(self, now: float) -> Union[None, str, int]:
+    def step(self, now: float) -> str | int | None:
         """What is due at ``now``: ``None`` nothing, a loss reason (str), or a RENEW with that
         many milliseconds (int)."""
         with self._lock:
@@ -369,7 +371,7 @@ class LeaseState:
             callback()
         return True
 
-    def _ended(self, now: float) -> Optional[str]:
+    def _ended(self, now: float) -> str | None:
         """Why the lease is over at ``now`` by the clock alone, if it is (lock held)."""
         if self._hold_end is not None and now >= self._hold_end - MAX_HOLD_ROUNDING:
             # Renewals near the end are cut to end with the hold, rounded down to milliseconds.
@@ -393,3 +395,58 @@ class LeaseState:
             if self._hold_end is not None:
                 end = min(end, self._hold_end)
             return end
+
+
+class LeaseView:
+    """What both clients' leases show of their state."""
+
+    def __init__(self, state: LeaseState) -> None:
+        self._state = state
+
+    @property
+    def resource(self) -> str:
+        """The locked resource (the Redis key of the lock)."""
+        return self._state.resource
+
+    @property
+    def token(self) -> str:
+        """This lease's owner token (random, made before the first ACQUIRE)."""
+        return self._state.token
+
+    @property
+    def fence(self) -> int:
+        """The fencing token: send it with every write the lease protects."""
+        return self._state.fence
+
+    @property
+    def ttl(self) -> float:
+        """The lease's length in seconds; it is renewed every third of it."""
+        return self._state.ttl
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the lease is lost: the work must stop, its writes are no longer protected."""
+        return self._state.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (``renewal_refused``, ``unreachable``, ``max_hold``,
+        ``ended``), or ``None``."""
+        return self._state.reason
+
+    @property
+    def local_expiry(self) -> float:
+        """A conservative end of the lease on ``time.monotonic()``'s clock: never after the
+        server's deadline."""
+        return self._state.local_expiry
+
+    def check(self) -> None:
+        """Raises :class:`dlock.LeaseLost` if the lease is lost, or if its local expiry passed
+        without a renewal answered (it counts as lost from then on)."""
+        self._state.check()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resource={self.resource!r}, fence={self.fence}, "
+            f"lost={self.lost.is_set()})"
+        )

@@ -4,8 +4,10 @@ not hang on a silent server past the lease, and one WAIT must be exactly one ser
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -16,8 +18,8 @@ _NOT_COPIED = ("retry", "retry_on_timeout", "retry_on_error", "cache", "cache_co
 
 
 def connection_settings(
-    kwargs: Dict[str, Any], socket_timeout: float, connect_timeout: float
-) -> Dict[str, Any]:
+    kwargs: dict[str, Any], socket_timeout: float, connect_timeout: float
+) -> dict[str, Any]:
     settings = {key: value for key, value in kwargs.items() if key not in _NOT_COPIED}
     settings["socket_timeout"] = socket_timeout
     settings["socket_connect_timeout"] = connect_timeout
@@ -29,7 +31,8 @@ def node_pool_of(client: Any, resource: str) -> Any:
     """The redis-py connection pool that serves ``resource``: the client's own, or in a
     Cluster the pool of the primary that owns the resource's slot."""
     if isinstance(client, redis.RedisCluster):
-        node = client.get_node_from_key(resource)
+        cluster: Any = client
+        node = cluster.get_node_from_key(resource)
         if node is None or node.redis_connection is None:
             raise redis.exceptions.SlotNotCoveredError(f"dlock: no node serves {resource!r}")
         return node.redis_connection.connection_pool
@@ -39,12 +42,12 @@ def node_pool_of(client: Any, resource: str) -> Any:
 class Connections:
     """A small pool of connections to one server, per address. Thread-safe."""
 
-    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], timeout: float) -> None:
+    def __init__(self, connection_class: Any, kwargs: dict[str, Any], timeout: float) -> None:
         self._class = connection_class
         self._settings = connection_settings(kwargs, timeout, timeout)
         self._settings["retry"] = Retry(NoBackoff(), 0)
         self._timeout = timeout
-        self._idle: List[Any] = []
+        self._idle: list[Any] = []
         self._lock = threading.Lock()
 
     def _take(self) -> Any:
@@ -105,12 +108,12 @@ class Nodes:
     def __init__(self, client: Any, timeout: float) -> None:
         self._client = client
         self._timeout = timeout
-        self._by_address: Dict[Tuple[Any, ...], Connections] = {}
+        self._by_address: dict[tuple[Any, ...], Connections] = {}
         self._lock = threading.Lock()
 
     def for_resource(self, resource: str) -> Connections:
         pool = node_pool_of(self._client, resource)
-        kwargs: Dict[str, Any] = dict(pool.connection_kwargs)
+        kwargs: dict[str, Any] = dict(pool.connection_kwargs)
         address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
         with self._lock:
             connections = self._by_address.get(address)
@@ -122,10 +125,9 @@ class Nodes:
     def refresh(self) -> None:
         """After MOVED/ASK: the caller's Cluster client learns the new slot map."""
         if isinstance(self._client, redis.RedisCluster):
-            try:
-                self._client.nodes_manager.initialize()
-            except redis.RedisError:
-                pass
+            cluster: Any = self._client
+            with contextlib.suppress(redis.RedisError):
+                cluster.nodes_manager.initialize()
 
     def close(self) -> None:
         with self._lock:

@@ -3,8 +3,6 @@ exceptions and pass through unchanged."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = ["DlockError", "LeaseLost", "NotAcquired", "Stale"]
 
 
@@ -12,7 +10,7 @@ class DlockError(Exception):
     """The base of dlock's own errors; each carries the ``resource`` and, when there is one, the
     ``fence`` it concerns."""
 
-    def __init__(self, message: str, resource: str, fence: Optional[int] = None) -> None:
+    def __init__(self, message: str, resource: str, fence: int | None = None) -> None:
         super().__init__(message)
         self.resource = resource
         self.fence = fence
@@ -22,10 +20,8 @@ class NotAcquired(DlockError):
     """The lock stayed held by another owner until the caller's ``timeout`` passed.
     ``fence`` is ``None``: nothing was granted."""
 
-    def __init__(self, resource: str, timeout: Optional[float]) -> None:
-        super().__init__(
-            f"dlock: {resource!r} was not acquired within {timeout} s", resource, None
-        )
+    def __init__(self, resource: str, timeout: float | None) -> None:
+        super().__init__(f"dlock: {resource!r} was not acquired within {timeout} s", resource, None)
         self.timeout = timeout
 
 

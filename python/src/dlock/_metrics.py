@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict
 
 __all__ = ["Metrics"]
 
@@ -31,7 +30,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: Dict[str, float] = {}
+        self._counters: dict[str, float] = {}
 
     def _inc(self, name: str, reason: str = "", amount: float = 1.0) -> None:
         key = f"{name}{{{reason}}}" if reason else name
@@ -50,7 +49,7 @@ class Metrics:
         with self._lock:
             return self._counters.get(key, 0.0)
 
-    def snapshot(self) -> Dict[str, float]:
+    def snapshot(self) -> dict[str, float]:
         """Every figure that moved, by name (``name{reason}`` for labelled ones)."""
         with self._lock:
             return dict(self._counters)

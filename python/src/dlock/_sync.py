@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import Any, Optional, Set, Type
+from typing import Any
 
 import redis
 
 from . import _common as common
-from ._common import Arg, Features, LeaseState, Meta
+from ._common import Arg, Features, LeaseState, LeaseView, Meta
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -18,55 +18,13 @@ from ._metrics import Metrics, log
 __all__ = ["Hold", "Lease", "Locks"]
 
 
-class Lease:
+class Lease(LeaseView):
     """A granted lease: ``token`` owns ``resource`` with ``fence`` until the server's deadline,
     kept alive by renewals for as long as the ``with`` block runs."""
 
     def __init__(self, locks: Locks, state: LeaseState) -> None:
+        super().__init__(state)
         self._locks = locks
-        self._state = state
-
-    @property
-    def resource(self) -> str:
-        """The locked resource (the Redis key of the lock)."""
-        return self._state.resource
-
-    @property
-    def token(self) -> str:
-        """This lease's owner token."""
-        return self._state.token
-
-    @property
-    def fence(self) -> int:
-        """The fencing token: send it with every write the lease protects."""
-        return self._state.fence
-
-    @property
-    def ttl(self) -> float:
-        """The lease's length in seconds, renewed every third of it."""
-        return self._state.ttl
-
-    @property
-    def lost(self) -> threading.Event:
-        """Set once the lease is lost: the work must stop, its writes are no longer protected."""
-        return self._state.lost
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """Why the lease was lost (``renewal_refused``, ``unreachable``, ``max_hold``,
-        ``ended``), or ``None``."""
-        return self._state.reason
-
-    @property
-    def local_expiry(self) -> float:
-        """A conservative end of the lease on ``time.monotonic()``'s clock: never after the
-        server's deadline."""
-        return self._state.local_expiry
-
-    def check(self) -> None:
-        """Raises :class:`dlock.LeaseLost` if the lease is lost, or if its local expiry passed
-        without a renewal answered (then it counts as lost from now on)."""
-        self._state.check()
 
     def fenced(self, *command: Arg) -> Any:
         """Runs ``command`` in the server only if this lease's fence is still the live one
@@ -82,9 +40,6 @@ class Lease:
                 raise Stale(self.resource, self.fence, str(error)) from error
             raise
 
-    def __repr__(self) -> str:
-        return f"Lease(resource={self.resource!r}, fence={self.fence}, lost={self.lost.is_set()})"
-
 
 class Hold:
     """The context manager :meth:`Locks.hold` returns."""
@@ -94,9 +49,9 @@ class Hold:
         locks: Locks,
         resource: str,
         ttl: float,
-        timeout: Optional[float],
-        meta: Optional[Meta],
-        max_hold: Optional[float],
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
     ) -> None:
         self._locks = locks
         self._resource = resource
@@ -104,7 +59,7 @@ class Hold:
         self._timeout = timeout
         self._meta = meta
         self._max_hold = max_hold
-        self._lease: Optional[Lease] = None
+        self._lease: Lease | None = None
 
     def __enter__(self) -> Lease:
         if self._lease is not None:
@@ -118,9 +73,9 @@ class Hold:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
     ) -> None:
         assert self._lease is not None
         state = self._lease._state
@@ -146,15 +101,15 @@ class Locks:
         client: Any,
         *,
         request_timeout: float = 2.0,
-        release_timeout: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
+        release_timeout: float | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.client = client
         self.request_timeout = request_timeout
         self.release_timeout = request_timeout if release_timeout is None else release_timeout
         self.metrics = metrics if metrics is not None else Metrics()
         self._nodes = Nodes(client, request_timeout)
-        self._features: Optional[Features] = None
+        self._features: Features | None = None
         self._features_lock = threading.Lock()
         self._renewer = _Renewer(self)
 
@@ -163,9 +118,9 @@ class Locks:
         resource: str,
         *,
         ttl: float = 30.0,
-        timeout: Optional[float] = 10.0,
-        meta: Optional[Meta] = None,
-        max_hold: Optional[float] = None,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
     ) -> Hold:
         """A context manager that acquires ``resource`` for ``ttl`` seconds, waiting in the
         server's queue at most ``timeout`` seconds (``0``: no wait; ``None``: no limit), keeps it
@@ -212,9 +167,9 @@ class Locks:
         self,
         resource: str,
         ttl: float,
-        timeout: Optional[float],
-        meta: Optional[Meta],
-        max_hold: Optional[float],
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
     ) -> LeaseState:
         self.metrics.acquire_attempt()
         started = time.monotonic()
@@ -233,9 +188,9 @@ class Locks:
         self,
         resource: str,
         ttl: float,
-        timeout: Optional[float],
-        meta: Optional[Meta],
-        max_hold: Optional[float],
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
     ) -> LeaseState:
         features = self.features()
         plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
@@ -281,7 +236,7 @@ class Locks:
         except redis.RedisError as error:
             log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
 
-    def _renew(self, state: LeaseState, ttl_ms: int) -> Optional[bool]:
+    def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         """One RENEW: ``True`` renewed (the local expiry moves on), ``False`` refused, ``None``
         no answer in time (both counted as renewal failures)."""
         command = common.renew_command(
@@ -290,9 +245,7 @@ class Locks:
         sent = time.monotonic()
         try:
             renewed = common.as_int(
-                self._call(
-                    state.resource, command, state.renew_timeout(sent, self.request_timeout)
-                )
+                self._call(state.resource, command, state.renew_timeout(sent, self.request_timeout))
             )
         except redis.RedisError as error:
             log.debug("dlock: renewal of %s failed: %s", state.resource, error)
@@ -307,9 +260,7 @@ class Locks:
     def _finish(self, state: LeaseState) -> None:
         """Releases the lease when its block exits, bounded by ``release_timeout``. Never
         raises: a failure is logged and counted, and a lease found gone counts as lost."""
-        command = common.release_command(
-            self.features(), state.resource, state.token, state.fence
-        )
+        command = common.release_command(self.features(), state.resource, state.token, state.fence)
         ok = False
         try:
             released = common.as_int(self._call(state.resource, command, self.release_timeout))
@@ -332,17 +283,15 @@ class _Renewer:
 
     def __init__(self, locks: Locks) -> None:
         self._locks = locks
-        self._leases: Set[LeaseState] = set()
+        self._leases: set[LeaseState] = set()
         self._wake = threading.Condition()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def add(self, state: LeaseState) -> None:
         with self._wake:
             self._leases.add(state)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="dlock-renewer", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="dlock-renewer", daemon=True)
                 self._thread.start()
             self._wake.notify()
 
@@ -364,7 +313,8 @@ class _Renewer:
                 state = min(self._leases, key=LeaseState.due)
                 delay = state.due() - time.monotonic()
                 if delay > 0:
-                    self._wake.wait(delay)
+                    # Every held lease lost: sleep until one is added or removed.
+                    self._wake.wait(None if delay == float("inf") else delay)
                     continue
             try:
                 if self._held(state):
@@ -377,7 +327,8 @@ class _Renewer:
         action = state.step(time.monotonic())
         if isinstance(action, str):
             state.lose(action)
-        elif action is not None and self._locks._renew(state, action) is False:
+        elif action is not None:
+            refused = self._locks._renew(state, action) is False
             # A RENEW that was in flight when the block exited may be refused: not a loss.
-            if self._held(state):
+            if refused and self._held(state):
                 state.lose("renewal_refused")
