@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Python client (python/): installs its tools into .deps/venv (only what is missing) and checks it.
-#   bash scripts/python.sh test     ruff, ruff format --check, mypy --strict, pytest, python -m build
+#   bash scripts/python.sh test     ruff, ruff format --check, mypy --strict, pytest (against
+#                                   redis-server, then Valkey 9), python -m build (sdist and wheel)
 #   bash scripts/python.sh venv     only create/update the virtual environment; prints its python
 # The tests start their own redis-server with the module: DLOCK_MODULE, else target/release, else
-# target/debug (build it first: cargo build --release). DLOCK_SERVER picks another server binary
-# (e.g. Valkey: DLOCK_SERVER=$(bash scripts/valkey.sh)).
+# target/debug (build it first: cargo build --release). PostgreSQL is installed with apt-get if
+# missing (the PostgreSQL example's test), Valkey into .deps/ (scripts/valkey.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -56,6 +57,26 @@ find_module() {
   exit 1
 }
 
+# PostgreSQL (the example's end-to-end test) from Debian's packages, if missing.
+need_postgres() {
+  if [ -z "${DLOCK_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "python: installing postgresql" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  fi
+}
+
+# pytest exits 5 when it collected no test: that is a failure here too.
+run_pytest() {
+  local status=0
+  (cd python && "$repo/$py" -m pytest -q -p no:cacheprovider) || status=$?
+  if [ "$status" -ne 0 ]; then
+    [ "$status" -eq 5 ] && echo "python: pytest collected no tests" >&2
+    exit "$status"
+  fi
+}
+
 case "${1:-test}" in
   venv)
     make_venv
@@ -66,19 +87,20 @@ case "${1:-test}" in
     DLOCK_MODULE=$(find_module)
     export DLOCK_MODULE
     echo "python: module $DLOCK_MODULE" >&2
+    need_postgres
     "$venv/bin/ruff" check python
     "$venv/bin/ruff" format --check python
     (cd python && "$repo/$venv/bin/mypy" --strict src tests examples)
-    # pytest exits 5 when it collected no test: that is a failure here too.
-    status=0
-    (cd python && "$repo/$py" -m pytest -q) || status=$?
-    if [ "$status" -ne 0 ]; then
-      [ "$status" -eq 5 ] && echo "python: pytest collected no tests" >&2
-      exit "$status"
-    fi
+    export DLOCK_REQUIRE_POSTGRES=1
+    echo "python: pytest against $(redis-server --version | cut -d' ' -f1-3)" >&2
+    run_pytest
+    DLOCK_SERVER=$(bash scripts/valkey.sh)
+    echo "python: pytest against Valkey ($DLOCK_SERVER)" >&2
+    DLOCK_SERVER=$DLOCK_SERVER run_pytest
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
-    "$py" -m build --outdir "$out" python >/dev/null
+    # The build backend (hatchling) is in the venv: the build itself needs no network.
+    "$py" -m build --no-isolation --outdir "$out" python >/dev/null
     ls "$out"
     ;;
   *)

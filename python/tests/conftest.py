@@ -54,6 +54,13 @@ def cmd(client: Any, *args: Any) -> Any:
     return client.execute_command(*args)
 
 
+def fields(reply: Any) -> dict[Any, Any]:
+    """A field/value reply as a dict: RESP3 maps already are, RESP2 gives a flat list."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2]))
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
     """Polls ``predicate`` until it holds or ``timeout`` seconds passed; its last answer."""
     deadline = time.monotonic() + timeout

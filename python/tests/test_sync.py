@@ -12,7 +12,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 import dlock
-from conftest import Server, cmd, wait_until
+from conftest import Server, cmd, fields, wait_until
 
 
 def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> None:
@@ -21,9 +21,9 @@ def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> No
         assert isinstance(lease.fence, int)
         assert lease.fence > 0
         assert lease.resource == "invoice:123"
-        info = cmd(r, "DLOCK.INFO", "invoice:123")
-        assert info[info.index(b"owner") + 1] == lease.token.encode()
-        assert info[info.index(b"fence") + 1] == lease.fence
+        info = fields(cmd(r, "DLOCK.INFO", "invoice:123"))
+        assert info[b"owner"] == lease.token.encode()
+        assert info[b"fence"] == lease.fence
         assert lease.fenced("SET", "invoice:123:total", "10") == b"OK"
         # Past two ttls the lease still holds: renewals every third of the ttl keep it.
         end = time.monotonic() + 1.3
