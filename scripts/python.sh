@@ -46,15 +46,19 @@ find_module() {
     echo "$DLOCK_MODULE"
     return
   fi
-  local candidate
+  # The newest of the builds there are: `make test` runs `cargo test` first, which leaves a fresh
+  # target/debug/libdlock.so (and deps/) beside a target/release one that may be older.
+  local candidate newest=""
   for candidate in target/release/libdlock.so target/debug/libdlock.so target/debug/deps/libdlock.so; do
-    if [ -f "$candidate" ]; then
-      echo "$repo/$candidate"
-      return
+    if [ -f "$candidate" ] && { [ -z "$newest" ] || [ "$candidate" -nt "$newest" ]; }; then
+      newest=$candidate
     fi
   done
-  echo "python: no libdlock.so found; run 'cargo build --release' or set DLOCK_MODULE" >&2
-  exit 1
+  if [ -z "$newest" ]; then
+    echo "python: no libdlock.so found; run 'cargo build --release' or set DLOCK_MODULE" >&2
+    exit 1
+  fi
+  echo "$repo/$newest"
 }
 
 # PostgreSQL (the example's end-to-end test) from Debian's packages, if missing.

@@ -1,7 +1,7 @@
 """Fixtures: real servers with the dlock module, started by the tests themselves.
 
-The module is found through ``DLOCK_MODULE``, else ``<repo>/target/release/libdlock.so``, else
-``<repo>/target/debug/libdlock.so`` (or ``target/debug/deps/``). ``DLOCK_SERVER`` names the
+The module is found through ``DLOCK_MODULE``, else the newest of
+``<repo>/target/{release,debug,debug/deps}/libdlock.so``. ``DLOCK_SERVER`` names the
 server binary (default ``redis-server``; Valkey's ``valkey-server`` works the same)."""
 
 from __future__ import annotations
@@ -27,15 +27,19 @@ def module_path() -> Path:
     configured = os.environ.get("DLOCK_MODULE")
     if configured:
         return Path(configured).resolve()
-    for candidate in (
-        "target/release/libdlock.so",
-        "target/debug/libdlock.so",
-        "target/debug/deps/libdlock.so",
-    ):
-        path = REPO / candidate
-        if path.is_file():
-            return path
-    pytest.fail("no libdlock.so: run `cargo build --release` or set DLOCK_MODULE")
+    built = [
+        path
+        for path in (
+            REPO / "target/release/libdlock.so",
+            REPO / "target/debug/libdlock.so",
+            REPO / "target/debug/deps/libdlock.so",
+        )
+        if path.is_file()
+    ]
+    if not built:
+        pytest.fail("no libdlock.so: run `cargo build --release` or set DLOCK_MODULE")
+    # The newest build: `cargo test` leaves a fresh debug one beside an older release one.
+    return max(built, key=lambda path: path.stat().st_mtime)
 
 
 def server_binary() -> str:
