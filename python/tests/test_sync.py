@@ -205,6 +205,30 @@ def test_check_raises_at_the_local_expiry_even_before_the_renewer_notices(
         locks.close()
 
 
+def test_an_acquire_retried_through_a_pause_gets_one_grant(own_server: Server) -> None:
+    """Requests that time out while the server is stopped are retried with the same token: when
+    it comes back, every copy answers with the one grant's fence."""
+    client = own_server.client()
+    locks = dlock.Locks(client, request_timeout=0.2)
+    try:
+        locks.features()  # read before the pause: what times out below is the ACQUIRE itself
+        own_server.stop_process()
+        resume = threading.Timer(0.7, own_server.continue_process)
+        resume.start()
+        with locks.hold("paused", ttl=5, timeout=3) as lease:
+            resume.join()
+            info = fields(cmd(client, "DLOCK.INFO", "paused"))
+            assert info[b"owner"] == lease.token.encode()
+            assert info[b"fence"] == lease.fence
+        stats = own_server.info()
+        assert stats["dlock_acquire_granted"] == 1
+        assert stats["dlock_acquire_reacquired"] >= 1
+    finally:
+        own_server.continue_process()
+        client.close()
+        locks.close()
+
+
 def test_release_never_masks_the_bodys_exception(own_server: Server) -> None:
     client = own_server.client()
     locks = dlock.Locks(client, request_timeout=0.2)

@@ -210,8 +210,11 @@ class AcquirePlan:
         self.ttl_ms = millis(ttl if max_hold is None else min(ttl, max_hold))
         self.claim_ms = millis(max(1.0, 2 * request_timeout))
         self.wait_until = None if timeout is None else self.started + timeout
-        # Ambiguous failures are retried with the same token until then.
-        self.give_up = None if self.wait_until is None else self.wait_until + request_timeout
+        # Ambiguous failures are retried with the same token until the caller's deadline (and one
+        # more request's time); without a deadline, while they last no longer than this.
+        self.request_timeout = request_timeout
+        self.failing_for = max(5 * request_timeout, 1.0)
+        self.failing_since: float | None = None
         self.reached_server = False
         self._wait_next = False
 
@@ -234,13 +237,20 @@ class AcquirePlan:
         if not is_ambiguous(error):
             return False
         self.reached_server |= not is_refused(error)
-        if self.give_up is not None and time.monotonic() >= self.give_up:
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.wait_until is not None:
+            if now >= self.wait_until + self.request_timeout:
+                return False
+        elif now >= self.failing_since + self.failing_for:
             return False
         self._wait_next = self.left() > 0
         return True
 
     def answered(self, fence: int | None, waited: bool) -> bool:
         """Whether the lease is ours with a known deadline after this reply."""
+        self.failing_since = None
         if fence is not None:
             if waited:
                 # Granted from the queue at some instant during the wait: confirm at once.

@@ -339,21 +339,22 @@ class Locks:
         meta: Meta | None,
         max_hold: float | None,
     ) -> LeaseState:
-        features = await self.features()
         plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
         while True:
             wait_ms = plan.next_wait_ms()
-            command = common.acquire_command(
-                features,
-                resource,
-                plan.token,
-                plan.ttl_ms,
-                wait_ms=wait_ms,
-                claim_ms=plan.claim_ms,
-                meta=meta,
-            )
             sent = time.monotonic()
             try:
+                # Read once per Locks; a failure to read them is retried like the ACQUIRE.
+                features = await self.features()
+                command = common.acquire_command(
+                    features,
+                    resource,
+                    plan.token,
+                    plan.ttl_ms,
+                    wait_ms=wait_ms,
+                    claim_ms=plan.claim_ms,
+                    meta=meta,
+                )
                 if wait_ms is None:
                     reply = await self._call(resource, command, self.request_timeout)
                 else:
@@ -418,7 +419,7 @@ class Locks:
             ok = released == 1
             if not ok:
                 state.lose("ended")
-        except redis.RedisError as error:
+        except Exception as error:  # never raised over the body's own outcome
             log.debug("dlock: release of %s failed: %s", state.resource, error)
             if time.monotonic() >= state.due_expiry():
                 state.lose("unreachable")
