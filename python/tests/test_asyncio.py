@@ -183,11 +183,7 @@ def test_one_renewal_task_for_many_leases(server: Server) -> None:
                 return lease.fence
 
         def renewers() -> int:
-            return sum(
-                1
-                for task in asyncio.all_tasks()
-                if getattr(task.get_coro(), "__qualname__", "") == "_Renewer._run"
-            )
+            return sum(1 for task in asyncio.all_tasks() if task.get_name() == "dlock-renewer")
 
         gathered = asyncio.gather(*(work(n) for n in range(5)))
         await asyncio.sleep(0.5)
@@ -196,6 +192,51 @@ def test_one_renewal_task_for_many_leases(server: Server) -> None:
         assert len(set(fences)) == 5
         await asyncio.sleep(0.05)
         assert renewers() == 0
+        await locks.aclose()
+        await r.aclose()
+
+    run(test)
+
+
+def test_max_hold_cancels_the_body_and_one_locks_serves_two_event_loops(server: Server) -> None:
+    r = redis.Redis(port=server.port)
+    # One Locks over two asyncio.run() calls, each with its own loop and client.
+    locks: dict[str, dlock.asyncio.Locks] = {}
+
+    async def bounded() -> None:
+        client = redis.asyncio.Redis(port=server.port)
+        locks.setdefault("shared", dlock.asyncio.Locks(client))
+        started = time.monotonic()
+        with pytest.raises(dlock.LeaseLost) as raised:
+            async with locks["shared"].hold("bounded", ttl=30, max_hold=0.5):
+                await asyncio.sleep(30)
+        assert raised.value.reason == "max_hold"
+        assert time.monotonic() - started < 0.5 + 1.0
+        await client.aclose()
+
+    run(bounded)
+    run(bounded)
+    assert r.exists("bounded") == 0
+    r.close()
+
+
+def test_a_loss_seen_by_check_in_a_blocking_body_is_raised_once(own_server: Server) -> None:
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=own_server.port)
+        locks = dlock.asyncio.Locks(r, request_timeout=0.2)
+        try:
+            with pytest.raises(dlock.LeaseLost) as raised:
+                async with locks.hold("blocking", ttl=0.5) as lease:
+                    own_server.stop_process()
+                    # A body that blocks the loop: no renewal can run; check() sees the expiry.
+                    time.sleep(max(0.0, lease.local_expiry - time.monotonic()) + 0.01)  # noqa: ASYNC251
+                    lease.check()
+            assert raised.value.reason == "unreachable"
+            own_server.continue_process()
+            # The cancellation the loss asked for does not leak out of the block.
+            await asyncio.sleep(0.05)
+        finally:
+            own_server.continue_process()
         await locks.aclose()
         await r.aclose()
 

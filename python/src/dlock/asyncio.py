@@ -440,9 +440,10 @@ class _Renewer:
 
     def add(self, state: LeaseState) -> None:
         self._leases.add(state)
-        if self._task is None or self._task.done():
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = loop.create_task(self._run(), name="dlock-renewer")
         elif self._wake is not None:
             self._wake.set()
 
