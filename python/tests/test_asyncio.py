@@ -26,10 +26,10 @@ def test_hold_acquires_renews_and_releases(server: Server) -> None:
     async def test() -> None:
         r = redis.asyncio.Redis(port=server.port)
         locks = dlock.asyncio.Locks(r)
-        async with locks.hold("invoice:123", ttl=0.6, timeout=1) as lease:
+        async with locks.hold("invoice:123", ttl=0.9, timeout=1) as lease:
             assert lease.fence > 0
             assert await lease.fenced("SET", "invoice:123:total", "10") == b"OK"
-            await asyncio.sleep(1.2)  # two ttls: renewals keep it
+            await asyncio.sleep(1.8)  # two ttls: renewals keep it
             lease.check()
             assert await cmd(r, "DLOCK.FENCECHECK", "invoice:123", lease.fence) == 1
         assert await r.exists("invoice:123") == 0
@@ -177,7 +177,7 @@ def test_one_renewal_task_for_many_leases(server: Server) -> None:
         locks = dlock.asyncio.Locks(r)
 
         async def work(n: int) -> int:
-            async with locks.hold(f"many:{n}", ttl=0.6) as lease:
+            async with locks.hold(f"many:{n}", ttl=0.9) as lease:
                 await asyncio.sleep(1.0)
                 lease.check()
                 return lease.fence

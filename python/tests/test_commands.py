@@ -166,11 +166,11 @@ def test_a_version_1_server_receives_only_version_1_commands(server: Server) -> 
     assert ready.wait(5)
     time.sleep(0.1)  # MONITOR is registered once its reply came; give it a moment
     client = redis.Redis(port=server.port)
-    with dlock.Locks(client).hold("watched", ttl=0.3, meta="worker-a") as lease:
-        time.sleep(0.25)
+    with dlock.Locks(client).hold("watched", ttl=0.9, meta="worker-a") as lease:
+        time.sleep(0.5)  # one renewal, a third of the ttl in
         lease.check()
     watcher.join(5)
-    assert seen[0].split() == ["DLOCK.ACQUIRE", "watched", lease.token, "300"]
-    assert seen[1].split() == ["DLOCK.RENEW", "watched", lease.token, "300"]
+    assert seen[0].split() == ["DLOCK.ACQUIRE", "watched", lease.token, "900"]
+    assert seen[1].split() == ["DLOCK.RENEW", "watched", lease.token, "900"]
     assert seen[-1].split() == ["DLOCK.RELEASE", "watched", lease.token]
     client.close()
