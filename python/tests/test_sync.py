@@ -229,6 +229,23 @@ def test_an_acquire_retried_through_a_pause_gets_one_grant(own_server: Server) -
         locks.close()
 
 
+def test_connections_the_server_closed_while_idle_are_replaced(own_server: Server) -> None:
+    admin = own_server.client()
+    locks = dlock.Locks(own_server.client())
+    try:
+        with locks.hold("idle", ttl=60) as lease:
+            # The server drops idle clients after a second: dlock's connection among them.
+            admin.config_set("timeout", 1)
+            assert wait_until(lambda: len(admin.client_list()) == 1, 10, 0.1)
+            lease.check()
+        # The RELEASE went out on a fresh connection, not into the closed one.
+        assert locks.metrics.get("release_failures") == 0
+        assert admin.exists("idle") == 0
+    finally:
+        admin.close()
+        locks.close()
+
+
 def test_release_never_masks_the_bodys_exception(own_server: Server) -> None:
     client = own_server.client()
     locks = dlock.Locks(client, request_timeout=0.2)

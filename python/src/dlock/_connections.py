@@ -52,9 +52,17 @@ class Connections:
 
     def _take(self) -> Any:
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._class(**self._settings)
+            connection = self._idle.pop() if self._idle else None
+        if connection is None:
+            return self._class(**self._settings)
+        try:
+            # Readable while idle: the server closed it (its `timeout`) or sent something stray.
+            # Start afresh rather than lose the next request to it (send_command reconnects).
+            if connection.can_read(timeout=0):
+                connection.disconnect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            connection.disconnect()
+        return connection
 
     def _give_back(self, connection: Any) -> None:
         with self._lock:

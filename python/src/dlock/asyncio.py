@@ -43,14 +43,21 @@ class _Connections:
         self._idle: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _take(self) -> Any:
+    async def _take(self) -> Any:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # Connections belong to the loop that made them.
             self._idle, self._loop = [], loop
-        if self._idle:
-            return self._idle.pop()
-        return self._class(**self._settings)
+        if not self._idle:
+            return self._class(**self._settings)
+        connection = self._idle.pop()
+        try:
+            # Readable while idle: closed by the server (its `timeout`) or something stray.
+            if await connection.can_read_destructive():
+                await self._drop(connection)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            await self._drop(connection)
+        return connection
 
     async def _drop(self, connection: Any) -> None:
         with contextlib.suppress(Exception):  # already broken
@@ -58,7 +65,7 @@ class _Connections:
 
     async def call(self, args: Sequence[Any], timeout: float) -> Any:
         """One command and its reply within ``timeout``, no retry (see the threaded client)."""
-        connection = self._take()
+        connection = await self._take()
         try:
             await asyncio.wait_for(connection.send_command(*args), timeout)
             reply = await asyncio.wait_for(connection.read_response(), timeout)
