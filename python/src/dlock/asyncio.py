@@ -53,7 +53,9 @@ class _Connections:
         connection = self._idle.pop()
         try:
             # Readable while idle: closed by the server (its `timeout`) or something stray.
-            if await connection.can_read_destructive():
+            # can_read() from redis-py 8 on; can_read_destructive() before (deprecated since).
+            readable = getattr(connection, "can_read", None) or connection.can_read_destructive
+            if await readable():
                 await self._drop(connection)
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             await self._drop(connection)
