@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 
@@ -127,8 +128,9 @@ def test_a_waiter_gets_the_lock_when_the_holder_exits(r: redis.Redis) -> None:
 
 
 def test_a_lease_deleted_by_an_operator_is_noticed_within_a_third_of_the_ttl(
-    r: redis.Redis,
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="dlock")
     locks = dlock.Locks(r)
     ttl = 1.5
     with pytest.raises(dlock.LeaseLost) as raised, locks.hold("deleted", ttl=ttl) as lease:
@@ -144,6 +146,18 @@ def test_a_lease_deleted_by_an_operator_is_noticed_within_a_third_of_the_ttl(
     assert raised.value.reason == "renewal_refused"
     assert locks.metrics.get("leases_lost", "renewal_refused") == 1
     assert locks.metrics.get("renewal_failures", "refused") == 1
+    # One line for the loss, with what an operator needs to find it.
+    lost = [record.getMessage() for record in caplog.records if "lease lost" in record.getMessage()]
+    assert lost == [
+        f"dlock: lease lost resource=deleted owner={lease.token} fence={lease.fence}"
+        " reason=renewal_refused"
+    ]
+    acquired = [
+        record.getMessage() for record in caplog.records if "acquired" in record.getMessage()
+    ]
+    assert acquired == [
+        f"dlock: lease acquired resource=deleted owner={lease.token} fence={lease.fence}"
+    ]
 
 
 def test_a_loss_the_body_never_checked_is_raised_when_the_block_exits(r: redis.Redis) -> None:
