@@ -127,6 +127,16 @@ def test_a_waiter_gets_the_lock_when_the_holder_exits(r: redis.Redis) -> None:
     assert fences[1] > fences[0]
 
 
+def test_timeout_none_waits_without_limit(server: Server, r: redis.Redis) -> None:
+    cmd(r, "DLOCK.ACQUIRE", "patient", "holder", 30000)
+    release = threading.Timer(0.5, lambda: cmd(r, "DLOCK.RELEASE", "patient", "holder"))
+    release.start()
+    with dlock.Locks(r).hold("patient", ttl=5, timeout=None) as lease:
+        assert cmd(r, "DLOCK.FENCECHECK", "patient", lease.fence) == 1
+    release.join()
+    assert server.info()["dlock_waits_granted"] == 1
+
+
 def test_a_lease_deleted_by_an_operator_is_noticed_within_a_third_of_the_ttl(
     r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
