@@ -174,3 +174,17 @@ def test_a_version_1_server_receives_only_version_1_commands(server: Server) -> 
     assert seen[1].split() == ["DLOCK.RENEW", "watched", lease.token, "900"]
     assert seen[-1].split() == ["DLOCK.RELEASE", "watched", lease.token]
     client.close()
+
+
+def test_a_grant_from_the_queue_is_confirmed_even_at_the_deadline() -> None:
+    """A WAIT answered with a fence in the wait's last milliseconds is the caller's lease: it is
+    confirmed with a plain ACQUIRE, never abandoned as a timeout (it would block the lock)."""
+    plan = common.AcquirePlan(ttl=5, timeout=0.01, max_hold=None, request_timeout=1)
+    assert plan.next_wait_ms() is None  # a plain ACQUIRE first
+    assert plan.answered(None, waited=False) == "nil"
+    assert not plan.gives_up(waited=False)
+    assert plan.next_wait_ms() is not None  # then the wait
+    time.sleep(0.02)  # the wait ran to its end ...
+    assert plan.answered(1234, waited=True) == "confirm"  # ... but was granted at the last moment
+    assert plan.next_wait_ms() is None  # confirmed with a plain ACQUIRE, whatever the time
+    assert plan.answered(1234, waited=False) == "granted"

@@ -248,17 +248,18 @@ class AcquirePlan:
         self._wait_next = self.left() > 0
         return True
 
-    def answered(self, fence: int | None, waited: bool) -> bool:
-        """Whether the lease is ours with a known deadline after this reply."""
+    def answered(self, fence: int | None, waited: bool) -> str:
+        """What this reply means: ``granted`` (ours, with a known deadline), ``confirm`` (granted
+        from the queue at some instant during the wait: send a plain ACQUIRE by the same token
+        next, whatever the time left), or ``nil`` (not granted: see :meth:`gives_up`)."""
         self.failing_since = None
         if fence is not None:
             if waited:
-                # Granted from the queue at some instant during the wait: confirm at once.
                 self._wait_next = False
-                return False
-            return True
+                return "confirm"
+            return "granted"
         self._wait_next = True
-        return False
+        return "nil"
 
     def gives_up(self, waited: bool) -> bool:
         """After a nil: whether the caller's timeout has passed (a WAIT that ran to its end

@@ -381,12 +381,13 @@ class Locks:
                 if plan.reached_server:
                     await self._forget(resource, plan.token)
                 raise
-            if plan.answered(fence, waited=wait_ms is not None):
+            answer = plan.answered(fence, waited=wait_ms is not None)
+            if answer == "granted":
                 assert fence is not None
                 return LeaseState(
                     resource, plan.token, fence, plan.ttl_ms, sent, plan.hold_end, self.metrics
                 )
-            if plan.gives_up(waited=wait_ms is not None):
+            if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                 raise NotAcquired(resource, timeout)
 
     async def _forget(self, resource: str, token: str) -> None:
