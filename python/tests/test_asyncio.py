@@ -241,3 +241,23 @@ def test_a_loss_seen_by_check_in_a_blocking_body_is_raised_once(own_server: Serv
         await r.aclose()
 
     run(test)
+
+
+def test_mutual_exclusion_under_contention(server: Server) -> None:
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=server.port)
+        locks = dlock.asyncio.Locks(r)
+
+        async def worker() -> None:
+            for _ in range(10):
+                async with locks.hold("counter", ttl=5, timeout=10) as lease:
+                    value = int(await cmd(r, "GET", "counter:value") or 0)
+                    await asyncio.sleep(0.001)
+                    await lease.fenced("SET", "counter:value", str(value + 1))
+
+        await asyncio.gather(*(worker() for _ in range(4)))
+        assert await cmd(r, "GET", "counter:value") == b"40"
+        await locks.aclose()
+        await r.aclose()
+
+    run(test)

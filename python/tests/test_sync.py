@@ -374,3 +374,28 @@ def test_the_version_1_server_advertises_no_version_2_option(r: redis.Redis) -> 
     assert "WAIT" in features.acquire
     for option in ("FENCE", "CLAIM", "META", "QUEUE", "SHARED"):
         assert option not in features.acquire | features.renew | features.release
+
+
+def test_mutual_exclusion_under_contention(r: redis.Redis) -> None:
+    """Threads increment a counter by read-then-write under the lock: no update is lost."""
+    locks = dlock.Locks(r)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(10):
+                with locks.hold("counter", ttl=5, timeout=10) as lease:
+                    value = int(cmd(r, "GET", "counter:value") or 0)
+                    time.sleep(0.001)
+                    lease.fenced("SET", "counter:value", str(value + 1))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert cmd(r, "GET", "counter:value") == b"40"
+    assert locks.metrics.get("acquire_attempts") == 40
