@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -399,3 +402,19 @@ def test_mutual_exclusion_under_contention(r: redis.Redis) -> None:
     assert errors == []
     assert cmd(r, "GET", "counter:value") == b"40"
     assert locks.metrics.get("acquire_attempts") == 40
+
+
+def test_a_unix_socket_client() -> None:
+    path = tempfile.mkdtemp(prefix="dlock-sock-") + "/redis.sock"  # short: sun_path is small
+    server = Server("--unixsocket", path, "--unixsocketperm", "700")
+    client = redis.Redis(unix_socket_path=path)
+    try:
+        locks = dlock.Locks(client)
+        with locks.hold("over-a-socket", ttl=5, timeout=1) as lease:
+            assert lease.fenced("SET", "over-a-socket:x", "1") == b"OK"
+        assert client.exists("over-a-socket") == 0
+        locks.close()
+    finally:
+        client.close()
+        server.close()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
