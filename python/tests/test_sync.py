@@ -140,6 +140,29 @@ def test_timeout_none_waits_without_limit(server: Server, r: redis.Redis) -> Non
     assert server.info()["dlock_waits_granted"] == 1
 
 
+def test_a_wait_longer_than_the_server_allows_is_waited_in_slices(own_server: Server) -> None:
+    client = own_server.client()
+    client.config_set("dlock.max-ttl-ms", 300)
+    locks = dlock.Locks(client)
+    # The holder renews for a second; the waiter's two seconds are waited 300 ms at a time.
+    holder = threading.Event()
+
+    def hold_for_a_second() -> None:
+        with locks.hold("long", ttl=0.3, timeout=0):
+            holder.set()
+            time.sleep(1.0)
+
+    first = threading.Thread(target=hold_for_a_second)
+    first.start()
+    assert holder.wait(5)
+    with locks.hold("long", ttl=0.3, timeout=2) as lease:
+        assert cmd(client, "DLOCK.FENCECHECK", "long", lease.fence) == 1
+    first.join()
+    assert own_server.info()["dlock_waits_started"] >= 2
+    client.close()
+    locks.close()
+
+
 def test_a_lease_deleted_by_an_operator_is_noticed_within_a_third_of_the_ttl(
     r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

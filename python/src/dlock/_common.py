@@ -4,6 +4,7 @@ lease's state and its renewal schedule. No I/O here."""
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import threading
 import time
@@ -22,8 +23,12 @@ Meta = Union[str, bytes]
 OPTION_TOKENS = ("FENCE", "CLAIM", "META", "QUEUE", "SHARED", "WAIT")
 
 # How long one server-side wait lasts at most when the caller waits without limit: each is one
-# WAIT with the same token, so a lost reply costs nothing but a retry.
-UNLIMITED_WAIT_SLICE = 60.0
+# WAIT with the same token, so a lost reply costs nothing but a retry (between two of them the
+# waiter leaves the queue for a round trip).
+UNLIMITED_WAIT_SLICE = 3600.0
+
+# The server's refusal of a wait longer than its dlock.max-ttl-ms, which names the limit.
+_WAIT_LIMIT = re.compile(r"timeout-ms must be an integer between 0 and (\d+)")
 
 # A WAIT that answered nil earlier than this before the caller's deadline was cut short (a newer
 # wait by the same token, CLIENT UNBLOCK): the caller waits again for what is left.
@@ -217,6 +222,8 @@ class AcquirePlan:
         self.failing_since: float | None = None
         self.reached_server = False
         self._wait_next = False
+        # The server's longest wait, once it refused a longer one.
+        self.max_wait_ms: int | None = None
 
     def left(self) -> float:
         if self.wait_until is None:
@@ -230,10 +237,17 @@ class AcquirePlan:
         left = self.left()
         if left <= 0:
             return None
-        return millis_up(min(left, UNLIMITED_WAIT_SLICE))
+        wait_ms = millis_up(min(left, UNLIMITED_WAIT_SLICE))
+        return wait_ms if self.max_wait_ms is None else min(wait_ms, self.max_wait_ms)
 
     def retry_after(self, error: BaseException) -> bool:
         """Whether to retry after ``error`` (with the same token)."""
+        limit = _WAIT_LIMIT.search(str(error)) if isinstance(error, redis.ResponseError) else None
+        if limit is not None and self.max_wait_ms is None and int(limit.group(1)) > 0:
+            # A wait longer than the server allows: wait in slices of its longest.
+            self.max_wait_ms = int(limit.group(1))
+            self._wait_next = True
+            return True
         if not is_ambiguous(error):
             return False
         self.reached_server |= not is_refused(error)
