@@ -15,7 +15,20 @@ from redis.backoff import ExponentialBackoff
 
 import dlock
 import dlock.asyncio
-from conftest import Server, cmd
+from conftest import Server, cmd, fields
+
+
+async def eventually(
+    probe: Callable[[], Coroutine[Any, Any, int]], wanted: int, timeout: float
+) -> bool:
+    """Polls ``probe`` until it answers ``wanted`` or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await probe() == wanted:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -257,6 +270,35 @@ def test_mutual_exclusion_under_contention(server: Server) -> None:
 
         await asyncio.gather(*(worker() for _ in range(4)))
         assert await cmd(r, "GET", "counter:value") == b"40"
+        await locks.aclose()
+        await r.aclose()
+
+    run(test)
+
+
+def test_a_waiter_cancelled_while_waiting_leaves_no_grant_behind(server: Server) -> None:
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=server.port)
+        await cmd(r, "DLOCK.ACQUIRE", "queued", "holder", 30000)
+        locks = dlock.asyncio.Locks(r)
+
+        async def waiter() -> None:
+            async with locks.hold("queued", ttl=30, timeout=10):
+                pytest.fail("the body must not run")
+
+        task = asyncio.ensure_future(waiter())
+
+        async def waiters() -> int:
+            return int(fields(await cmd(r, "DLOCK.INFO", "queued"))[b"waiters"])
+
+        assert await eventually(lambda: waiters(), 1, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The waiter left the queue with its connection: the release frees the lock for nobody.
+        assert await eventually(lambda: waiters(), 0, 5)
+        assert await cmd(r, "DLOCK.RELEASE", "queued", "holder") == 1
+        assert await r.exists("queued") == 0
         await locks.aclose()
         await r.aclose()
 
