@@ -291,12 +291,12 @@ def test_a_waiter_cancelled_while_waiting_leaves_no_grant_behind(server: Server)
         async def waiters() -> int:
             return int(fields(await cmd(r, "DLOCK.INFO", "queued"))[b"waiters"])
 
-        assert await eventually(lambda: waiters(), 1, 5)
+        assert await eventually(waiters, 1, 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         # The waiter left the queue with its connection: the release frees the lock for nobody.
-        assert await eventually(lambda: waiters(), 0, 5)
+        assert await eventually(waiters, 0, 5)
         assert await cmd(r, "DLOCK.RELEASE", "queued", "holder") == 1
         assert await r.exists("queued") == 0
         await locks.aclose()
