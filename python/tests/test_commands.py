@@ -146,9 +146,10 @@ def test_millis_never_lengthens_a_lease() -> None:
     assert common.millis_up(1.0001) == 1001
 
 
-def test_a_version_1_server_receives_only_version_1_commands(server: Server) -> None:
-    """Seen with MONITOR: a hold with meta sends ACQUIRE, RENEW and RELEASE without options."""
-    seen: list[str] = []
+def watched_hold(server: Server, locks: dlock.Locks) -> tuple[list[list[str]], dlock.Lease]:
+    """Holds ``watched`` for a renewal's time and returns the dlock commands the server received
+    (seen with MONITOR), and the lease."""
+    seen: list[list[str]] = []
     ready = threading.Event()
 
     def watch() -> None:
@@ -157,7 +158,7 @@ def test_a_version_1_server_receives_only_version_1_commands(server: Server) -> 
             while True:
                 command = str(monitor.next_command()["command"])
                 if command.upper().startswith("DLOCK."):
-                    seen.append(command)
+                    seen.append(command.split())
                 if command.upper().startswith("DLOCK.RELEASE"):
                     return
 
@@ -165,14 +166,40 @@ def test_a_version_1_server_receives_only_version_1_commands(server: Server) -> 
     watcher.start()
     assert ready.wait(5)
     time.sleep(0.1)  # MONITOR is registered once its reply came; give it a moment
-    client = redis.Redis(port=server.port)
-    with dlock.Locks(client).hold("watched", ttl=0.9, meta="worker-a") as lease:
+    with locks.hold("watched", ttl=0.9, meta="worker-a") as lease:
         time.sleep(0.5)  # one renewal, a third of the ttl in
         lease.check()
     watcher.join(5)
-    assert seen[0].split() == ["DLOCK.ACQUIRE", "watched", lease.token, "900"]
-    assert seen[1].split() == ["DLOCK.RENEW", "watched", lease.token, "900"]
-    assert seen[-1].split() == ["DLOCK.RELEASE", "watched", lease.token]
+    return seen, lease
+
+
+def test_the_commands_sent_are_those_the_server_advertises(server: Server) -> None:
+    client = redis.Redis(port=server.port)
+    locks = dlock.Locks(client)
+    features = locks.features("watched")
+    assert "WAIT" in features.acquire
+    seen, lease = watched_hold(server, locks)
+    fence = ["FENCE", str(lease.fence)]
+    meta = ["META", "worker-a"] if "META" in features.acquire else []
+    assert seen[0] == ["DLOCK.ACQUIRE", "watched", lease.token, "900", *meta]
+    renew_fence = fence if "FENCE" in features.renew else []
+    assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900", *renew_fence]
+    release_fence = fence if "FENCE" in features.release else []
+    assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token, *release_fence]
+    client.close()
+
+
+def test_the_version_1_path_works_against_any_server(server: Server) -> None:
+    """A server that advertises no option (dlock before version 2) gets the version 1 commands
+    only; newer servers keep answering them the same."""
+    client = redis.Redis(port=server.port)
+    locks = dlock.Locks(client)
+    locks._nodes.for_resource("watched").features = Features(acquire=frozenset({"WAIT"}))
+    seen, lease = watched_hold(server, locks)
+    assert seen[0] == ["DLOCK.ACQUIRE", "watched", lease.token, "900"]
+    assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900"]
+    assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token]
+    assert locks.metrics.get("release_failures") == 0
     client.close()
 
 

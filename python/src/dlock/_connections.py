@@ -13,6 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ._common import Features
+
 # Settings of the caller's connections that dlock's own must not copy.
 _NOT_COPIED = ("retry", "retry_on_timeout", "retry_on_error", "cache", "cache_config")
 
@@ -49,6 +51,8 @@ class Connections:
         self._timeout = timeout
         self._idle: list[Any] = []
         self._lock = threading.Lock()
+        # The server's command options, read once (see Locks.features).
+        self.features: Features | None = None
 
     def _take(self) -> Any:
         with self._lock:

@@ -109,7 +109,6 @@ class Locks:
         self.release_timeout = request_timeout if release_timeout is None else release_timeout
         self.metrics = metrics if metrics is not None else Metrics()
         self._nodes = Nodes(client, request_timeout)
-        self._features: Features | None = None
         self._features_lock = threading.Lock()
         self._renewer = _Renewer(self)
 
@@ -137,17 +136,19 @@ class Locks:
             raise ValueError("dlock: max_hold must be positive")
         return Hold(self, resource, ttl, timeout, meta, max_hold)
 
-    def features(self) -> Features:
-        """The command options the server advertises, read once per ``Locks``."""
+    def features(self, resource: str = "dlock") -> Features:
+        """The command options advertised by the server that serves ``resource`` (in a Cluster
+        each node is asked on its own, so a rolling upgrade never gets an option sent to a node
+        that lacks it), read once per server and ``Locks``."""
+        connections = self._nodes.for_resource(resource)
         with self._features_lock:
-            if self._features is None:
+            if connections.features is None:
                 try:
-                    # Any node: every server of a deployment runs the same module.
-                    reply = self._call("dlock", common.FEATURES_COMMAND, self.request_timeout)
+                    reply = connections.call(common.FEATURES_COMMAND, self.request_timeout)
                 except redis.ResponseError:
                     reply = None  # no COMMAND DOCS: version 1 only
-                self._features = Features.from_docs(reply)
-            return self._features
+                connections.features = Features.from_docs(reply)
+            return connections.features
 
     def close(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
@@ -198,7 +199,7 @@ class Locks:
             sent = time.monotonic()
             try:
                 # Read once per Locks; a failure to read them is retried like the ACQUIRE.
-                features = self.features()
+                features = self.features(resource)
                 command = common.acquire_command(
                     features,
                     resource,
@@ -247,7 +248,7 @@ class Locks:
         """One RENEW: ``True`` renewed (the local expiry moves on), ``False`` refused, ``None``
         no answer in time (both counted as renewal failures)."""
         command = common.renew_command(
-            self.features(), state.resource, state.token, ttl_ms, state.fence
+            self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
         )
         sent = time.monotonic()
         try:
@@ -267,7 +268,9 @@ class Locks:
     def _finish(self, state: LeaseState) -> None:
         """Releases the lease when its block exits, bounded by ``release_timeout``. Never
         raises: a failure is logged and counted, and a lease found gone counts as lost."""
-        command = common.release_command(self.features(), state.resource, state.token, state.fence)
+        command = common.release_command(
+            self.features(state.resource), state.resource, state.token, state.fence
+        )
         ok = False
         try:
             released = common.as_int(self._call(state.resource, command, self.release_timeout))

@@ -42,6 +42,8 @@ class _Connections:
         self._timeout = timeout
         self._idle: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The server's command options, read once (see Locks.features).
+        self.features: Features | None = None
 
     async def _take(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -275,7 +277,6 @@ class Locks:
         self.release_timeout = request_timeout if release_timeout is None else release_timeout
         self.metrics = metrics if metrics is not None else Metrics()
         self._nodes = _Nodes(client, request_timeout)
-        self._features: Features | None = None
         self._renewer = _Renewer(self)
 
     def hold(
@@ -296,15 +297,17 @@ class Locks:
             raise ValueError("dlock: max_hold must be positive")
         return Hold(self, resource, ttl, timeout, meta, max_hold)
 
-    async def features(self) -> Features:
-        """The command options the server advertises, read once per ``Locks``."""
-        if self._features is None:
+    async def features(self, resource: str = "dlock") -> Features:
+        """The command options advertised by the server that serves ``resource``, read once per
+        server and ``Locks`` (see :meth:`dlock.Locks.features`)."""
+        connections = await self._nodes.for_resource(resource)
+        if connections.features is None:
             try:
-                reply = await self._call("dlock", common.FEATURES_COMMAND, self.request_timeout)
+                reply = await connections.call(common.FEATURES_COMMAND, self.request_timeout)
             except redis.ResponseError:
                 reply = None  # no COMMAND DOCS: version 1 only
-            self._features = Features.from_docs(reply)
-        return self._features
+            connections.features = Features.from_docs(reply)
+        return connections.features
 
     async def aclose(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
@@ -354,7 +357,7 @@ class Locks:
             sent = time.monotonic()
             try:
                 # Read once per Locks; a failure to read them is retried like the ACQUIRE.
-                features = await self.features()
+                features = await self.features(resource)
                 command = common.acquire_command(
                     features,
                     resource,
@@ -398,7 +401,7 @@ class Locks:
 
     async def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         command = common.renew_command(
-            await self.features(), state.resource, state.token, ttl_ms, state.fence
+            await self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
         )
         sent = time.monotonic()
         try:
@@ -419,7 +422,7 @@ class Locks:
 
     async def _finish(self, state: LeaseState) -> None:
         command = common.release_command(
-            await self.features(), state.resource, state.token, state.fence
+            await self.features(state.resource), state.resource, state.token, state.fence
         )
         ok = False
         try:
