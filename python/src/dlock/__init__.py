@@ -1,0 +1,30 @@
+"""dlock: lease locks with fencing tokens on Redis (or Valkey) with the dlock module, whose
+renewal lives and dies with the work they protect.
+
+    import redis, dlock
+
+    locks = dlock.Locks(redis.Redis())
+    with locks.hold("invoice:123", ttl=30, timeout=10) as lease:
+        lease.fenced("SET", "invoice:123:total", "10")
+
+``dlock.asyncio.Locks`` is the same for ``redis.asyncio``.
+"""
+
+from ._common import Features
+from ._errors import DlockError, LeaseLost, NotAcquired, Stale
+from ._metrics import Metrics
+from ._sync import Hold, Lease, Locks
+
+__all__ = [
+    "DlockError",
+    "Features",
+    "Hold",
+    "Lease",
+    "LeaseLost",
+    "Locks",
+    "Metrics",
+    "NotAcquired",
+    "Stale",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,477 @@
+"""What the threaded and the asyncio clients share: server features, the commands as sent, the
+lease's state and its renewal schedule. No I/O here."""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import redis
+
+from ._errors import LeaseLost
+from ._metrics import Metrics
+
+Arg = Union[str, bytes, int, float]
+Meta = Union[str, bytes]
+
+# Options of the second version of the commands; each is sent only to a server that advertises it.
+OPTION_TOKENS = ("FENCE", "CLAIM", "META", "QUEUE", "SHARED", "WAIT")
+
+# How long one server-side wait lasts at most when the caller waits without limit: each is one
+# WAIT with the same token, so a lost reply costs nothing but a retry (between two of them the
+# waiter leaves the queue for a round trip).
+UNLIMITED_WAIT_SLICE = 3600.0
+
+# The server's refusal of a wait longer than its dlock.max-ttl-ms, which names the limit.
+_WAIT_LIMIT = re.compile(r"timeout-ms must be an integer between 0 and (\d+)")
+
+# A WAIT that answered nil earlier than this before the caller's deadline was cut short (a newer
+# wait by the same token, CLIENT UNBLOCK): the caller waits again for what is left.
+CUT_SHORT = 0.05
+
+
+def new_token() -> str:
+    """A fresh owner token: 128 random bits, made before the first send and kept for retries."""
+    return secrets.token_hex(16)
+
+
+def millis(seconds: float) -> int:
+    """A duration as the server is told it: whole milliseconds, at least 1 (rounded down, so a
+    lease is never longer than asked)."""
+    return max(1, int(seconds * 1000))
+
+
+def millis_up(seconds: float) -> int:
+    """A wait as the server is told it: whole milliseconds rounded up, at least 1."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _tokens_in(doc: object, found: set[str]) -> None:
+    """Collects every argument ``token`` (keyword) anywhere in a COMMAND DOCS entry, in RESP2
+    (flat name/value lists) or RESP3 (maps) form."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if _text(key) == "token":
+                word = _text(value)
+                if word is not None:
+                    found.add(word.upper())
+            else:
+                _tokens_in(value, found)
+    elif isinstance(doc, (list, tuple)):
+        items = list(doc)
+        for index, item in enumerate(items):
+            if _text(item) == "token" and index + 1 < len(items):
+                word = _text(items[index + 1])
+                if word is not None:
+                    found.add(word.upper())
+            else:
+                _tokens_in(item, found)
+
+
+@dataclass(frozen=True)
+class Features:
+    """The options of the dlock commands this server advertises (``COMMAND DOCS``)."""
+
+    acquire: frozenset[str] = frozenset()
+    renew: frozenset[str] = frozenset()
+    release: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_docs(cls, reply: object) -> Features:
+        """Reads ``COMMAND DOCS DLOCK.ACQUIRE DLOCK.RENEW DLOCK.RELEASE``'s reply."""
+        entries: dict[str, object] = {}
+        if isinstance(reply, dict):
+            for name, doc in reply.items():
+                entries[(_text(name) or "").lower()] = doc
+        elif isinstance(reply, (list, tuple)):
+            items = list(reply)
+            for index in range(0, len(items) - 1, 2):
+                entries[(_text(items[index]) or "").lower()] = items[index + 1]
+
+        def tokens(name: str) -> frozenset[str]:
+            found: set[str] = set()
+            _tokens_in(entries.get(name), found)
+            return frozenset(found & set(OPTION_TOKENS))
+
+        return cls(
+            acquire=tokens("dlock.acquire"),
+            renew=tokens("dlock.renew"),
+            release=tokens("dlock.release"),
+        )
+
+
+FEATURES_COMMAND: tuple[Arg, ...] = (
+    "COMMAND",
+    "DOCS",
+    "DLOCK.ACQUIRE",
+    "DLOCK.RENEW",
+    "DLOCK.RELEASE",
+)
+
+# The commands as sent. Each version-2 option is added in exactly one place below, and only when
+# the server advertises it.
+
+
+def acquire_command(
+    features: Features,
+    resource: str,
+    token: str,
+    ttl_ms: int,
+    wait_ms: int | None = None,
+    claim_ms: int | None = None,
+    meta: Meta | None = None,
+) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
+    if wait_ms is not None:
+        args += ["WAIT", wait_ms]
+        if claim_ms is not None and "CLAIM" in features.acquire:
+            args += ["CLAIM", claim_ms]
+    if meta is not None and "META" in features.acquire:
+        args += ["META", meta]
+    return args
+
+
+def renew_command(
+    features: Features, resource: str, token: str, ttl_ms: int, fence: int
+) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.RENEW", resource, token, ttl_ms]
+    if "FENCE" in features.renew:
+        args += ["FENCE", fence]
+    return args
+
+
+def release_command(features: Features, resource: str, token: str, fence: int) -> list[Arg]:
+    args: list[Arg] = ["DLOCK.RELEASE", resource, token]
+    if "FENCE" in features.release:
+        args += ["FENCE", fence]
+    return args
+
+
+def is_ambiguous(error: BaseException) -> bool:
+    """An error after which the request may or may not have been carried out, or that a retry
+    may get past (a server loading its data, a failover in progress)."""
+    if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+        return False
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return True
+    if isinstance(error, redis.ResponseError):
+        code = str(error).split(" ", 1)[0]
+        return code in ("LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK")
+    return False
+
+
+def is_refused(error: BaseException) -> bool:
+    """A connection that was never made: the request cannot have reached the server."""
+    cause = error.__cause__ or error.__context__
+    return isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(error)
+
+
+def as_int(reply: object) -> int | None:
+    if reply is None:
+        return None
+    if isinstance(reply, int):
+        return reply
+    if isinstance(reply, (bytes, str)):
+        return int(reply)
+    raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
+
+
+# A lease cut to end with max_hold ends up to this much before it (milliseconds round down).
+MAX_HOLD_ROUNDING = 0.002
+
+# Pause between retries of an acquire whose outcome was unknown.
+RETRY_PAUSE = 0.05
+
+
+class AcquirePlan:
+    """The steps of one acquire, the same for both clients: a plain ACQUIRE first; while the
+    caller's timeout allows, a WAIT for what is left of it (a fresh one only if a wait was cut
+    short); after a grant from the queue, a plain ACQUIRE by the same token to learn (and claim)
+    its deadline; ambiguous failures retried with the same token until the deadline."""
+
+    def __init__(
+        self,
+        ttl: float,
+        timeout: float | None,
+        max_hold: float | None,
+        request_timeout: float,
+    ) -> None:
+        self.token = new_token()
+        self.started = time.monotonic()
+        self.hold_end = None if max_hold is None else self.started + max_hold
+        self.ttl_ms = millis(ttl if max_hold is None else min(ttl, max_hold))
+        self.claim_ms = millis(max(1.0, 2 * request_timeout))
+        self.wait_until = None if timeout is None else self.started + timeout
+        # Ambiguous failures are retried with the same token until the caller's deadline (and one
+        # more request's time); without a deadline, while they last no longer than this.
+        self.request_timeout = request_timeout
+        self.failing_for = max(5 * request_timeout, 1.0)
+        self.failing_since: float | None = None
+        self.reached_server = False
+        self._wait_next = False
+        # The server's longest wait, once it refused a longer one.
+        self.max_wait_ms: int | None = None
+
+    def left(self) -> float:
+        if self.wait_until is None:
+            return float("inf")
+        return self.wait_until - time.monotonic()
+
+    def next_wait_ms(self) -> int | None:
+        """The WAIT of the next ACQUIRE in milliseconds, or ``None`` for a plain one."""
+        if not self._wait_next:
+            return None
+        left = self.left()
+        if left <= 0:
+            return None
+        wait_ms = millis_up(min(left, UNLIMITED_WAIT_SLICE))
+        return wait_ms if self.max_wait_ms is None else min(wait_ms, self.max_wait_ms)
+
+    def retry_after(self, error: BaseException) -> bool:
+        """Whether to retry after ``error`` (with the same token)."""
+        limit = _WAIT_LIMIT.search(str(error)) if isinstance(error, redis.ResponseError) else None
+        if limit is not None and self.max_wait_ms is None and int(limit.group(1)) > 0:
+            # A wait longer than the server allows: wait in slices of its longest.
+            self.max_wait_ms = int(limit.group(1))
+            self._wait_next = True
+            return True
+        if not is_ambiguous(error):
+            return False
+        self.reached_server |= not is_refused(error)
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.wait_until is not None:
+            if now >= self.wait_until + self.request_timeout:
+                return False
+        elif now >= self.failing_since + self.failing_for:
+            return False
+        self._wait_next = self.left() > 0
+        return True
+
+    def answered(self, fence: int | None, waited: bool) -> str:
+        """What this reply means: ``granted`` (ours, with a known deadline), ``confirm`` (granted
+        from the queue at some instant during the wait: send a plain ACQUIRE by the same token
+        next, whatever the time left), or ``nil`` (not granted: see :meth:`gives_up`)."""
+        self.failing_since = None
+        if fence is not None:
+            if waited:
+                self._wait_next = False
+                return "confirm"
+            return "granted"
+        self._wait_next = True
+        return "nil"
+
+    def gives_up(self, waited: bool) -> bool:
+        """After a nil: whether the caller's timeout has passed (a WAIT that ran to its end
+        may leave a few milliseconds of rounding, which must not start another wait)."""
+        return self.left() <= (CUT_SHORT if waited else 0)
+
+
+# The lease's state and its renewal schedule.
+
+LOST_REASONS = ("renewal_refused", "unreachable", "max_hold", "ended")
+
+
+class LeaseState:
+    """A granted lease as this process sees it, and when it is due for renewal. Thread-safe.
+
+    The local expiry is conservative: counted from *before* the ACQUIRE or RENEW was sent, so it
+    is never later than the server's deadline."""
+
+    def __init__(
+        self,
+        resource: str,
+        token: str,
+        fence: int,
+        ttl_ms: int,
+        sent_at: float,
+        hold_end: float | None,
+        metrics: Metrics,
+    ) -> None:
+        self.resource = resource
+        self.token = token
+        self.fence = fence
+        self.ttl_ms = ttl_ms
+        self.lost = threading.Event()
+        self.granted_at = time.monotonic()
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._local_expiry = sent_at + ttl_ms / 1000
+        self._next_renewal = sent_at + ttl_ms / 3000
+        self._hold_end = hold_end
+        self._metrics = metrics
+        self._on_lost: list[Callable[[], None]] = []
+
+    @property
+    def ttl(self) -> float:
+        return self.ttl_ms / 1000
+
+    @property
+    def local_expiry(self) -> float:
+        with self._lock:
+            return self._local_expiry
+
+    @property
+    def reason(self) -> str | None:
+        with self._lock:
+            return self._reason
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._on_lost.append(callback)
+
+    def due(self) -> float:
+        """When the renewer must next look at this lease (monotonic seconds)."""
+        with self._lock:
+            if self._reason is not None:
+                return float("inf")  # lost: nothing more to do
+            due = min(self._next_renewal, self._local_expiry)
+            if self._hold_end is not None:
+                due = min(due, self._hold_end)
+            return due
+
+    def step(self, now: float) -> str | int | None:
+        """What is due at ``now``: ``None`` nothing, a loss reason (str), or a RENEW with that
+        many milliseconds (int)."""
+        with self._lock:
+            if self._reason is not None:
+                return None
+            ended = self._ended(now)
+            if ended is not None:
+                return ended
+            if now < self._next_renewal:
+                return None
+            ttl_ms = self.ttl_ms
+            if self._hold_end is not None:
+                # Never past max_hold: the server's lease ends with the hold.
+                ttl_ms = min(ttl_ms, max(1, int((self._hold_end - now) * 1000)))
+            return ttl_ms
+
+    def renew_timeout(self, now: float, request_timeout: float) -> float:
+        """How long a RENEW may take: past the local expiry its answer no longer helps."""
+        with self._lock:
+            return max(0.001, min(request_timeout, self._local_expiry - now))
+
+    def renewed(self, sent_at: float, ttl_ms: int) -> None:
+        with self._lock:
+            self._local_expiry = sent_at + ttl_ms / 1000
+            self._next_renewal = time.monotonic() + self.ttl_ms / 3000
+
+    def renewal_failed(self, refused: bool) -> None:
+        self._metrics.renewal_failed(self.resource, self.token, self.fence, refused)
+        if not refused:
+            with self._lock:
+                # Retry sooner, until the local expiry.
+                self._next_renewal = time.monotonic() + self.ttl_ms / 10000
+
+    def renew_now(self) -> None:
+        with self._lock:
+            self._next_renewal = time.monotonic()
+
+    def lose(self, reason: str) -> bool:
+        """Marks the lease lost (once): sets ``lost``, logs, counts, calls the callbacks.
+        ``True`` if this call did it."""
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            callbacks = list(self._on_lost)
+        self.lost.set()
+        self._metrics.lost(self.resource, self.token, self.fence, reason)
+        for callback in callbacks:
+            callback()
+        return True
+
+    def _ended(self, now: float) -> str | None:
+        """Why the lease is over at ``now`` by the clock alone, if it is (lock held)."""
+        if self._hold_end is not None and now >= self._hold_end - MAX_HOLD_ROUNDING:
+            # Renewals near the end are cut to end with the hold, rounded down to milliseconds.
+            return "max_hold"
+        if now >= self._local_expiry:
+            return "unreachable"
+        return None
+
+    def check(self) -> None:
+        if not self.lost.is_set():
+            with self._lock:
+                ended = self._ended(time.monotonic())
+            if ended is not None:
+                self.lose(ended)
+        if self.lost.is_set():
+            raise LeaseLost(self.resource, self.fence, self.reason or "unknown")
+
+    def due_expiry(self) -> float:
+        with self._lock:
+            end = self._local_expiry
+            if self._hold_end is not None:
+                end = min(end, self._hold_end)
+            return end
+
+
+class LeaseView:
+    """What both clients' leases show of their state."""
+
+    def __init__(self, state: LeaseState) -> None:
+        self._state = state
+
+    @property
+    def resource(self) -> str:
+        """The locked resource (the Redis key of the lock)."""
+        return self._state.resource
+
+    @property
+    def token(self) -> str:
+        """This lease's owner token (random, made before the first ACQUIRE)."""
+        return self._state.token
+
+    @property
+    def fence(self) -> int:
+        """The fencing token: send it with every write the lease protects."""
+        return self._state.fence
+
+    @property
+    def ttl(self) -> float:
+        """The lease's length in seconds; it is renewed every third of it."""
+        return self._state.ttl
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the lease is lost: the work must stop, its writes are no longer protected."""
+        return self._state.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (``renewal_refused``, ``unreachable``, ``max_hold``,
+        ``ended``), or ``None``."""
+        return self._state.reason
+
+    @property
+    def local_expiry(self) -> float:
+        """A conservative end of the lease on ``time.monotonic()``'s clock: never after the
+        server's deadline."""
+        return self._state.local_expiry
+
+    def check(self) -> None:
+        """Raises :class:`dlock.LeaseLost` if the lease is lost, or if its local expiry passed
+        without a renewal answered (it counts as lost from then on)."""
+        self._state.check()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resource={self.resource!r}, fence={self.fence}, "
+            f"lost={self.lost.is_set()})"
+        )

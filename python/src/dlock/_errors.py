@@ -1,0 +1,48 @@
+"""dlock's own errors. Errors of Redis itself (connection, timeouts, bad arguments) are redis-py's
+exceptions and pass through unchanged."""
+
+from __future__ import annotations
+
+__all__ = ["DlockError", "LeaseLost", "NotAcquired", "Stale"]
+
+
+class DlockError(Exception):
+    """The base of dlock's own errors; each carries the ``resource`` and, when there is one, the
+    ``fence`` it concerns."""
+
+    def __init__(self, message: str, resource: str, fence: int | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.fence = fence
+
+
+class NotAcquired(DlockError):
+    """The lock stayed held by another owner until the caller's ``timeout`` passed.
+    ``fence`` is ``None``: nothing was granted."""
+
+    def __init__(self, resource: str, timeout: float | None) -> None:
+        super().__init__(f"dlock: {resource!r} was not acquired within {timeout} s", resource, None)
+        self.timeout = timeout
+
+
+class LeaseLost(DlockError):
+    """The lease ended before the work did: the server refused a renewal (expired, deleted,
+    taken over), no renewal was answered before the lease's local expiry, or ``max_hold`` passed.
+    Work done after this point was not protected by the lease.
+
+    ``reason`` is one of ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``."""
+
+    def __init__(self, resource: str, fence: int, reason: str) -> None:
+        super().__init__(
+            f"dlock: lease on {resource!r} (fence {fence}) lost: {reason}", resource, fence
+        )
+        self.reason = reason
+
+
+class Stale(DlockError):
+    """A fenced write was refused because ``fence`` is no longer the live lease's: nothing was
+    written. ``detail`` is the server's message."""
+
+    def __init__(self, resource: str, fence: int, detail: str) -> None:
+        super().__init__(f"dlock: stale fence, write refused: {detail}", resource, fence)
+        self.detail = detail

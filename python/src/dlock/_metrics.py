@@ -1,0 +1,109 @@
+"""Client-side figures (the eight a lock service should show) and ownership log lines."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+__all__ = ["Metrics"]
+
+log = logging.getLogger("dlock")
+
+
+class Metrics:
+    """Counters and sums of one :class:`dlock.Locks`, safe to read from any thread.
+
+    Subclass it and override :meth:`_inc` / :meth:`_observe` to feed another system
+    (``dlock.prometheus.PrometheusMetrics`` does so for ``prometheus_client``).
+
+    Names (counters, with a ``reason`` label where shown):
+
+    - ``acquire_attempts``
+    - ``acquire_failures{reason}``: ``not_acquired``, ``error``
+    - ``acquire_seconds`` (sum and count): from the first send to the grant
+    - ``hold_seconds`` (sum and count): from the grant to the release or the loss
+    - ``renewal_failures{reason}``: ``refused``, ``error``
+    - ``release_failures``
+    - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``
+    - ``stale_writes``: fenced writes the server refused
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[str, float] = {}
+
+    def _inc(self, name: str, reason: str = "", amount: float = 1.0) -> None:
+        key = f"{name}{{{reason}}}" if reason else name
+        with self._lock:
+            self._counters[key] = self._counters.get(key, 0.0) + amount
+
+    def _observe(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._counters[f"{name}_sum"] = self._counters.get(f"{name}_sum", 0.0) + seconds
+            self._counters[f"{name}_count"] = self._counters.get(f"{name}_count", 0.0) + 1
+
+    def get(self, name: str, reason: str = "") -> float:
+        """One figure, e.g. ``get("leases_lost", "renewal_refused")`` or
+        ``get("hold_seconds_count")``; 0 when it never moved."""
+        key = f"{name}{{{reason}}}" if reason else name
+        with self._lock:
+            return self._counters.get(key, 0.0)
+
+    def snapshot(self) -> dict[str, float]:
+        """Every figure that moved, by name (``name{reason}`` for labelled ones)."""
+        with self._lock:
+            return dict(self._counters)
+
+    # The events, called by the client.
+
+    def acquire_attempt(self) -> None:
+        self._inc("acquire_attempts")
+
+    def acquire_failed(self, reason: str) -> None:
+        self._inc("acquire_failures", reason)
+
+    def acquired(self, resource: str, token: str, fence: int, seconds: float) -> None:
+        self._observe("acquire_seconds", seconds)
+        log.info("dlock: lease acquired resource=%s owner=%s fence=%d", resource, token, fence)
+
+    def renewal_failed(self, resource: str, token: str, fence: int, refused: bool) -> None:
+        reason = "refused" if refused else "error"
+        self._inc("renewal_failures", reason)
+        log.warning(
+            "dlock: renewal failed resource=%s owner=%s fence=%d reason=%s",
+            resource,
+            token,
+            fence,
+            reason,
+        )
+
+    def released(self, resource: str, token: str, fence: int, held: float, ok: bool) -> None:
+        """The end of a hold: ``ok`` released; otherwise the RELEASE failed (an error, or the
+        lease was already gone, which also counts as lost)."""
+        self._observe("hold_seconds", held)
+        if ok:
+            log.info("dlock: lease released resource=%s owner=%s fence=%d", resource, token, fence)
+        else:
+            self._inc("release_failures")
+            log.warning(
+                "dlock: release failed resource=%s owner=%s fence=%d", resource, token, fence
+            )
+
+    def lost(self, resource: str, token: str, fence: int, reason: str) -> None:
+        self._inc("leases_lost", reason)
+        log.warning(
+            "dlock: lease lost resource=%s owner=%s fence=%d reason=%s",
+            resource,
+            token,
+            fence,
+            reason,
+        )
+
+    def stale_write(self, resource: str, fence: int, detail: str) -> None:
+        self._inc("stale_writes")
+        log.warning(
+            "dlock: stale operation rejected resource=%s incoming_fence=%d detail=%s",
+            resource,
+            fence,
+            detail,
+        )

@@ -1,0 +1,344 @@
+"""The threaded client: :class:`Locks` for ``redis.Redis`` and ``redis.cluster.RedisCluster``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from . import _common as common
+from ._common import Arg, Features, LeaseState, LeaseView, Meta
+from ._connections import Nodes
+from ._errors import LeaseLost, NotAcquired, Stale
+from ._metrics import Metrics, log
+
+__all__ = ["Hold", "Lease", "Locks"]
+
+
+class Lease(LeaseView):
+    """A granted lease: ``token`` owns ``resource`` with ``fence`` until the server's deadline,
+    kept alive by renewals for as long as the ``with`` block runs."""
+
+    def __init__(self, locks: Locks, state: LeaseState) -> None:
+        super().__init__(state)
+        self._locks = locks
+
+    def fenced(self, *command: Arg) -> Any:
+        """Runs ``command`` in the server only if this lease's fence is still the live one
+        (``DLOCK.FENCED``), atomically, through the caller's client, and returns its reply.
+        Raises :class:`dlock.Stale` when the server refused it: nothing was written."""
+        try:
+            return self._locks.client.execute_command(
+                "DLOCK.FENCED", self.resource, self.fence, *command
+            )
+        except redis.ResponseError as error:
+            if str(error).startswith("STALE"):
+                self._locks.metrics.stale_write(self.resource, self.fence, str(error))
+                raise Stale(self.resource, self.fence, str(error)) from error
+            raise
+
+
+class Hold:
+    """The context manager :meth:`Locks.hold` returns."""
+
+    def __init__(
+        self,
+        locks: Locks,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> None:
+        self._locks = locks
+        self._resource = resource
+        self._ttl = ttl
+        self._timeout = timeout
+        self._meta = meta
+        self._max_hold = max_hold
+        self._lease: Lease | None = None
+
+    def __enter__(self) -> Lease:
+        if self._lease is not None:
+            raise RuntimeError("dlock: a hold is entered once")
+        state = self._locks._acquire(
+            self._resource, self._ttl, self._timeout, self._meta, self._max_hold
+        )
+        self._lease = Lease(self._locks, state)
+        self._locks._renewer.add(state)
+        return self._lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        state = self._lease._state
+        self._locks._renewer.remove(state)
+        self._locks._finish(state)
+        # The body's own exception always wins; otherwise a lost lease is never silent.
+        if exc is None and state.lost.is_set():
+            raise LeaseLost(state.resource, state.fence, state.reason or "unknown")
+
+
+class Locks:
+    """Lease locks on a Redis (or Valkey) server with the dlock module.
+
+    ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster``; dlock makes its own
+    connections with the same settings (address, credentials, TLS, protocol) but with
+    ``request_timeout`` and without redis-py's retries. ``release_timeout`` bounds the RELEASE
+    when a block exits (default: ``request_timeout``). One background thread per ``Locks``
+    renews every held lease; it runs only while some lease is held.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        request_timeout: float = 2.0,
+        release_timeout: float | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.client = client
+        self.request_timeout = request_timeout
+        self.release_timeout = request_timeout if release_timeout is None else release_timeout
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._nodes = Nodes(client, request_timeout)
+        self._features_lock = threading.Lock()
+        self._renewer = _Renewer(self)
+
+    def hold(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> Hold:
+        """A context manager that acquires ``resource`` for ``ttl`` seconds, waiting in the
+        server's queue at most ``timeout`` seconds (``0``: no wait; ``None``: no limit), keeps it
+        renewed while the block runs and releases it when the block exits.
+
+        Raises :class:`dlock.NotAcquired` when the timeout passes first. ``max_hold`` (seconds)
+        bounds the whole hold: no renewal goes past it. ``meta`` describes the holder; it is
+        sent to servers that support it (and ignored by older ones)."""
+        if ttl <= 0:
+            raise ValueError("dlock: ttl must be positive")
+        if timeout is not None and timeout < 0:
+            raise ValueError("dlock: timeout must be 0 or more, or None")
+        if max_hold is not None and max_hold <= 0:
+            raise ValueError("dlock: max_hold must be positive")
+        return Hold(self, resource, ttl, timeout, meta, max_hold)
+
+    def features(self, resource: str = "dlock") -> Features:
+        """The command options advertised by the server that serves ``resource`` (in a Cluster
+        each node is asked on its own, so a rolling upgrade never gets an option sent to a node
+        that lacks it), read once per server and ``Locks``."""
+        connections = self._nodes.for_resource(resource)
+        with self._features_lock:
+            if connections.features is None:
+                try:
+                    reply = connections.call(common.FEATURES_COMMAND, self.request_timeout)
+                except redis.ResponseError:
+                    reply = None  # no COMMAND DOCS: version 1 only
+                connections.features = Features.from_docs(reply)
+            return connections.features
+
+    def close(self) -> None:
+        """Closes dlock's own connections (the caller's client stays open)."""
+        self._nodes.close()
+
+    # The commands.
+
+    def _call(self, resource: str, args: Any, timeout: float) -> Any:
+        try:
+            return self._nodes.for_resource(resource).call(args, timeout)
+        except redis.ResponseError as error:
+            if str(error).startswith(("MOVED", "ASK")):
+                self._nodes.refresh()
+            raise
+
+    def _acquire(
+        self,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> LeaseState:
+        self.metrics.acquire_attempt()
+        started = time.monotonic()
+        try:
+            state = self._try_acquire(resource, ttl, timeout, meta, max_hold)
+        except NotAcquired:
+            self.metrics.acquire_failed("not_acquired")
+            raise
+        except BaseException:
+            self.metrics.acquire_failed("error")
+            raise
+        self.metrics.acquired(resource, state.token, state.fence, time.monotonic() - started)
+        return state
+
+    def _try_acquire(
+        self,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> LeaseState:
+        plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
+        while True:
+            wait_ms = plan.next_wait_ms()
+            sent = time.monotonic()
+            try:
+                # Read once per Locks; a failure to read them is retried like the ACQUIRE.
+                features = self.features(resource)
+                command = common.acquire_command(
+                    features,
+                    resource,
+                    plan.token,
+                    plan.ttl_ms,
+                    wait_ms=wait_ms,
+                    claim_ms=plan.claim_ms,
+                    meta=meta,
+                )
+                if wait_ms is None:
+                    reply = self._call(resource, command, self.request_timeout)
+                else:
+                    connections = self._nodes.for_resource(resource)
+                    reply = connections.call_blocking(command, wait_ms / 1000)
+                fence = common.as_int(reply)
+            except Exception as error:
+                if plan.retry_after(error):
+                    time.sleep(common.RETRY_PAUSE)
+                    continue
+                if plan.reached_server:
+                    self._forget(resource, plan.token)
+                raise
+            except BaseException:
+                # Interrupted (KeyboardInterrupt …) with a request out: a grant under our token
+                # may exist.
+                self._forget(resource, plan.token)
+                raise
+            answer = plan.answered(fence, waited=wait_ms is not None)
+            if answer == "granted":
+                assert fence is not None
+                return LeaseState(
+                    resource, plan.token, fence, plan.ttl_ms, sent, plan.hold_end, self.metrics
+                )
+            if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
+                raise NotAcquired(resource, timeout)
+
+    def _forget(self, resource: str, token: str) -> None:
+        """Best effort after an acquire whose outcome stayed unknown: a grant under ``token``
+        may exist; release it (or it expires by itself)."""
+        try:
+            self._call(resource, ["DLOCK.RELEASE", resource, token], self.release_timeout)
+        except redis.RedisError as error:
+            log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+
+    def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
+        """One RENEW: ``True`` renewed (the local expiry moves on), ``False`` refused, ``None``
+        no answer in time (both counted as renewal failures)."""
+        command = common.renew_command(
+            self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
+        )
+        sent = time.monotonic()
+        try:
+            renewed = common.as_int(
+                self._call(state.resource, command, state.renew_timeout(sent, self.request_timeout))
+            )
+        except redis.RedisError as error:
+            log.debug("dlock: renewal of %s failed: %s", state.resource, error)
+            state.renewal_failed(refused=False)
+            return None
+        if renewed == 1:
+            state.renewed(sent, ttl_ms)
+            return True
+        state.renewal_failed(refused=True)
+        return False
+
+    def _finish(self, state: LeaseState) -> None:
+        """Releases the lease when its block exits, bounded by ``release_timeout``. Never
+        raises: a failure is logged and counted, and a lease found gone counts as lost."""
+        command = common.release_command(
+            self.features(state.resource), state.resource, state.token, state.fence
+        )
+        ok = False
+        try:
+            released = common.as_int(self._call(state.resource, command, self.release_timeout))
+            ok = released == 1
+            if not ok:
+                # Gone before the block ended: the end of the work was not protected.
+                state.lose("ended")
+        except Exception as error:  # never raised over the body's own outcome
+            log.debug("dlock: release of %s failed: %s", state.resource, error)
+            if time.monotonic() >= state.due_expiry():
+                state.lose("unreachable")
+        self.metrics.released(
+            state.resource, state.token, state.fence, time.monotonic() - state.granted_at, ok
+        )
+
+
+class _Renewer:
+    """One thread per :class:`Locks` renews every held lease when it is due; it exits when no
+    lease is held and starts again with the next one."""
+
+    def __init__(self, locks: Locks) -> None:
+        self._locks = locks
+        self._leases: set[LeaseState] = set()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, state: LeaseState) -> None:
+        with self._wake:
+            self._leases.add(state)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dlock-renewer", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def remove(self, state: LeaseState) -> None:
+        with self._wake:
+            self._leases.discard(state)
+            self._wake.notify()
+
+    def _held(self, state: LeaseState) -> bool:
+        with self._wake:
+            return state in self._leases
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if not self._leases:
+                    self._thread = None
+                    return
+                state = min(self._leases, key=LeaseState.due)
+                delay = state.due() - time.monotonic()
+                if delay > 0:
+                    # Every held lease lost: sleep until one is added or removed.
+                    self._wake.wait(None if delay == float("inf") else delay)
+                    continue
+            try:
+                if self._held(state):
+                    self._renew(state)
+            except Exception:  # never let the thread die: leases would go unrenewed
+                log.exception("dlock: renewal of %s failed unexpectedly", state.resource)
+                state.renewal_failed(refused=False)
+
+    def _renew(self, state: LeaseState) -> None:
+        action = state.step(time.monotonic())
+        if isinstance(action, str):
+            state.lose(action)
+        elif action is not None:
+            refused = self._locks._renew(state, action) is False
+            # A RENEW that was in flight when the block exited may be refused: not a loss.
+            if refused and self._held(state):
+                state.lose("renewal_refused")

@@ -1,0 +1,494 @@
+"""The asyncio client: :class:`Locks` for ``redis.asyncio.Redis`` and
+``redis.asyncio.cluster.RedisCluster``, with the same API as :class:`dlock.Locks`.
+
+    async with dlock.asyncio.Locks(r).hold("invoice:123", ttl=30, timeout=10) as lease:
+        await lease.fenced("SET", "invoice:123:total", "10")
+
+One renewal task per ``Locks`` (not per lease) renews every held lease. A lost lease cancels the
+body's task, and the block then raises :class:`dlock.LeaseLost` instead of ``CancelledError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from . import _common as common
+from ._common import Arg, Features, LeaseState, LeaseView, Meta
+from ._connections import connection_settings
+from ._errors import LeaseLost, NotAcquired, Stale
+from ._metrics import Metrics, log
+
+__all__ = ["Hold", "Lease", "Locks"]
+
+
+class _Connections:
+    """dlock's own connections to one server (see ``dlock._connections``), for one event loop."""
+
+    def __init__(self, connection_class: Any, kwargs: dict[str, Any], timeout: float) -> None:
+        self._class = connection_class
+        self._settings = connection_settings(kwargs, timeout, timeout)
+        self._settings["retry"] = Retry(NoBackoff(), 0)
+        self._timeout = timeout
+        self._idle: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The server's command options, read once (see Locks.features).
+        self.features: Features | None = None
+
+    async def _take(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections belong to the loop that made them.
+            self._idle, self._loop = [], loop
+        if not self._idle:
+            return self._class(**self._settings)
+        connection = self._idle.pop()
+        try:
+            # Readable while idle: closed by the server (its `timeout`) or something stray.
+            # can_read() from redis-py 8 on; can_read_destructive() before (deprecated since).
+            readable = getattr(connection, "can_read", None) or connection.can_read_destructive
+            if await readable():
+                await self._drop(connection)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            await self._drop(connection)
+        return connection
+
+    async def _drop(self, connection: Any) -> None:
+        with contextlib.suppress(Exception):  # already broken
+            await connection.disconnect(nowait=True)
+
+    async def call(self, args: Sequence[Any], timeout: float) -> Any:
+        """One command and its reply within ``timeout``, no retry (see the threaded client)."""
+        connection = await self._take()
+        try:
+            await asyncio.wait_for(connection.send_command(*args), timeout)
+            reply = await asyncio.wait_for(connection.read_response(), timeout)
+        except redis.ResponseError:
+            self._idle.append(connection)
+            raise
+        except asyncio.TimeoutError:
+            await self._drop(connection)
+            raise redis.TimeoutError(f"dlock: no reply within {timeout:.3f} s") from None
+        except BaseException:
+            await self._drop(connection)
+            raise
+        if len(self._idle) < 8:
+            self._idle.append(connection)
+        else:
+            await self._drop(connection)
+        return reply
+
+    async def call_blocking(self, args: Sequence[Any], wait: float) -> Any:
+        """A command that blocks in the server up to ``wait``: a connection of its own, a
+        socket timeout above the wait, no retries: one call is one server-side wait."""
+        settings = dict(self._settings)
+        settings["socket_timeout"] = wait + self._timeout
+        connection = self._class(**settings)
+        try:
+            await connection.send_command(*args)
+            return await connection.read_response()
+        finally:
+            await self._drop(connection)
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self._drop(connection)
+
+
+class _Nodes:
+    def __init__(self, client: Any, timeout: float) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._by_address: dict[tuple[Any, ...], _Connections] = {}
+
+    async def for_resource(self, resource: str) -> _Connections:
+        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+            await self._client.initialize()
+            node = self._client.get_node_from_key(resource)
+            if node is None:
+                raise redis.exceptions.SlotNotCoveredError(f"dlock: no node serves {resource!r}")
+            connection_class, kwargs = node.connection_class, dict(node.connection_kwargs)
+        else:
+            pool = self._client.connection_pool
+            connection_class, kwargs = pool.connection_class, dict(pool.connection_kwargs)
+        address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
+        connections = self._by_address.get(address)
+        if connections is None:
+            connections = _Connections(connection_class, kwargs, self._timeout)
+            self._by_address[address] = connections
+        return connections
+
+    async def refresh(self) -> None:
+        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+            with contextlib.suppress(redis.RedisError):
+                await self._client.nodes_manager.initialize()
+
+    async def close(self) -> None:
+        all_connections, self._by_address = list(self._by_address.values()), {}
+        for connections in all_connections:
+            await connections.close()
+
+
+class Lease(LeaseView):
+    """A granted lease (see :class:`dlock.Lease`); :meth:`fenced` is a coroutine here."""
+
+    def __init__(self, locks: Locks, state: LeaseState) -> None:
+        super().__init__(state)
+        self._locks = locks
+
+    async def fenced(self, *command: Arg) -> Any:
+        """Runs ``command`` in the server only if this lease's fence is still the live one
+        (``DLOCK.FENCED``), through the caller's client; raises :class:`dlock.Stale` when the
+        server refused it: nothing was written."""
+        try:
+            return await self._locks.client.execute_command(
+                "DLOCK.FENCED", self.resource, self.fence, *command
+            )
+        except redis.ResponseError as error:
+            if str(error).startswith("STALE"):
+                self._locks.metrics.stale_write(self.resource, self.fence, str(error))
+                raise Stale(self.resource, self.fence, str(error)) from error
+            raise
+
+
+def _uncancel(task: asyncio.Task[Any]) -> None:
+    uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+    if uncancel is not None:
+        uncancel()
+
+
+def _cancelling(task: asyncio.Task[Any]) -> int:
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return int(cancelling()) if cancelling is not None else 0
+
+
+class Hold:
+    """The async context manager :meth:`Locks.hold` returns."""
+
+    def __init__(
+        self,
+        locks: Locks,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> None:
+        self._locks = locks
+        self._resource = resource
+        self._ttl = ttl
+        self._timeout = timeout
+        self._meta = meta
+        self._max_hold = max_hold
+        self._lease: Lease | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exiting = False
+        self._cancelled_body = False
+
+    async def __aenter__(self) -> Lease:
+        if self._lease is not None:
+            raise RuntimeError("dlock: a hold is entered once")
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        state = await self._locks._acquire(
+            self._resource, self._ttl, self._timeout, self._meta, self._max_hold
+        )
+        self._lease = Lease(self._locks, state)
+        state.on_lost(self._lost)
+        self._locks._renewer.add(state)
+        return self._lease
+
+    def _lost(self) -> None:
+        """Called (from any thread) when the lease is lost: cancel the body, from its loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._cancel_body)
+
+    def _cancel_body(self) -> None:
+        if self._exiting or self._task is None or self._task.done() or self._cancelled_body:
+            return
+        self._cancelled_body = True
+        self._task.cancel()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        assert self._task is not None
+        self._exiting = True
+        state = self._lease._state
+        self._locks._renewer.remove(state)
+        # Our cancellation was delivered to the body if it ends with CancelledError.
+        consumed = self._cancelled_body and isinstance(exc, asyncio.CancelledError)
+        if consumed:
+            _uncancel(self._task)
+        finished = False
+        while not finished:
+            try:
+                await self._locks._finish(state)
+                finished = True
+                if self._cancelled_body and not consumed:
+                    # Our cancellation may still be pending (the body ended before it came):
+                    # take it here, not in the caller's code after the block.
+                    await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if not self._cancelled_body or consumed:
+                    raise
+                consumed = True
+                _uncancel(self._task)
+        if isinstance(exc, asyncio.CancelledError) and self._cancelled_body:
+            if _cancelling(self._task) > 0:
+                return None  # cancelled from outside as well: that cancellation goes on
+            raise LeaseLost(state.resource, state.fence, state.reason or "unknown") from exc
+        if exc is None and state.lost.is_set():
+            raise LeaseLost(state.resource, state.fence, state.reason or "unknown")
+        return None
+
+
+class Locks:
+    """Lease locks for ``redis.asyncio`` clients; the same API and lifecycle as
+    :class:`dlock.Locks`, with one renewal task per ``Locks`` and ``Locks`` used from one event
+    loop at a time."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        request_timeout: float = 2.0,
+        release_timeout: float | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.client = client
+        self.request_timeout = request_timeout
+        self.release_timeout = request_timeout if release_timeout is None else release_timeout
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._nodes = _Nodes(client, request_timeout)
+        self._renewer = _Renewer(self)
+
+    def hold(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> Hold:
+        """See :meth:`dlock.Locks.hold`; use it with ``async with``."""
+        if ttl <= 0:
+            raise ValueError("dlock: ttl must be positive")
+        if timeout is not None and timeout < 0:
+            raise ValueError("dlock: timeout must be 0 or more, or None")
+        if max_hold is not None and max_hold <= 0:
+            raise ValueError("dlock: max_hold must be positive")
+        return Hold(self, resource, ttl, timeout, meta, max_hold)
+
+    async def features(self, resource: str = "dlock") -> Features:
+        """The command options advertised by the server that serves ``resource``, read once per
+        server and ``Locks`` (see :meth:`dlock.Locks.features`)."""
+        connections = await self._nodes.for_resource(resource)
+        if connections.features is None:
+            try:
+                reply = await connections.call(common.FEATURES_COMMAND, self.request_timeout)
+            except redis.ResponseError:
+                reply = None  # no COMMAND DOCS: version 1 only
+            connections.features = Features.from_docs(reply)
+        return connections.features
+
+    async def aclose(self) -> None:
+        """Closes dlock's own connections (the caller's client stays open)."""
+        await self._nodes.close()
+
+    async def _call(self, resource: str, args: Any, timeout: float) -> Any:
+        connections = await self._nodes.for_resource(resource)
+        try:
+            return await connections.call(args, timeout)
+        except redis.ResponseError as error:
+            if str(error).startswith(("MOVED", "ASK")):
+                await self._nodes.refresh()
+            raise
+
+    async def _acquire(
+        self,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> LeaseState:
+        self.metrics.acquire_attempt()
+        started = time.monotonic()
+        try:
+            state = await self._try_acquire(resource, ttl, timeout, meta, max_hold)
+        except NotAcquired:
+            self.metrics.acquire_failed("not_acquired")
+            raise
+        except BaseException:
+            self.metrics.acquire_failed("error")
+            raise
+        self.metrics.acquired(resource, state.token, state.fence, time.monotonic() - started)
+        return state
+
+    async def _try_acquire(
+        self,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        meta: Meta | None,
+        max_hold: float | None,
+    ) -> LeaseState:
+        plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
+        while True:
+            wait_ms = plan.next_wait_ms()
+            sent = time.monotonic()
+            try:
+                # Read once per Locks; a failure to read them is retried like the ACQUIRE.
+                features = await self.features(resource)
+                command = common.acquire_command(
+                    features,
+                    resource,
+                    plan.token,
+                    plan.ttl_ms,
+                    wait_ms=wait_ms,
+                    claim_ms=plan.claim_ms,
+                    meta=meta,
+                )
+                if wait_ms is None:
+                    reply = await self._call(resource, command, self.request_timeout)
+                else:
+                    connections = await self._nodes.for_resource(resource)
+                    reply = await connections.call_blocking(command, wait_ms / 1000)
+                fence = common.as_int(reply)
+            except asyncio.CancelledError:
+                # The caller gave up: a grant under our token may exist.
+                await asyncio.shield(self._forget(resource, plan.token))
+                raise
+            except Exception as error:
+                if plan.retry_after(error):
+                    await asyncio.sleep(common.RETRY_PAUSE)
+                    continue
+                if plan.reached_server:
+                    await self._forget(resource, plan.token)
+                raise
+            answer = plan.answered(fence, waited=wait_ms is not None)
+            if answer == "granted":
+                assert fence is not None
+                return LeaseState(
+                    resource, plan.token, fence, plan.ttl_ms, sent, plan.hold_end, self.metrics
+                )
+            if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
+                raise NotAcquired(resource, timeout)
+
+    async def _forget(self, resource: str, token: str) -> None:
+        try:
+            await self._call(resource, ["DLOCK.RELEASE", resource, token], self.release_timeout)
+        except redis.RedisError as error:
+            log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+
+    async def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
+        command = common.renew_command(
+            await self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
+        )
+        sent = time.monotonic()
+        try:
+            renewed = common.as_int(
+                await self._call(
+                    state.resource, command, state.renew_timeout(sent, self.request_timeout)
+                )
+            )
+        except redis.RedisError as error:
+            log.debug("dlock: renewal of %s failed: %s", state.resource, error)
+            state.renewal_failed(refused=False)
+            return None
+        if renewed == 1:
+            state.renewed(sent, ttl_ms)
+            return True
+        state.renewal_failed(refused=True)
+        return False
+
+    async def _finish(self, state: LeaseState) -> None:
+        command = common.release_command(
+            await self.features(state.resource), state.resource, state.token, state.fence
+        )
+        ok = False
+        try:
+            released = common.as_int(
+                await self._call(state.resource, command, self.release_timeout)
+            )
+            ok = released == 1
+            if not ok:
+                state.lose("ended")
+        except Exception as error:  # never raised over the body's own outcome
+            log.debug("dlock: release of %s failed: %s", state.resource, error)
+            if time.monotonic() >= state.due_expiry():
+                state.lose("unreachable")
+        self.metrics.released(
+            state.resource, state.token, state.fence, time.monotonic() - state.granted_at, ok
+        )
+
+
+class _Renewer:
+    """One task per :class:`Locks` renews every held lease when due; it ends when no lease is
+    held and starts again with the next one."""
+
+    def __init__(self, locks: Locks) -> None:
+        self._locks = locks
+        self._leases: set[LeaseState] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    def add(self, state: LeaseState) -> None:
+        self._leases.add(state)
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run(), name="dlock-renewer")
+        elif self._wake is not None:
+            self._wake.set()
+
+    def remove(self, state: LeaseState) -> None:
+        self._leases.discard(state)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while self._leases:
+            state = min(self._leases, key=LeaseState.due)
+            delay = state.due() - time.monotonic()
+            if delay > 0:
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    # Every held lease lost: sleep until one is added or removed.
+                    await asyncio.wait_for(wake.wait(), None if delay == float("inf") else delay)
+                continue
+            try:
+                await self._renew(state)
+            except Exception:  # never let the task die: leases would go unrenewed
+                log.exception("dlock: renewal of %s failed unexpectedly", state.resource)
+                state.renewal_failed(refused=False)
+
+    async def _renew(self, state: LeaseState) -> None:
+        action = state.step(time.monotonic())
+        if isinstance(action, str):
+            state.lose(action)
+        elif action is not None:
+            refused = await self._locks._renew(state, action) is False
+            # A RENEW in flight when the block exited may be refused: not a loss.
+            if refused and state in self._leases:
+                state.lose("renewal_refused")

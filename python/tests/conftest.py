@@ -1,0 +1,184 @@
+"""Fixtures: real servers with the dlock module, started by the tests themselves.
+
+The module is found through ``DLOCK_MODULE``, else the newest of
+``<repo>/target/{release,debug,debug/deps}/libdlock.so``. ``DLOCK_SERVER`` names the
+server binary (default ``redis-server``; Valkey's ``valkey-server`` works the same)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def module_path() -> Path:
+    configured = os.environ.get("DLOCK_MODULE")
+    if configured:
+        return Path(configured).resolve()
+    built = [
+        path
+        for path in (
+            REPO / "target/release/libdlock.so",
+            REPO / "target/debug/libdlock.so",
+            REPO / "target/debug/deps/libdlock.so",
+        )
+        if path.is_file()
+    ]
+    if not built:
+        pytest.fail("no libdlock.so: run `cargo build --release` or set DLOCK_MODULE")
+    # The newest build: `cargo test` leaves a fresh debug one beside an older release one.
+    return max(built, key=lambda path: path.stat().st_mtime)
+
+
+def server_binary() -> str:
+    return os.environ.get("DLOCK_SERVER", "redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def cmd(client: Any, *args: Any) -> Any:
+    """A raw command (redis-py's ``execute_command``), awaitable for asyncio clients."""
+    return client.execute_command(*args)
+
+
+def fields(reply: Any) -> dict[Any, Any]:
+    """A field/value reply as a dict: RESP3 maps already are, RESP2 gives a flat list."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2]))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
+    """Polls ``predicate`` until it holds or ``timeout`` seconds passed; its last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(step)
+
+
+class Server:
+    """One redis-server (or valkey-server) with the module, on a free port, in its own dir."""
+
+    def __init__(self, *extra: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="dlock-py-")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        for _attempt in range(5):
+            self.port = free_port()
+            if self._start(extra):
+                return
+        raise RuntimeError(f"could not start {server_binary()}; see {self.dir}/server.log")
+
+    def _start(self, extra: tuple[str, ...]) -> bool:
+        log = open(os.path.join(self.dir, "server.log"), "ab")  # noqa: SIM115 (kept by Popen)
+        self.process = subprocess.Popen(
+            [
+                server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loadmodule",
+                str(module_path()),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + 10
+        probe = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    return False  # e.g. the port was taken meanwhile
+                try:
+                    if probe.ping():
+                        return True
+                except redis.RedisError:
+                    time.sleep(0.02)
+        finally:
+            probe.close()
+        self.process.kill()
+        return False
+
+    def client(self, **options: Any) -> redis.Redis:
+        return redis.Redis(port=self.port, **options)
+
+    def stop_process(self) -> None:
+        """``kill -STOP``: the server stays connected but answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def continue_process(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def info(self) -> dict[str, Any]:
+        with self.client() as probe:
+            info: dict[str, Any] = probe.info("dlock")
+            return info
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Iterator[Server]:
+    server = Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The session's server, emptied and its counters reset for each test."""
+    with shared_server.client() as admin:
+        admin.flushall()
+        admin.config_resetstat()
+    return shared_server
+
+
+@pytest.fixture
+def own_server() -> Iterator[Server]:
+    """A server of the test's own, for tests that stop or kill it."""
+    server = Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def r(server: Server) -> Iterator[redis.Redis]:
+    client = server.client()
+    yield client
+    client.close()

@@ -1,0 +1,217 @@
+"""The commands as sent, per server features, and the lease's schedule (no server needed), and
+what a version 1 server actually receives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+
+import dlock
+from conftest import Server
+from dlock import _common as common
+from dlock._common import Features, LeaseState
+from dlock._metrics import Metrics
+
+# The real reply of today's server to COMMAND DOCS (RESP2), abridged to the arguments.
+V1_DOCS_RESP2: list[Any] = [
+    b"dlock.acquire",
+    [
+        b"summary",
+        b"Acquires a lease",
+        b"arguments",
+        [
+            [b"name", b"resource", b"type", b"key", b"key_spec_index", 0],
+            [b"name", b"token", b"type", b"string"],
+            [b"name", b"ttl-ms", b"type", b"integer"],
+            [
+                b"name",
+                b"timeout-ms",
+                b"type",
+                b"integer",
+                b"token",
+                b"WAIT",
+                b"flags",
+                [b"optional"],
+            ],
+        ],
+    ],
+    b"dlock.renew",
+    [
+        b"arguments",
+        [
+            [b"name", b"resource", b"type", b"key", b"key_spec_index", 0],
+            [b"name", b"token", b"type", b"string"],
+            [b"name", b"ttl-ms", b"type", b"integer"],
+        ],
+    ],
+]
+
+# A server with the version 2 options, as RESP3 maps (options nested in a block, as Redis
+# documents optional groups).
+V2_DOCS_RESP3: dict[Any, Any] = {
+    "dlock.acquire": {
+        "arguments": [
+            {"name": "resource", "type": "key"},
+            {"name": "token", "type": "string"},
+            {
+                "name": "options",
+                "type": "block",
+                "arguments": [
+                    {"name": "timeout-ms", "type": "integer", "token": "WAIT"},
+                    {"name": "claim-ms", "type": "integer", "token": "CLAIM"},
+                    {"name": "value", "type": "string", "token": "META"},
+                ],
+            },
+        ]
+    },
+    "dlock.renew": {"arguments": [{"name": "fence", "type": "integer", "token": "FENCE"}]},
+    "dlock.release": {"arguments": [{"name": "fence", "type": "integer", "token": "fence"}]},
+}
+
+
+def test_features_of_a_version_1_server() -> None:
+    features = Features.from_docs(V1_DOCS_RESP2)
+    assert features.acquire == {"WAIT"}
+    assert features.renew == frozenset()
+    assert features.release == frozenset()
+    assert Features.from_docs(None) == Features()
+    assert Features.from_docs([]) == Features()
+
+
+def test_version_1_commands_carry_no_version_2_option() -> None:
+    v1 = Features.from_docs(V1_DOCS_RESP2)
+    assert common.acquire_command(v1, "r", "t", 100, wait_ms=5, claim_ms=9, meta="m") == [
+        "DLOCK.ACQUIRE",
+        "r",
+        "t",
+        100,
+        "WAIT",
+        5,
+    ]
+    assert common.renew_command(v1, "r", "t", 100, 42) == ["DLOCK.RENEW", "r", "t", 100]
+    assert common.release_command(v1, "r", "t", 42) == ["DLOCK.RELEASE", "r", "t"]
+
+
+def test_version_2_options_are_sent_once_advertised() -> None:
+    v2 = Features.from_docs(V2_DOCS_RESP3)
+    assert v2.acquire == {"WAIT", "CLAIM", "META"}
+    assert common.acquire_command(v2, "r", "t", 100, wait_ms=5, claim_ms=9, meta="m") == [
+        "DLOCK.ACQUIRE",
+        "r",
+        "t",
+        100,
+        "WAIT",
+        5,
+        "CLAIM",
+        9,
+        "META",
+        "m",
+    ]
+    # CLAIM only matters for a grant from the queue.
+    assert common.acquire_command(v2, "r", "t", 100, claim_ms=9) == ["DLOCK.ACQUIRE", "r", "t", 100]
+    assert common.renew_command(v2, "r", "t", 100, 42) == [
+        "DLOCK.RENEW",
+        "r",
+        "t",
+        100,
+        "FENCE",
+        42,
+    ]
+    assert common.release_command(v2, "r", "t", 42) == ["DLOCK.RELEASE", "r", "t", "FENCE", 42]
+
+
+def test_the_schedule_renews_every_third_and_never_past_max_hold() -> None:
+    now = time.monotonic()
+    state = LeaseState("r", "t", 7, 3000, now, now + 2.0, Metrics())
+    assert state.step(now) is None
+    assert state.due() == now + 1.0
+    assert state.step(now + 1.0) == 1000  # the renewal is cut to end with the hold
+    state.renewed(now + 1.0, 1000)
+    assert state.step(now + 2.0) == "max_hold"
+    plain = LeaseState("r", "t", 7, 3000, now, None, Metrics())
+    assert plain.step(now + 1.0) == 3000
+    assert plain.step(now + 3.0) == "unreachable"
+    assert plain.lose("unreachable")
+    assert not plain.lose("renewal_refused"), "a lease is lost once"
+    assert plain.reason == "unreachable"
+    assert plain.due() == float("inf")
+
+
+def test_millis_never_lengthens_a_lease() -> None:
+    assert common.millis(0.0004) == 1
+    assert common.millis(1.9999) == 1999
+    assert common.millis_up(1.0001) == 1001
+
+
+def watched_hold(server: Server, locks: dlock.Locks) -> tuple[list[list[str]], dlock.Lease]:
+    """Holds ``watched`` for a renewal's time and returns the dlock commands the server received
+    (seen with MONITOR), and the lease."""
+    seen: list[list[str]] = []
+    ready = threading.Event()
+
+    def watch() -> None:
+        with server.client() as watcher, watcher.monitor() as monitor:
+            ready.set()
+            while True:
+                command = str(monitor.next_command()["command"])
+                if command.upper().startswith("DLOCK."):
+                    seen.append(command.split())
+                if command.upper().startswith("DLOCK.RELEASE"):
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert ready.wait(5)
+    time.sleep(0.1)  # MONITOR is registered once its reply came; give it a moment
+    with locks.hold("watched", ttl=0.9, meta="worker-a") as lease:
+        time.sleep(0.5)  # one renewal, a third of the ttl in
+        lease.check()
+    watcher.join(5)
+    return seen, lease
+
+
+def test_the_commands_sent_are_those_the_server_advertises(server: Server) -> None:
+    client = redis.Redis(port=server.port)
+    locks = dlock.Locks(client)
+    features = locks.features("watched")
+    assert "WAIT" in features.acquire
+    seen, lease = watched_hold(server, locks)
+    fence = ["FENCE", str(lease.fence)]
+    meta = ["META", "worker-a"] if "META" in features.acquire else []
+    assert seen[0] == ["DLOCK.ACQUIRE", "watched", lease.token, "900", *meta]
+    renew_fence = fence if "FENCE" in features.renew else []
+    assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900", *renew_fence]
+    release_fence = fence if "FENCE" in features.release else []
+    assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token, *release_fence]
+    client.close()
+
+
+def test_the_version_1_path_works_against_any_server(server: Server) -> None:
+    """A server that advertises no option (dlock before version 2) gets the version 1 commands
+    only; newer servers keep answering them the same."""
+    client = redis.Redis(port=server.port)
+    locks = dlock.Locks(client)
+    locks._nodes.for_resource("watched").features = Features(acquire=frozenset({"WAIT"}))
+    seen, lease = watched_hold(server, locks)
+    assert seen[0] == ["DLOCK.ACQUIRE", "watched", lease.token, "900"]
+    assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900"]
+    assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token]
+    assert locks.metrics.get("release_failures") == 0
+    client.close()
+
+
+def test_a_grant_from_the_queue_is_confirmed_even_at_the_deadline() -> None:
+    """A WAIT answered with a fence in the wait's last milliseconds is the caller's lease: it is
+    confirmed with a plain ACQUIRE, never abandoned as a timeout (it would block the lock)."""
+    plan = common.AcquirePlan(ttl=5, timeout=0.01, max_hold=None, request_timeout=1)
+    assert plan.next_wait_ms() is None  # a plain ACQUIRE first
+    assert plan.answered(None, waited=False) == "nil"
+    assert not plan.gives_up(waited=False)
+    assert plan.next_wait_ms() is not None  # then the wait
+    time.sleep(0.02)  # the wait ran to its end ...
+    assert plan.answered(1234, waited=True) == "confirm"  # ... but was granted at the last moment
+    assert plan.next_wait_ms() is None  # confirmed with a plain ACQUIRE, whatever the time
+    assert plan.answered(1234, waited=False) == "granted"
