@@ -97,6 +97,23 @@ pub fn announce_only(
     }
 }
 
+/// Redis freed a lock's value (DEL, FLUSHALL, an overwrite, a reload): its waiters wait for
+/// nothing now and are answered nil. Nothing else changes: the key is already gone.
+pub fn value_freed(lock: &Lock) {
+    for waiter in lock.waiters().filter(|waiter| waiter.ticket_until.is_none()) {
+        waiters::answer(waiter.id, Outcome::Nil, None);
+    }
+}
+
+/// Propagates the fence counter as `DLOCK.SETFENCE last` (after a fork, so the AOF file opened
+/// for it carries the counter); called from a timer, never inside a command.
+pub fn propagate_fence_counter(ctx: &Context) {
+    let last = state::last_fence();
+    if last > 0 {
+        ctx.replicate(crate::commands::setfence::META.name, &[last.to_string().as_str()]);
+    }
+}
+
 /// Events, log lines and answers to blocked clients for one transition.
 fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition, now: Now) {
     let current = || lock.lease();

@@ -161,10 +161,7 @@ unsafe extern "C" fn free(value: *mut c_void) {
     if !value.is_null() {
         // SAFETY: value came from Box::into_raw of a Lock.
         let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
-        // The key is gone (DEL, FLUSHALL, overwrite, reload): its waiters wait for nothing now.
-        for waiter in lock.waiters() {
-            crate::waiters::answer(waiter.id, crate::waiters::Outcome::Nil, None);
-        }
+        crate::apply::value_freed(&lock);
         drop(lock);
         metrics::lock_key_freed();
     }

@@ -67,13 +67,5 @@ unsafe extern "C" fn on_propagate_timer(
         }
         return;
     }
-    propagate_counter(&ctx);
-}
-
-/// Propagates the counter as `DLOCK.SETFENCE` now (from a context that is not inside a command).
-fn propagate_counter(ctx: &Context) {
-    let last = state::last_fence();
-    if last > 0 {
-        ctx.replicate(META.name, &[last.to_string().as_str()]);
-    }
+    crate::apply::propagate_fence_counter(&ctx);
 }
