@@ -210,7 +210,7 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     let mut resp3 = server.client_resp3();
     let value: redis::Value =
         redis::cmd("DLOCK.INFO").arg("invoice:10").query(&mut resp3).expect("INFO");
-    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 7), "{value:?}");
+    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 8), "{value:?}");
     assert_eq!(info_field(&mut resp3, "invoice:10", "owner").as_deref(), Some("worker-a"));
 }
 

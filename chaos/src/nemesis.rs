@@ -203,6 +203,19 @@ const KINDS: [&str; 8] = [
     "promote",
 ];
 
+/// Faults of the server's own write pauses, drawn from a second stream (seed ^ this), so that
+/// the schedule of the kinds above stays what a seed gave before they existed.
+const PAUSE_STREAM: u64 = 0x9a05_e5ee_d5ee_d5ee;
+
+/// The write-pause kinds a profile draws from: a `CLIENT PAUSE … WRITE`, and (with a replica to
+/// hand over to) a `FAILOVER` that succeeds or times out.
+fn pause_kinds(profile: Profile) -> &'static [&'static str] {
+    match profile {
+        Profile::Always => &["pause-writes"],
+        Profile::Failover => &["pause-writes", "failover"],
+    }
+}
+
 /// The kinds of fault a profile draws from.
 fn kinds(profile: Profile) -> &'static [&'static str] {
     match profile {
@@ -266,12 +279,17 @@ pub fn run(config: &Config) -> Outcome {
         run_end: u64::MAX,
     };
     let mut rng = Rng::new(config.seed);
+    let mut pauses = Rng::new(config.seed ^ PAUSE_STREAM);
     let mut faults = Vec::new();
     let started = Instant::now();
     let end = started + Duration::from_secs(config.seconds);
     sleep(Duration::from_millis(rng.between(500, 1_500)));
     while Instant::now() + Duration::from_secs(2) < end {
-        let kind = kinds(config.profile)[rng.below(kinds(config.profile).len() as u64) as usize];
+        let kind = if pauses.below(4) == 0 {
+            *pauses.pick(pause_kinds(config.profile))
+        } else {
+            kinds(config.profile)[rng.below(kinds(config.profile).len() as u64) as usize]
+        };
         let start = now_ns();
         let mut may_lose_leases = false;
         match kind {
@@ -322,6 +340,22 @@ pub fn run(config: &Config) -> Outcome {
                 may_lose_leases = true;
                 promote(&mut cluster);
             }
+            "pause-writes" => {
+                // Leases end and waiters wait while writes are paused; the module catches up after.
+                let pause = ttl.mul_f64(0.5 + pauses.below(100) as f64 / 100.0);
+                let mut con = cluster.primary.server.client();
+                let _: () = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(pause.as_millis() as u64)
+                    .arg("WRITE")
+                    .query(&mut con)
+                    .expect("CLIENT PAUSE");
+                sleep(pause);
+            }
+            "failover" => {
+                let times_out = pauses.below(2) == 0;
+                failover(&mut cluster, times_out);
+            }
             _ => unreachable!("every kind is handled"),
         }
         faults.push(Fault { kind, start, end: now_ns(), may_lose_leases });
@@ -355,6 +389,50 @@ pub fn run(config: &Config) -> Outcome {
         eprintln!("dlock-chaos: histories and logs kept in {}", kept.display());
     }
     Outcome { report, faults, events }
+}
+
+/// `FAILOVER` under load: the primary pauses writes until the replica has caught up, then the
+/// two swap roles and the client link follows. With `times_out`, the replication link is cut
+/// first, so the failover gives up after its timeout and the primary stays (its writes were
+/// paused all along). Nothing acknowledged is lost either way.
+fn failover(cluster: &mut Cluster, times_out: bool) {
+    if times_out {
+        cluster.replication.cut();
+    }
+    let mut con = cluster.primary.server.client();
+    let started: redis::RedisResult<()> =
+        redis::cmd("FAILOVER").arg("TIMEOUT").arg(2_000).query(&mut con);
+    if let Err(error) = started {
+        eprintln!("dlock-chaos: FAILOVER refused: {error}");
+    }
+    let mut replica = cluster.replica.server.client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut promoted = false;
+    while Instant::now() < deadline {
+        let role: String =
+            redis::cmd("INFO").arg("replication").query(&mut replica).unwrap_or_default();
+        let state: String =
+            redis::cmd("INFO").arg("replication").query(&mut con).unwrap_or_default();
+        promoted = role.contains("role:master");
+        if promoted || state.contains("master_failover_state:no-failover") {
+            break;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    cluster.replication.heal();
+    if !promoted {
+        return;
+    }
+    cluster.clients.retarget(cluster.replica.server.port);
+    cluster.replication.retarget(cluster.replica.server.port);
+    cluster.clients.drop_connections();
+    std::mem::swap(&mut cluster.primary, &mut cluster.replica);
+    // The demoted primary follows the new one through the replication link again.
+    let args = cluster.replica_args();
+    cluster
+        .replica
+        .server
+        .crash_and_restart_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
 /// Kills the primary, promotes the replica, moves both links to it, and restarts the old primary
