@@ -3,12 +3,12 @@
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_STORM_LEASES` (default 1000000),
 //! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so),
-//! `BENCH_ONLY` (`storm`, `memory` or `throughput`: run only that section). The server is the
+//! `BENCH_ONLY` (`storm`, `memory`, `throughput` or `waiters`: run only that section). The server is the
 //! `redis-server` on the PATH.
 //!
-//! One file per scenario (`throughput`, `cycles`, `handover`, `memory`, `storm`), each writing its
-//! table; `schemes` is what each lock scheme sends, `harness` the server and the client threads,
-//! `report` the markdown.
+//! One file per scenario (`throughput`, `cycles`, `handover`, `memory`, `waiters`, `storm`), each
+//! writing its table; `schemes` is what each lock scheme sends, `harness` the server and the
+//! client threads, `report` the markdown.
 
 mod cycles;
 mod handover;
@@ -18,6 +18,7 @@ mod report;
 mod schemes;
 mod storm;
 mod throughput;
+mod waiters;
 
 use harness::Result;
 use report::Report;
@@ -34,6 +35,10 @@ fn main() -> Result<()> {
         memory::run(&server, &mut report)?;
         return report.finish();
     }
+    if only == "waiters" {
+        waiters::run(&server, &mut report)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
@@ -43,6 +48,7 @@ fn main() -> Result<()> {
         cycles::run(&server, &mut report, seconds)?;
         handover::run(&server, &mut report, seconds)?;
         memory::run(&server, &mut report)?;
+        waiters::run(&server, &mut report)?;
     }
     storm::run(&server, &mut report, storm_leases)?;
     report.finish()
