@@ -100,9 +100,12 @@ pub fn announce_only(
 /// Redis freed a lock's value (DEL, FLUSHALL, an overwrite, a reload): its waiters wait for
 /// nothing now and are answered nil. Nothing else changes: the key is already gone.
 pub fn value_freed(lock: &Lock) {
+    let mut answered = 0;
     for waiter in lock.waiters().filter(|waiter| waiter.ticket_until.is_none()) {
-        waiters::answer(waiter.id, Outcome::Nil, None);
+        answered += u64::from(waiters::answer(waiter.id, Outcome::Nil, None));
     }
+    // Every wait ends in exactly one counter: these count with the time-outs.
+    metrics::count(|stats| stats.waits_timed_out += answered);
 }
 
 /// Propagates the fence counter as `DLOCK.SETFENCE last` (after a fork, so the AOF file opened

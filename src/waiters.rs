@@ -110,8 +110,8 @@ pub fn block(ctx: &Context, key: KeyRef, gives_up_at: Option<Micros>) -> Option<
 }
 
 /// Answers a waiting client: the fence of the lease it was handed (`grant` says where, so the
-/// lease can be undone if the reply is lost), or nil.
-pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) {
+/// lease can be undone if the reply is lost), or nil. Returns whether it was still waiting.
+pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) -> bool {
     let handle = with_registry(|registry| {
         let blocked = registry.by_id.get_mut(&id)?;
         let State::Waiting { gives_up_at } = blocked.state else { return None };
@@ -125,7 +125,7 @@ pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) {
         blocked.state = State::Answered { fence, grant, delivered: false };
         Some(blocked.handle)
     });
-    let Some(handle) = handle else { return };
+    let Some(handle) = handle else { return false };
     let privdata = Box::into_raw(Box::new(Answer(id))).cast::<c_void>();
     // SAFETY: the handle came from BlockClient and is unblocked once (its state left Waiting);
     // the private data is freed by `free_answer`.
@@ -134,6 +134,7 @@ pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) {
             unblock(handle as *mut raw::RedisModuleBlockedClient, privdata);
         }
     }
+    true
 }
 
 /// The earliest moment a waiter gives up, for the timer.

@@ -270,3 +270,29 @@ fn acquire_and_release_cycles_leave_nothing_in_the_expiry_index() {
     acquire(&mut con, "held", "worker", 20_000).expect("granted");
     assert_eq!(info_line(&mut con, "dlock", "dlock_index_entries").as_deref(), Some("1"));
 }
+
+#[test]
+fn every_wait_ends_in_exactly_one_counter_even_when_its_key_is_reloaded_away() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "a", 60_000).expect("granted");
+    let mut waiter = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg("job")
+        .arg("b")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .get_packed_command();
+    waiter.send_packed_command(&request).expect("send");
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "job", "waiters").as_deref() == Some("1")
+    }));
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
+    let answer: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("nil");
+    assert_eq!(answer, None, "the reload ended the wait");
+    let stats = dlock_info(&mut con);
+    let ended = stats["waits_granted"] + stats["waits_timed_out"] + stats["waits_abandoned"];
+    assert_eq!((stats["waits_started"], ended), (1, 1), "{stats:?}");
+}
