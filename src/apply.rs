@@ -67,7 +67,7 @@ pub fn apply(
         delete(ctx, site);
     } else if lease_changed {
         match lock.live_lease(now) {
-            Some(lease) => replicate_lease(ctx, site.name, lease),
+            Some(lease) => replicate_lease(ctx, site.name, lease, now),
             // The lease ended but the key stays (it holds waiters): copies drop the lease.
             None => replicate_del(ctx, site.name),
         }
@@ -228,27 +228,35 @@ fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
     }
 }
 
-/// Propagates a lease as its effect: `DLOCK.SETLEASE resource token fence deadline-unix-us`.
-fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease) {
+/// Propagates a lease as its effect, history included:
+/// `DLOCK.SETLEASE resource token fence deadline-unix-us GRANTED granted-unix-us RENEWALS n`.
+fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: Now) {
+    let granted = lease.granted_wall(now) as std::os::raw::c_longlong;
+    let renewals = std::os::raw::c_longlong::from(lease.renewals);
     if let (Ok(fence), Ok(deadline)) =
         (i64::try_from(lease.fence), i64::try_from(lease.deadline_wall))
     {
         // The raw call: the crate's `replicate` would copy every argument into a new string,
         // and ACQUIRE makes this call on every grant. Redis prints the integers in decimal, as
         // `to_string` would.
-        // SAFETY: ctx is live; the command name and the format are NUL-terminated; "sbll" takes
-        // a RedisModuleString, a (pointer, length) buffer that Redis copies, and two long longs.
+        // SAFETY: ctx is live; the command name, the format and the keywords are NUL-terminated;
+        // "sbllclcl" takes a RedisModuleString, a (pointer, length) buffer that Redis copies, two
+        // long longs, then a C string and a long long, twice.
         unsafe {
             if let Some(replicate) = raw::RedisModule_Replicate {
                 replicate(
                     ctx.ctx,
                     setlease::C_NAME.as_ptr(),
-                    c"sbll".as_ptr(),
+                    c"sbllclcl".as_ptr(),
                     resource.inner,
                     lease.token.as_ptr().cast::<std::os::raw::c_char>(),
                     lease.token.len(),
                     fence as std::os::raw::c_longlong,
                     deadline as std::os::raw::c_longlong,
+                    c"GRANTED".as_ptr(),
+                    granted,
+                    c"RENEWALS".as_ptr(),
+                    renewals,
                 );
             }
         }

@@ -5,7 +5,6 @@
 //! Module aux data (before the keyspace): `last_fence: unsigned`.
 //! The AOF form of a lock is `DLOCK.SETLEASE key token fence deadline-unix-us`.
 
-use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use std::ptr;
 
@@ -104,23 +103,26 @@ unsafe extern "C" fn aof_rewrite(
     let lock = unsafe { &*value.cast::<Lock>() };
     // A lock without a lease has nothing durable: waiters belong to connections.
     let Some(lease) = lock.lease() else { return };
-    let (Ok(command), Ok(format)) = (CString::new("DLOCK.SETLEASE"), CString::new("sbll")) else {
-        return;
-    };
-    // SAFETY: the format "sbll" matches the arguments: a RedisModuleString, a (pointer, length)
-    // buffer, and two long longs. Fences and deadlines fit: fences are capped at i64::MAX and
-    // deadlines are wall-clock microseconds.
+    let now = clock::now();
+    let granted = lease.granted_wall(now) as c_longlong;
+    // SAFETY: the format "sbllclcl" matches the arguments: a RedisModuleString, a (pointer,
+    // length) buffer, two long longs, then a C string and a long long, twice. Fences and
+    // deadlines fit: fences are capped at i64::MAX and deadlines are wall-clock microseconds.
     unsafe {
         if let Some(emit) = raw::RedisModule_EmitAOF {
             emit(
                 aof,
-                command.as_ptr(),
-                format.as_ptr(),
+                c"DLOCK.SETLEASE".as_ptr(),
+                c"sbllclcl".as_ptr(),
                 key,
                 lease.token.as_ptr().cast::<c_char>(),
                 lease.token.len(),
                 lease.fence as c_longlong,
                 lease.deadline_wall as c_longlong,
+                c"GRANTED".as_ptr(),
+                granted,
+                c"RENEWALS".as_ptr(),
+                c_longlong::from(lease.renewals),
             );
         }
     }

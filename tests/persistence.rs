@@ -329,3 +329,36 @@ fn a_fork_inside_a_command_never_writes_that_command_to_the_aof_and_the_server_r
     let mut con = primary.client();
     assert_held(&mut con, "invoice:1", "worker-a", fence, 60_000);
 }
+
+#[test]
+fn max_hold_counts_from_the_grant_across_a_restart_from_the_aof() {
+    let args = [
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+        "--dlock.max-hold-ms",
+        "3000",
+    ];
+    let mut server = Server::start_with(&args);
+    let mut con = server.client();
+    let granted = Instant::now();
+    acquire(&mut con, "r", "w", 1_000).expect("granted");
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(renew(&mut con, "r", "w", 1_000), 1);
+    }
+    server.crash_and_restart(); // the AOF replays the grant and both renewals
+    let mut con = server.client();
+    let held: u64 = info_field(&mut con, "r", "held-ms").and_then(|h| h.parse().ok()).unwrap_or(0);
+    assert!(held >= 1_100, "the hold clock kept running across the restart: {held} ms");
+    assert_eq!(info_field(&mut con, "r", "renewals").as_deref(), Some("2"));
+    // Renewing every 300 ms: the first renewal that would end past 3 s after the grant is refused.
+    while renew(&mut con, "r", "w", 1_000) == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(granted.elapsed() < Duration::from_millis(2_900), "renewed past max-hold-ms");
+    }
+    assert!(granted.elapsed() >= Duration::from_millis(2_000), "refused only near the cap");
+}

@@ -1,5 +1,6 @@
-//! `DLOCK.SETLEASE resource token fence deadline-unix-us`: the effect of a grant or renewal,
-//! applied by replicas and AOF loading. Clients cannot send it: it would forge fences.
+//! `DLOCK.SETLEASE resource token fence deadline-unix-us [GRANTED granted-unix-us RENEWALS n]`:
+//! the effect of a grant or renewal, applied by replicas and AOF loading. Clients cannot send
+//! it: it would forge fences.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
@@ -15,7 +16,7 @@ pub const C_NAME: &std::ffi::CStr = c"dlock.setlease";
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
     flags: "write",
-    arity: 5,
+    arity: -5,
     key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
     complexity: "O(log N) where N is the number of leases with a deadline",
@@ -24,6 +25,8 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("fence", ArgKind::Integer),
         ArgMeta::required("deadline-unix-us", ArgKind::Integer),
+        ArgMeta::option("granted-unix-us", ArgKind::Integer, "GRANTED"),
+        ArgMeta::option("renewals", ArgKind::Integer, "RENEWALS"),
     ],
     acl_categories: "write dangerous",
 };
@@ -31,27 +34,34 @@ pub const META: CommandMeta = CommandMeta {
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     internal_only(ctx, "DLOCK.SETLEASE")?;
     let (resource, rest) = split_args(args, META.name)?;
-    let [token, fence, deadline] = rest.as_slice() else {
+    let [token, fence, deadline, history @ ..] = rest.as_slice() else {
         return Err(DlockError::WrongArity(META.name).into());
     };
     let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
     let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
-    let deadline = parse_int(deadline)
-        .and_then(|n| u64::try_from(n).ok())
-        .ok_or(DlockError::BadReplicatedLease("deadline"))?;
+    let deadline = parse_unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
+    let history = parse_history(history)?;
     let now = clock::now();
     let mut lock =
         Lock::with_lease(Lease::restore(token, fence, deadline, now, state::last_fence())?);
     let key = ctx.open_key_writable(resource);
-    // Checks the type before anything changes: another type at the key is WRONGTYPE. A renewal
-    // of the grant this copy already has keeps its hold history.
-    if let Some(previous) =
-        lock_at(&key)?.and_then(|lock| lock.lease()).filter(|l| l.fence == fence)
-    {
-        let renewed = previous.deadline_wall != deadline;
-        if let Some(lease) = lock.lease_mut() {
-            lease.granted_mono = previous.granted_mono;
-            lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
+    // Checks the type before anything changes: another type at the key is WRONGTYPE.
+    let previous = lock_at(&key)?.and_then(|lock| lock.lease()).filter(|l| l.fence == fence);
+    if let Some(lease) = lock.lease_mut() {
+        match (history, previous) {
+            // The grant's own history travels with it: hold time and `max-hold-ms` count from
+            // the grant on every copy, across restarts and promotions.
+            (Some((granted_wall, renewals)), _) => {
+                lease.granted_mono = now.mono_from_wall(granted_wall).min(now.mono);
+                lease.renewals = renewals;
+            }
+            // An older stream without it: a renewal of the grant this copy has keeps its history.
+            (None, Some(previous)) => {
+                let renewed = previous.deadline_wall != deadline;
+                lease.granted_mono = previous.granted_mono;
+                lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
+            }
+            (None, None) => {}
         }
     }
     state::observe_fence(fence);
@@ -61,6 +71,29 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     // The arguments are absolute, so passing the command on unchanged is deterministic.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+fn parse_unsigned(bytes: &[u8]) -> Option<u64> {
+    parse_int(bytes).and_then(|n| u64::try_from(n).ok())
+}
+
+/// `[GRANTED granted-unix-us RENEWALS renewals]`: the grant's history, or none (older streams).
+fn parse_history(args: &[&[u8]]) -> Result<Option<(u64, u32)>, DlockError> {
+    match args {
+        [] => Ok(None),
+        [granted_kw, granted, renewals_kw, renewals]
+            if granted_kw.eq_ignore_ascii_case(b"GRANTED")
+                && renewals_kw.eq_ignore_ascii_case(b"RENEWALS") =>
+        {
+            let granted =
+                parse_unsigned(granted).ok_or(DlockError::BadReplicatedLease("granted"))?;
+            let renewals = parse_unsigned(renewals)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(DlockError::BadReplicatedLease("renewals"))?;
+            Ok(Some((granted, renewals)))
+        }
+        _ => Err(DlockError::WrongArity(META.name)),
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,11 @@ impl Lease {
         self.deadline_mono > now.mono
     }
 
+    /// When this grant was made, as Unix time in µs (what copies of the lease carry).
+    pub fn granted_wall(&self, now: Now) -> Micros {
+        now.wall.saturating_sub(now.mono.saturating_sub(self.granted_mono))
+    }
+
     /// Milliseconds since the grant at `now`.
     pub fn held_ms(&self, now: Now) -> u64 {
         now.mono.saturating_sub(self.granted_mono) / 1_000
