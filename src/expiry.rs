@@ -91,8 +91,8 @@ pub fn key_ref(ctx: &Context, name: &[u8]) -> KeyRef {
 /// Keyspace events that put an existing lock value under a (new) key name.
 const ARRIVAL_EVENTS: [&str; 5] = ["loaded", "restore", "rename_to", "move_to", "copy_to"];
 
-/// Keyspace notification handler: a value renamed or moved to a new name loses its lease and
-/// its waiters (on every copy of the data set alike); then every arrival is indexed, so the timer
+/// Keyspace notification handler: a value renamed or moved to a new name, or restored outside
+/// Cluster, loses its lease and its waiters (on every copy of the data set alike); then every arrival is indexed, so the timer
 /// expires it or removes it once vacant.
 pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: &[u8]) {
     if !ARRIVAL_EVENTS.contains(&event) {
@@ -102,7 +102,10 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
     let key = ctx.open_key_writable(&key_name);
     let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
     let now = clock::now();
-    if matches!(event, "rename_to" | "move_to") {
+    // Outside Cluster a RESTORE is a copy too (an old DUMP replayed could bring an old fence
+    // back); in Cluster it is how MIGRATE moves a slot's keys, and the lease moves with them.
+    let restored = event == "restore" && !ctx.get_flags().contains(ContextFlags::CLUSTER);
+    if matches!(event, "rename_to" | "move_to") || restored {
         let ((), changes) = apply::decide(now, |step| step.displace(lock));
         apply::announce_only(ctx, &key_name, lock, changes, now);
     }

@@ -108,7 +108,7 @@ fn a_swapdb_answers_the_waiters_of_both_databases_nil_and_leases_move_with_their
 }
 
 #[test]
-fn dump_and_restore_carry_the_lease_and_memory_usage_is_reported() {
+fn a_restored_lock_carries_no_lease_outside_cluster_and_memory_usage_is_reported() {
     let server = Server::start();
     let mut con = server.client();
     let fence = acquire(&mut con, "lock:d", "worker-with-a-36-byte-token-0000000", 60_000)
@@ -116,8 +116,11 @@ fn dump_and_restore_carry_the_lease_and_memory_usage_is_reported() {
     let payload: Vec<u8> = redis::cmd("DUMP").arg("lock:d").query(&mut con).expect("DUMP");
     let _: () =
         redis::cmd("RESTORE").arg("lock:r").arg(0).arg(&payload).query(&mut con).expect("RESTORE");
-    assert_eq!(info_field(&mut con, "lock:r", "fence"), Some(fence.to_string()));
-    assert_eq!(digest(&mut con, "lock:d"), digest(&mut con, "lock:r"));
+    // Outside Cluster a restored lock holds no lease: an old DUMP replayed over a resource
+    // must not make an old fence current again (in Cluster, MIGRATE carries it: tests/cluster.rs).
+    assert_eq!(info(&mut con, "lock:r"), None);
+    assert_eq!(fencecheck(&mut con, "lock:r", fence), 0);
+    assert_eq!(info_field(&mut con, "lock:d", "fence"), Some(fence.to_string()), "original kept");
     let usage: i64 =
         redis::cmd("MEMORY").arg("USAGE").arg("lock:d").query(&mut con).expect("MEMORY USAGE");
     assert!(usage > 36 && usage < 1_000, "{usage}");
@@ -276,4 +279,24 @@ fn a_restore_payload_with_a_fence_no_clock_could_reach_is_refused() {
     assert!(reply.is_err(), "{reply:?}");
     assert!(!exists(&mut con, "lock:forged"));
     assert!(acquire(&mut con, "lock:next", "w", 1_000).is_some(), "fences are not exhausted");
+}
+
+#[test]
+fn an_old_dump_restored_over_a_resource_never_makes_its_old_fence_current() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "lock:x", "A", 60_000).expect("granted");
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("lock:x").query(&mut con).expect("DUMP");
+    assert_eq!(release(&mut con, "lock:x", "A"), 1);
+    let second = acquire(&mut con, "lock:x", "B", 60_000).expect("granted");
+    let _: () = redis::cmd("RESTORE")
+        .arg("lock:x")
+        .arg(0)
+        .arg(&payload)
+        .arg("REPLACE")
+        .query(&mut con)
+        .expect("RESTORE REPLACE");
+    assert!(fenced_set(&mut con, "lock:x", first).is_err(), "A's old fence stays stale");
+    assert_eq!(info(&mut con, "lock:x"), None, "the replayed value holds no lease");
+    assert!(second > first);
 }
