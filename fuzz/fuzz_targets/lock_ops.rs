@@ -1,5 +1,6 @@
 //! Arbitrary sequences of operations on one lock with a moving clock: no panic, at most one live
-//! lease, fences strictly increasing, a waiter handed the lease is the queue's first live one.
+//! lease, fences strictly increasing, a waiter handed the lease is the queue's first live one;
+//! waiters with claim windows and tickets among them.
 #![no_main]
 
 use dlock::core::fence::FenceCounter;
@@ -41,9 +42,14 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     ttl_ms: ttl,
                     gives_up_at,
                     queued_at: now.mono,
+                    claim_ms: (amount % 5 == 0).then_some(u64::from(amount % 50) + 1),
+                    ticket_until: (op & 0x80 != 0).then(|| now.mono + u64::from(amount) * 100),
                 });
             }
             4 => {
+                for lapsed in lock.drop_lapsed_tickets(now) {
+                    assert!(lapsed.ticket_until.is_some_and(|until| until <= now.mono));
+                }
                 let _ = lock.expire(now);
                 if let Ok(Some(handed)) = lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
                 {
