@@ -10,13 +10,17 @@
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, raw};
 
-use crate::commands::setlease;
 use crate::core::args::printable;
 use crate::core::{Host, Lease, Lock, Now, Refusal, Step, Transition};
 use crate::notify::{self, Event};
 use crate::state::{self, Grant};
 use crate::waiters::{self, Outcome};
 use crate::{config, expiry, metrics};
+
+/// The internal command a lease travels as (registered by `commands/setlease.rs`).
+pub const SETLEASE: &std::ffi::CStr = c"dlock.setlease";
+/// The internal command the fence counter travels as (registered by `commands/setfence.rs`).
+pub const SETFENCE: &str = "dlock.setfence";
 
 /// The server as the lock logic sees it: waiters are alive while the registry says so.
 pub struct Server;
@@ -76,7 +80,7 @@ pub fn apply(
         expiry::schedule(ctx, site.name, lock, now);
         if lock.lease().is_none() {
             // A queue without a lease (grants held after start-up): look again when they resume.
-            expiry::wake_at(ctx, site.name, config::grants_held_until(), now);
+            expiry::wake_at(ctx, site.name, config::grants_held_until());
         }
     }
 }
@@ -113,7 +117,7 @@ pub fn value_freed(lock: &Lock) {
 pub fn propagate_fence_counter(ctx: &Context) {
     let last = state::last_fence();
     if last > 0 {
-        ctx.replicate(crate::commands::setfence::META.name, &[last.to_string().as_str()]);
+        ctx.replicate(SETFENCE, &[last.to_string().as_str()]);
     }
 }
 
@@ -165,7 +169,7 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
             });
         }
         // The timer answers the wait when it times out.
-        Transition::Queued { .. } => expiry::arm(ctx, now),
+        Transition::Queued { .. } => state::arm_soon(),
         Transition::Superseded { waiter } | Transition::Dismissed { waiter } => {
             waiters::answer(*waiter, Outcome::Nil, None);
         }
@@ -246,7 +250,7 @@ fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: No
             if let Some(replicate) = raw::RedisModule_Replicate {
                 replicate(
                     ctx.ctx,
-                    setlease::C_NAME.as_ptr(),
+                    SETLEASE.as_ptr(),
                     c"sbllclcl".as_ptr(),
                     resource.inner,
                     lease.token.as_ptr().cast::<std::os::raw::c_char>(),
@@ -268,7 +272,7 @@ fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: No
     let deadline = lease.deadline_wall.to_string();
     let args: [&[u8]; 4] =
         [resource.as_slice(), &lease.token, fence.as_bytes(), deadline.as_bytes()];
-    ctx.replicate(setlease::META.name, &args);
+    ctx.replicate(SETLEASE.to_str().unwrap_or_default(), &args);
 }
 
 /// Deletes a lock key that holds nothing live any more and propagates the `DEL`.

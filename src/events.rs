@@ -40,11 +40,20 @@ pub fn subscribe(ctx: &Context) -> Status {
             return Status::Err;
         }
     }
-    // Optional (Redis 7.0+, Valkey): lets a sweep with work left resume on the next turn of the
-    // event loop. Without it the sweep resumes from its timer, 1 ms later.
+    // Before the event loop sleeps the expiry timer is armed for what this turn inserted, and a
+    // sweep with work left resumes (Redis 7.0+, Valkey).
     let event_loop = raw::RedisModuleEvent { id: raw::REDISMODULE_EVENT_EVENTLOOP, dataver: 1 };
     // SAFETY: as above.
-    let _ = unsafe { subscribe(ctx.ctx, event_loop, Some(on_server_event)) };
+    if unsafe { subscribe(ctx.ctx, event_loop, Some(on_server_event)) }
+        != raw::REDISMODULE_OK as i32
+    {
+        crate::notify::log(
+            ctx,
+            crate::notify::Level::Warning,
+            "dlock: cannot subscribe to the event loop's turns (Redis 7.0 or later is needed)",
+        );
+        return Status::Err;
+    }
     Status::Ok
 }
 
@@ -66,7 +75,7 @@ unsafe extern "C" fn on_server_event(
                 expiry.index.rewrite(|_, _| true, |db| swapped(db, first, second))
             });
             if crate::waiters::dismiss_swapped(first, second) > 0 {
-                expiry::arm(&ctx, crate::clock::now());
+                crate::timer::arm(&ctx, crate::clock::now());
             }
         }
         raw::REDISMODULE_EVENT_FLUSHDB
@@ -93,6 +102,7 @@ unsafe extern "C" fn on_server_event(
         {
             // The grant delay counts from when the data set is back, not from module load.
             config::hold_new_grants(crate::clock::now().mono);
+            crate::timer::arm(&ctx, crate::clock::now()); // for the leases just loaded
         }
         raw::REDISMODULE_EVENT_FORK_CHILD
             if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN
@@ -106,7 +116,7 @@ unsafe extern "C" fn on_server_event(
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {
-            expiry::before_sleep(&ctx)
+            crate::timer::before_sleep(&ctx)
         }
         _ => {}
     }
@@ -154,7 +164,7 @@ fn index_every_lock(ctx: &Context) {
             expiry.index.insert(deadline, key.db, &key.name);
         }
     });
-    expiry::arm(ctx, now);
+    crate::timer::arm(ctx, now);
     crate::notify::log(
         ctx,
         crate::notify::Level::Notice,

@@ -17,7 +17,9 @@ pub mod expiry;
 pub mod keyspec;
 pub mod metrics;
 pub mod notify;
+pub mod report;
 pub mod state;
+pub mod timer;
 pub mod waiters;
 
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
@@ -40,7 +42,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     config::hold_new_grants(clock::now().mono);
     notify::refresh_log_level(ctx);
-    if metrics::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
+    if report::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
         return Status::Err;
     }
     keyspec::register_all(ctx)
@@ -63,7 +65,7 @@ redis_module! {
         [setfence::META.name, |ctx, args| guarded(ctx, args, setfence::run), setfence::META.flags, 0, 0, 0, ""],
     ],
     event_handlers: [
-        [@GENERIC @LOADED: expiry::on_keyspace_event],
+        [@GENERIC @LOADED: timer::on_keyspace_event],
     ],
     configurations: [
         i64: [

@@ -1,12 +1,7 @@
-//! `INFO dlock`: the module's counters and latency percentiles, reset by `CONFIG RESETSTAT`.
+//! The module's counters and latency percentiles; `report.rs` shows them in `INFO dlock`.
 
-use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-
-use std::os::raw::c_int;
-
-use redis_module::{Context, Status, raw};
 
 use crate::core::stats::Stats;
 
@@ -35,83 +30,15 @@ pub fn lock_key_freed() {
         LOCK_KEYS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
 }
 
-/// Registers the `INFO` callback and the `CONFIG RESETSTAT` watch.
-pub fn register(ctx: &Context) -> Status {
-    // SAFETY: ctx is the load context; the callback is a plain function. Registering replaces
-    // the generic handler the module declaration installs.
-    let registered = unsafe {
-        raw::RedisModule_RegisterInfoFunc.map(|register| register(ctx.ctx, Some(on_info)))
-    };
-    if registered != Some(raw::REDISMODULE_OK as i32) {
-        return Status::Err;
-    }
-    watch_resetstat(ctx)
+/// Every `INFO dlock` field now, given the gauges kept elsewhere; `None` if the counters are
+/// busy (a crash report must not wait on a lock the crashing code may hold).
+pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>> {
+    let mut stats = STATS.try_lock().ok()?;
+    let lock_keys = LOCK_KEYS.load(Ordering::Relaxed);
+    Some(stats.get_or_insert_with(Stats::default).fields(lock_keys, waiters, index_entries))
 }
 
-/// # Safety
-/// Called by Redis with an INFO context valid for this call.
-unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
-    // A crash report must not wait on a lock the crashing code may hold.
-    let Ok(mut stats) = STATS.try_lock() else { return };
-    let Some(waiters) = crate::waiters::count_now() else { return };
-    let Some(index_entries) = crate::state::index_len_now() else { return };
-    let fields = stats.get_or_insert_with(Stats::default).fields(
-        LOCK_KEYS.load(Ordering::Relaxed),
-        waiters as u64,
-        index_entries as u64,
-    );
-    drop(stats);
-    // SAFETY: ctx is the INFO context of this call; names are NUL-terminated ASCII.
-    unsafe {
-        let (Some(add_section), Some(add_field)) =
-            (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong)
-        else {
-            return;
-        };
-        if add_section(ctx, c"".as_ptr()) != raw::REDISMODULE_OK as i32 {
-            return; // the caller asked for other sections
-        }
-        for (name, value) in fields {
-            if let Ok(name) = CString::new(name) {
-                add_field(ctx, name.as_ptr(), value);
-            }
-        }
-    }
-}
-
-/// Registers the command filter that sees `CONFIG RESETSTAT` (the module API has no event for it).
-fn watch_resetstat(ctx: &Context) -> Status {
-    // SAFETY: ctx is the load context; the filter is a plain function.
-    let filter = unsafe {
-        raw::RedisModule_RegisterCommandFilter.map(|register| {
-            register(ctx.ctx, Some(on_command), raw::REDISMODULE_CMDFILTER_NOSELF as i32)
-        })
-    };
-    if filter.is_some_and(|f| !f.is_null()) { Status::Ok } else { Status::Err }
-}
-
-/// # Safety
-/// Called by Redis for every command, with a filter context valid for this call.
-unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    // SAFETY: fctx is valid; argument strings live for this call.
-    unsafe {
-        let (Some(count), Some(arg)) =
-            (raw::RedisModule_CommandFilterArgsCount, raw::RedisModule_CommandFilterArgGet)
-        else {
-            return;
-        };
-        if count(fctx) != 2 {
-            return;
-        }
-        let text = |pos| {
-            let string = arg(fctx, pos);
-            let mut len = 0;
-            let ptr =
-                raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(string, &mut len));
-            if ptr.is_null() { &[][..] } else { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
-        };
-        if text(0).eq_ignore_ascii_case(b"config") && text(1).eq_ignore_ascii_case(b"resetstat") {
-            *stats() = Some(Stats::default());
-        }
-    }
+/// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters).
+pub fn reset() {
+    *stats() = Some(Stats::default());
 }

@@ -4,7 +4,7 @@
 //! to make the statics safe. Never call into Redis while holding one: a Redis call can fire a
 //! keyspace notification that comes back into this module.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::core::Micros;
@@ -91,4 +91,18 @@ pub fn prune_later(key: KeyRef, id: u64) {
 pub fn index_len_now() -> Option<usize> {
     let guard = EXPIRY.try_lock().ok()?;
     Some(guard.as_ref().map_or(0, |expiry| expiry.index.len()))
+}
+
+/// Set when something needs the expiry timer (an index entry, a waiter's timeout, a gone
+/// waiter): the timer module arms it before the event loop sleeps.
+static ARM_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Asks for the expiry timer to be armed before the event loop next sleeps.
+pub fn arm_soon() {
+    ARM_REQUESTED.store(true, Ordering::Release);
+}
+
+/// Whether the timer was asked for since the last call (and clears the request).
+pub fn take_arm_request() -> bool {
+    ARM_REQUESTED.swap(false, Ordering::AcqRel)
 }

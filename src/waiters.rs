@@ -286,7 +286,7 @@ unsafe extern "C" fn on_unblock(
     match ended {
         Ended::WasWaiting(key, id) => {
             state::prune_later(key, id);
-            crate::expiry::arm(&Context::new(ctx), crate::clock::now());
+            state::arm_soon();
             crate::metrics::count(|stats| stats.waits_timed_out += 1);
             reply(ctx, None);
         }
@@ -300,12 +300,12 @@ unsafe extern "C" fn on_unblock(
 /// # Safety
 /// Called by Redis when a blocked client disconnects, is killed, or is unblocked with an error.
 unsafe extern "C" fn on_disconnect(
-    ctx: *mut raw::RedisModuleCtx,
+    _ctx: *mut raw::RedisModuleCtx,
     handle: *mut raw::RedisModuleBlockedClient,
 ) {
     if let Ended::WasWaiting(key, id) = end(handle, false) {
         state::prune_later(key, id);
-        crate::expiry::arm(&Context::new(ctx), crate::clock::now());
+        state::arm_soon();
         crate::metrics::count(|stats| stats.waits_abandoned += 1);
     }
 }
@@ -313,7 +313,7 @@ unsafe extern "C" fn on_disconnect(
 /// # Safety
 /// Called by Redis (main thread) with the private data given to UnblockClient, after the reply
 /// callback had its chance.
-unsafe extern "C" fn free_answer(ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+unsafe extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
     if privdata.is_null() {
         return;
     }
@@ -330,6 +330,6 @@ unsafe extern "C" fn free_answer(ctx: *mut raw::RedisModuleCtx, privdata: *mut c
     if let Some(grant) = lost {
         crate::metrics::count(|stats| stats.waits_abandoned += 1);
         state::release_later(grant);
-        crate::expiry::arm(&Context::new(ctx), crate::clock::now());
+        state::arm_soon();
     }
 }

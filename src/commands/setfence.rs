@@ -69,3 +69,11 @@ unsafe extern "C" fn on_propagate_timer(
     }
     crate::apply::propagate_fence_counter(&ctx);
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_name_the_counter_travels_as_is_the_registered_name() {
+        assert_eq!(crate::apply::SETFENCE, super::META.name);
+    }
+}

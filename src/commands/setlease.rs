@@ -10,9 +10,6 @@ use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
 use crate::{clock, expiry, metrics, state};
 
-/// The command name as a C string, for propagating it through the raw API.
-pub const C_NAME: &std::ffi::CStr = c"dlock.setlease";
-
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
     flags: "write",
@@ -99,7 +96,7 @@ fn parse_history(args: &[&[u8]]) -> Result<Option<(u64, u32)>, DlockError> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_c_name_is_the_registered_name() {
-        assert_eq!(super::C_NAME.to_str(), Ok(super::META.name));
+    fn the_name_effects_travel_as_is_the_registered_name() {
+        assert_eq!(crate::apply::SETLEASE.to_str(), Ok(super::META.name));
     }
 }

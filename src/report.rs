@@ -1,0 +1,83 @@
+//! `INFO dlock` and `CONFIG RESETSTAT`: the server's view of the module's counters and gauges.
+
+use std::ffi::CString;
+use std::os::raw::c_int;
+
+use redis_module::{Context, Status, raw};
+
+use crate::{metrics, state, waiters};
+
+/// Registers the `INFO` callback and the `CONFIG RESETSTAT` watch.
+pub fn register(ctx: &Context) -> Status {
+    // SAFETY: ctx is the load context; the callback is a plain function. Registering replaces
+    // the generic handler the module declaration installs.
+    let registered = unsafe {
+        raw::RedisModule_RegisterInfoFunc.map(|register| register(ctx.ctx, Some(on_info)))
+    };
+    if registered != Some(raw::REDISMODULE_OK as i32) {
+        return Status::Err;
+    }
+    watch_resetstat(ctx)
+}
+
+/// # Safety
+/// Called by Redis with an INFO context valid for this call.
+unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // A crash report must not wait on a lock the crashing code may hold: each part is tried.
+    let Some(waiting) = waiters::count_now() else { return };
+    let Some(index_entries) = state::index_len_now() else { return };
+    let Some(fields) = metrics::fields_now(waiting as u64, index_entries as u64) else { return };
+    // SAFETY: ctx is the INFO context of this call; names are NUL-terminated ASCII.
+    unsafe {
+        let (Some(add_section), Some(add_field)) =
+            (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong)
+        else {
+            return;
+        };
+        if add_section(ctx, c"".as_ptr()) != raw::REDISMODULE_OK as i32 {
+            return; // the caller asked for other sections
+        }
+        for (name, value) in fields {
+            if let Ok(name) = CString::new(name) {
+                add_field(ctx, name.as_ptr(), value);
+            }
+        }
+    }
+}
+
+/// Registers the command filter that sees `CONFIG RESETSTAT` (the module API has no event for it).
+fn watch_resetstat(ctx: &Context) -> Status {
+    // SAFETY: ctx is the load context; the filter is a plain function.
+    let filter = unsafe {
+        raw::RedisModule_RegisterCommandFilter.map(|register| {
+            register(ctx.ctx, Some(on_command), raw::REDISMODULE_CMDFILTER_NOSELF as i32)
+        })
+    };
+    if filter.is_some_and(|f| !f.is_null()) { Status::Ok } else { Status::Err }
+}
+
+/// # Safety
+/// Called by Redis for every command, with a filter context valid for this call.
+unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // SAFETY: fctx is valid; argument strings live for this call.
+    unsafe {
+        let (Some(count), Some(arg)) =
+            (raw::RedisModule_CommandFilterArgsCount, raw::RedisModule_CommandFilterArgGet)
+        else {
+            return;
+        };
+        if count(fctx) != 2 {
+            return;
+        }
+        let text = |pos| {
+            let string = arg(fctx, pos);
+            let mut len = 0;
+            let ptr =
+                raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(string, &mut len));
+            if ptr.is_null() { &[][..] } else { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
+        };
+        if text(0).eq_ignore_ascii_case(b"config") && text(1).eq_ignore_ascii_case(b"resetstat") {
+            metrics::reset();
+        }
+    }
+}
