@@ -39,15 +39,7 @@ fn a_renamed_lock_loses_its_lease_and_its_waiters_are_answered_nil() {
     let server = Server::start();
     let mut con = server.client();
     let first = acquire(&mut con, "lock:old", "A", 60_000).expect("granted");
-    let mut waiter = server.client();
-    let request = redis::cmd("DLOCK.ACQUIRE")
-        .arg("lock:old")
-        .arg("B")
-        .arg(60_000)
-        .arg("WAIT")
-        .arg(0)
-        .get_packed_command();
-    waiter.send_packed_command(&request).expect("send");
+    let mut waiter = send_wait(&server, "lock:old", "B", 60_000, &[]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut con, "lock:old", "waiters").as_deref() == Some("1")
     }));
@@ -86,15 +78,7 @@ fn a_swapdb_answers_the_waiters_of_both_databases_nil_and_leases_move_with_their
     let server = Server::start();
     let mut con = server.client();
     let fence = acquire(&mut con, "lock:w", "A", 60_000).expect("granted");
-    let mut waiter = server.client();
-    let request = redis::cmd("DLOCK.ACQUIRE")
-        .arg("lock:w")
-        .arg("B")
-        .arg(60_000)
-        .arg("WAIT")
-        .arg(0)
-        .get_packed_command();
-    waiter.send_packed_command(&request).expect("send");
+    let mut waiter = send_wait(&server, "lock:w", "B", 60_000, &[]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut con, "lock:w", "waiters").as_deref() == Some("1")
     }));

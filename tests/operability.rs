@@ -276,15 +276,7 @@ fn every_wait_ends_in_exactly_one_counter_even_when_its_key_is_reloaded_away() {
     let server = Server::start();
     let mut con = server.client();
     acquire(&mut con, "job", "a", 60_000).expect("granted");
-    let mut waiter = server.client();
-    let request = redis::cmd("DLOCK.ACQUIRE")
-        .arg("job")
-        .arg("b")
-        .arg(60_000)
-        .arg("WAIT")
-        .arg(0)
-        .get_packed_command();
-    waiter.send_packed_command(&request).expect("send");
+    let mut waiter = send_wait(&server, "job", "b", 60_000, &[]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut con, "job", "waiters").as_deref() == Some("1")
     }));

@@ -416,16 +416,7 @@ fn memory_usage_counts_the_waiters_of_a_lock() {
     let alone = usage(&mut con);
     let mut waiting = Vec::new();
     for i in 0..200 {
-        let mut waiter = server.client();
-        let request = redis::cmd("DLOCK.ACQUIRE")
-            .arg("one")
-            .arg(format!("waiter-{i:04}"))
-            .arg(60_000)
-            .arg("WAIT")
-            .arg(0)
-            .get_packed_command();
-        waiter.send_packed_command(&request).expect("send");
-        waiting.push(waiter);
+        waiting.push(send_wait(&server, "one", &format!("waiter-{i:04}"), 60_000, &[]));
     }
     assert!(eventually(Duration::from_secs(10), || {
         info_field(&mut con, "one", "waiters").as_deref() == Some("200")
@@ -436,28 +427,12 @@ fn memory_usage_counts_the_waiters_of_a_lock() {
     assert!(eventually(Duration::from_secs(10), || usage(&mut con) == alone), "freed again");
 }
 
-/// Sends `ACQUIRE … WAIT` on a connection of its own and never reads the reply: a client that
-/// gave up on its own timeout but keeps its (multiplexed) connection open.
-fn abandoned_wait(server: &Server, token: &str, extra: &[&str]) -> redis::Connection {
-    let mut con = server.client();
-    let request = redis::cmd("DLOCK.ACQUIRE")
-        .arg("one")
-        .arg(token)
-        .arg(60_000)
-        .arg("WAIT")
-        .arg(0)
-        .arg(extra)
-        .get_packed_command();
-    con.send_packed_command(&request).expect("send");
-    con
-}
-
 #[test]
 fn a_waiter_that_never_reads_blocks_the_resource_only_for_its_claim_window() {
     let server = Server::start();
     let mut con = server.client();
     acquire(&mut con, "one", "holder", 60_000).expect("granted");
-    let _ghost = abandoned_wait(&server, "ghost", &["CLAIM", "300"]);
+    let _ghost = send_wait(&server, "one", "ghost", 60_000, &["CLAIM", "300"]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut con, "one", "waiters").as_deref() == Some("1")
     }));
@@ -477,7 +452,7 @@ fn a_waiter_that_claims_its_grant_keeps_it_for_its_full_ttl() {
     let server = Server::start();
     let mut con = server.client();
     acquire(&mut con, "one", "holder", 60_000).expect("granted");
-    let mut waiter = abandoned_wait(&server, "claimer", &["CLAIM", "300"]);
+    let mut waiter = send_wait(&server, "one", "claimer", 60_000, &["CLAIM", "300"]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut con, "one", "waiters").as_deref() == Some("1")
     }));

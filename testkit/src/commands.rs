@@ -101,6 +101,29 @@ pub fn now_us() -> i64 {
         as i64
 }
 
+/// Sends `DLOCK.ACQUIRE resource token ttl-ms WAIT 0 [extra …]` on a connection of its own and
+/// returns the connection without reading the reply: read it later with `recv_response`, or
+/// never, as a client that gave up on its own timeout but kept its connection open.
+pub fn send_wait(
+    server: &super::server::Server,
+    resource: &str,
+    token: &str,
+    ttl_ms: u64,
+    extra: &[&str],
+) -> redis::Connection {
+    let mut con = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg(resource)
+        .arg(token)
+        .arg(ttl_ms)
+        .arg("WAIT")
+        .arg(0)
+        .arg(extra)
+        .get_packed_command();
+    con.send_packed_command(&request).expect("send ACQUIRE WAIT");
+    con
+}
+
 /// Encodes a command in RESP, as the AOF stores it.
 pub fn resp_command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
