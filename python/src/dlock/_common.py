@@ -138,7 +138,9 @@ def acquire_command(
     if wait_ms is not None:
         args += ["WAIT", wait_ms]
         if claim_ms is not None and "CLAIM" in features.acquire:
-            args += ["CLAIM", claim_ms]
+            # A window longer than the lease changes nothing, and the lease's own ttl is
+            # within the server's dlock.max-ttl-ms, which bounds claim-ms too.
+            args += ["CLAIM", min(claim_ms, ttl_ms)]
     if meta is not None and "META" in features.acquire:
         args += ["META", meta]
     return args
