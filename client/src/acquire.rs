@@ -78,7 +78,10 @@ impl Client {
                         (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
                             // Never reported as granted: released without a hold to record.
                             let token = lease.token.clone();
-                            let released = matches!(self.release(resource, &token).await, Ok(true));
+                            let released = matches!(
+                                self.release_grant(resource, &token, Some(fence)).await,
+                                Ok(true)
+                            );
                             Err(AcquireError::NotReplicated {
                                 token,
                                 acked,
@@ -116,8 +119,23 @@ impl Client {
     /// Releases a grant known only by its token (after [`AcquireError::Unknown`]): `true` if it
     /// was held and is released now.
     pub async fn release(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
-        let released: i64 =
-            self.send(redis::cmd("DLOCK.RELEASE").arg(resource).arg(token), Duration::ZERO).await?;
+        self.release_grant(resource, token, None).await
+    }
+
+    /// Releases the grant of `token` with `fence` (when known): a retried or late RELEASE can then
+    /// never free a later grant of the same token.
+    pub(crate) async fn release_grant(
+        &self,
+        resource: &str,
+        token: &str,
+        fence: Option<u64>,
+    ) -> Result<bool, RedisError> {
+        let mut cmd = redis::cmd("DLOCK.RELEASE");
+        cmd.arg(resource).arg(token);
+        if let Some(fence) = fence {
+            cmd.arg("FENCE").arg(fence);
+        }
+        let released: i64 = self.send(&cmd, Duration::ZERO).await?;
         Ok(released == 1)
     }
 }

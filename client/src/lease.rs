@@ -109,7 +109,8 @@ impl Lease {
 
     /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
     pub async fn release(self) -> Result<bool, RedisError> {
-        let released = self.client.release(&self.resource, &self.token).await;
+        let released =
+            self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
         let ok = matches!(released, Ok(true));
         observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
         released
@@ -191,7 +192,7 @@ impl Lease {
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
         observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
-        let _ = self.client.release(&self.resource, &self.token).await;
+        let _ = self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
         Err(RunError::LockLost(lost))
     }
 
@@ -222,7 +223,14 @@ async fn renew_once(
 ) -> Result<Option<Instant>, RedisError> {
     let sent = Instant::now();
     let ttl_ms = millis(ttl);
-    let cmd = redis::cmd("DLOCK.RENEW").arg(resource).arg(token).arg(ttl_ms).clone();
+    // With the grant's fence: a late or retried RENEW never touches a later grant.
+    let cmd = redis::cmd("DLOCK.RENEW")
+        .arg(resource)
+        .arg(token)
+        .arg(ttl_ms)
+        .arg("FENCE")
+        .arg(fence)
+        .clone();
     let renewed = client.send_write::<i64>(&cmd, Duration::ZERO).await;
     let renewed = match (renewed, client.options.replicas) {
         (Ok((1, Some(acked))), Some(replicas)) if acked < u64::from(replicas.count) => {

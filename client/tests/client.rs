@@ -379,3 +379,19 @@ async fn a_restarted_server_is_reached_again_by_the_same_client() {
     assert_eq!(info_field(&mut con, "after", "owner").as_deref(), Some(lease.token()));
     assert!(lease.release().await.expect("answered"), "released over the new connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_and_release_name_their_grant_so_they_never_touch_a_later_grant_of_the_token() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let mut lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
+    let token = lease.token().to_owned();
+    // The same token is granted again behind the lease's back (a reused token, a retried call).
+    let mut con = server.client();
+    assert_eq!(release(&mut con, "job", &token), 1);
+    let later = acquire(&mut con, "job", &token, 60_000).expect("granted again");
+    assert!(later > lease.fence() as i64);
+    assert!(!lease.renew().await.expect("answered"), "the old grant's RENEW is refused");
+    assert!(!lease.release().await.expect("answered"), "the old grant's RELEASE frees nothing");
+    assert_eq!(fencecheck(&mut con, "job", later), 1, "the later grant stands");
+}
