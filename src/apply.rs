@@ -237,42 +237,33 @@ fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
 fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: Now) {
     let granted = lease.granted_wall(now) as std::os::raw::c_longlong;
     let renewals = std::os::raw::c_longlong::from(lease.renewals);
-    if let (Ok(fence), Ok(deadline)) =
-        (i64::try_from(lease.fence), i64::try_from(lease.deadline_wall))
-    {
-        // The raw call: the crate's `replicate` would copy every argument into a new string,
-        // and ACQUIRE makes this call on every grant. Redis prints the integers in decimal, as
-        // `to_string` would.
-        // SAFETY: ctx is live; the command name, the format and the keywords are NUL-terminated;
-        // "sbllclcl" takes a RedisModuleString, a (pointer, length) buffer that Redis copies, two
-        // long longs, then a C string and a long long, twice.
-        unsafe {
-            if let Some(replicate) = raw::RedisModule_Replicate {
-                replicate(
-                    ctx.ctx,
-                    SETLEASE.as_ptr(),
-                    c"sbllclcl".as_ptr(),
-                    resource.inner,
-                    lease.token.as_ptr().cast::<std::os::raw::c_char>(),
-                    lease.token.len(),
-                    fence as std::os::raw::c_longlong,
-                    deadline as std::os::raw::c_longlong,
-                    c"GRANTED".as_ptr(),
-                    granted,
-                    c"RENEWALS".as_ptr(),
-                    renewals,
-                );
-            }
+    // Both fit: fences are minted and restored at most i64::MAX, and deadlines are wall-clock
+    // microseconds (restored ones at most a year and a day away).
+    let fence = i64::try_from(lease.fence).unwrap_or(i64::MAX);
+    let deadline = i64::try_from(lease.deadline_wall).unwrap_or(i64::MAX);
+    // The raw call: the crate's `replicate` would copy every argument into a new string, and
+    // ACQUIRE makes this call on every grant. Redis prints the integers in decimal.
+    // SAFETY: ctx is live; the command name, the format and the keywords are NUL-terminated;
+    // "sbllclcl" takes a RedisModuleString, a (pointer, length) buffer that Redis copies, two
+    // long longs, then a C string and a long long, twice.
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(
+                ctx.ctx,
+                SETLEASE.as_ptr(),
+                c"sbllclcl".as_ptr(),
+                resource.inner,
+                lease.token.as_ptr().cast::<std::os::raw::c_char>(),
+                lease.token.len(),
+                fence as std::os::raw::c_longlong,
+                deadline as std::os::raw::c_longlong,
+                c"GRANTED".as_ptr(),
+                granted,
+                c"RENEWALS".as_ptr(),
+                renewals,
+            );
         }
-        return;
     }
-    // Out of i64 range: not a value this module mints; propagate it as it is, for the replica
-    // to refuse as it always did.
-    let fence = lease.fence.to_string();
-    let deadline = lease.deadline_wall.to_string();
-    let args: [&[u8]; 4] =
-        [resource.as_slice(), &lease.token, fence.as_bytes(), deadline.as_bytes()];
-    ctx.replicate(SETLEASE.to_str().unwrap_or_default(), &args);
 }
 
 /// Deletes a lock key that holds nothing live any more and propagates the `DEL`.

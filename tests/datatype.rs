@@ -220,24 +220,34 @@ fn flushall_drops_locks_and_later_grants_still_expire_on_time() {
     assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0));
 }
 
+/// RESTOREs a DUMP of a held lock whose 64-bit field `after_token` bytes past the end of the
+/// token (the fence at 2, the deadline at 12: each is opcode 2, 0x81, 8 big-endian bytes) is
+/// replaced by `value`; the server's reply.
+fn restore_forged(
+    con: &mut redis::Connection,
+    after_token: usize,
+    value: u64,
+) -> redis::RedisResult<redis::Value> {
+    acquire(con, "lock:ok", "worker", 60_000).expect("granted");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(con).expect("DUMP");
+    let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
+    let mut forged = object.to_vec();
+    let token_at = forged.windows(6).position(|w| w == b"worker").expect("token in the dump");
+    let at = token_at + 6 + after_token;
+    assert_eq!(forged[at - 1], 0x81, "a 64-bit length");
+    forged[at..at + 8].copy_from_slice(&value.to_be_bytes());
+    redis::cmd("RESTORE")
+        .arg("lock:forged")
+        .arg(0)
+        .arg(seal(&[&forged[..], version].concat()))
+        .query(con)
+}
+
 #[test]
 fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
     let server = Server::start();
     let mut con = server.client();
-    acquire(&mut con, "lock:ok", "worker", 60_000).expect("granted");
-    let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(&mut con).expect("DUMP");
-    let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
-    // After the token come the fence and the deadline, each as opcode 2, 0x81, 8 big-endian bytes.
-    let mut forged = object.to_vec();
-    let token_at = forged.windows(6).position(|w| w == b"worker").expect("token in the dump");
-    let at = token_at + 6 + 10 + 2;
-    assert_eq!(forged[at - 1], 0x81, "the deadline is a 64-bit length");
-    forged[at..at + 8].copy_from_slice(&u64::MAX.to_be_bytes());
-    let reply: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
-        .arg("lock:forged")
-        .arg(0)
-        .arg(seal(&[&forged[..], version].concat()))
-        .query(&mut con);
+    let reply = restore_forged(&mut con, 12, u64::MAX);
     assert!(reply.is_err(), "{reply:?}");
     assert!(!exists(&mut con, "lock:forged"));
 }
@@ -246,20 +256,7 @@ fn a_restore_payload_with_a_deadline_beyond_the_signed_range_is_refused() {
 fn a_restore_payload_with_a_fence_no_clock_could_reach_is_refused() {
     let server = Server::start();
     let mut con = server.client();
-    acquire(&mut con, "lock:ok", "worker", 60_000).expect("granted");
-    let dump: Vec<u8> = redis::cmd("DUMP").arg("lock:ok").query(&mut con).expect("DUMP");
-    let (object, version) = dump[..dump.len() - 8].split_at(dump.len() - 10);
-    // After the token comes the fence: opcode 2, 0x81, 8 big-endian bytes.
-    let mut forged = object.to_vec();
-    let token_at = forged.windows(6).position(|w| w == b"worker").expect("token in the dump");
-    let at = token_at + 6 + 2;
-    assert_eq!(forged[at - 1], 0x81, "the fence is a 64-bit length");
-    forged[at..at + 8].copy_from_slice(&(i64::MAX as u64).to_be_bytes());
-    let reply: redis::RedisResult<redis::Value> = redis::cmd("RESTORE")
-        .arg("lock:forged")
-        .arg(0)
-        .arg(seal(&[&forged[..], version].concat()))
-        .query(&mut con);
+    let reply = restore_forged(&mut con, 2, i64::MAX as u64);
     assert!(reply.is_err(), "{reply:?}");
     assert!(!exists(&mut con, "lock:forged"));
     assert!(acquire(&mut con, "lock:next", "w", 1_000).is_some(), "fences are not exhausted");

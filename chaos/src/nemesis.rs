@@ -423,16 +423,8 @@ fn failover(cluster: &mut Cluster, times_out: bool) {
     if !promoted {
         return;
     }
-    cluster.clients.retarget(cluster.replica.server.port);
-    cluster.replication.retarget(cluster.replica.server.port);
     cluster.clients.drop_connections();
-    std::mem::swap(&mut cluster.primary, &mut cluster.replica);
-    // The demoted primary follows the new one through the replication link again.
-    let args = cluster.replica_args();
-    cluster
-        .replica
-        .server
-        .crash_and_restart_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    swap_roles(cluster);
 }
 
 /// Kills the primary, promotes the replica, moves both links to it, and restarts the old primary
@@ -442,6 +434,13 @@ fn promote(cluster: &mut Cluster) {
     let mut con = cluster.replica.server.client();
     let _: () =
         redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut con).expect("REPLICAOF NO ONE");
+    swap_roles(cluster);
+}
+
+/// The replica is the primary now: both links follow it (connections already open stay where
+/// they are unless dropped), and the old primary is restarted as its replica, through the
+/// replication link again.
+fn swap_roles(cluster: &mut Cluster) {
     cluster.clients.retarget(cluster.replica.server.port);
     cluster.replication.retarget(cluster.replica.server.port);
     std::mem::swap(&mut cluster.primary, &mut cluster.replica);
