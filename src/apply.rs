@@ -19,6 +19,10 @@ use crate::{config, expiry, metrics};
 
 /// The internal command a lease travels as (registered by `commands/setlease.rs`).
 pub const SETLEASE: &std::ffi::CStr = c"dlock.setlease";
+/// The same name, for the crate's calls.
+const SETLEASE_NAME: &str = "dlock.setlease";
+/// The internal command the end of one shared lease travels as (`commands/endlease.rs`).
+pub const ENDLEASE: &str = "dlock.endlease";
 /// The internal command the fence counter travels as (registered by `commands/setfence.rs`).
 pub const SETFENCE: &str = "dlock.setfence";
 
@@ -70,15 +74,11 @@ pub fn apply(
         expiry::forget(ctx, site.name, lock, now);
         delete(ctx, site);
     } else if lease_changed {
-        match lock.live_lease(now) {
-            Some(lease) => replicate_lease(ctx, site.name, lease, now),
-            // The lease ended but the key stays (it holds waiters): copies drop the lease.
-            None => replicate_del(ctx, site.name),
-        }
+        replicate_leases(ctx, site.name, lock, &changes, now);
     }
     if stored && !vacant {
         expiry::schedule(ctx, site.name, lock, now);
-        if lock.lease().is_none() {
+        if !lock.has_record() {
             // A queue without a lease (grants held after start-up): look again when they resume.
             expiry::wake_at(ctx, site.name, config::grants_held_until());
         }
@@ -123,12 +123,12 @@ pub fn propagate_fence_counter(ctx: &Context) {
 
 /// Events, log lines and answers to blocked clients for one transition.
 fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition, now: Now) {
-    let current = || lock.lease();
+    let current = |fence: u64| lock.holders().find(|lease| lease.fence == fence);
     match change {
-        Transition::Granted { .. } => event(ctx, Event::Acquired, name, current(), now),
+        Transition::Granted { fence } => event(ctx, Event::Acquired, name, current(*fence), now),
         Transition::Claimed | Transition::Ticketed { .. } | Transition::TicketLapsed => {}
-        Transition::Reacquired { .. } | Transition::Renewed => {
-            event(ctx, Event::Renewed, name, current(), now);
+        Transition::Reacquired { fence } | Transition::Renewed { fence } => {
+            event(ctx, Event::Renewed, name, current(*fence), now);
         }
         Transition::Released(lease) => event(ctx, Event::Released, name, Some(lease), now),
         Transition::Expired(lease) => {
@@ -145,7 +145,7 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
             });
         }
         Transition::HandedOver { waiter, fence, ticket, .. } => {
-            let lease = current();
+            let lease = current(*fence);
             event(ctx, Event::Handoff, name, lease, now);
             if *ticket {
                 return; // its holder learns the fence from its next ACQUIRE
@@ -232,9 +232,55 @@ fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
     }
 }
 
+/// Tells replicas and the AOF what `changes` did to the lock's leases. With no live lease left,
+/// copies drop the key (the primary may keep it for its waiters). A live exclusive lease
+/// replaces whatever a copy holds in one `DLOCK.SETLEASE`; shared leases travel one by one:
+/// each one touched as it now is, or its end (`DLOCK.ENDLEASE`).
+fn replicate_leases(
+    ctx: &Context,
+    resource: &RedisString,
+    lock: &Lock,
+    changes: &[Transition],
+    now: Now,
+) {
+    let mut live = lock.live_holders(now).peekable();
+    match live.peek() {
+        None => return replicate_del(ctx, resource),
+        Some(lease) if !lease.shared => return replicate_lease(ctx, resource, lease, now),
+        Some(_) => {}
+    }
+    for change in changes {
+        match change {
+            Transition::Granted { fence }
+            | Transition::Reacquired { fence }
+            | Transition::Renewed { fence }
+            | Transition::HandedOver { fence, .. } => {
+                if let Some(lease) = lock.live_holders(now).find(|lease| lease.fence == *fence) {
+                    replicate_lease(ctx, resource, lease, now);
+                }
+            }
+            Transition::Released(lease)
+            | Transition::Expired(lease)
+            | Transition::GrantUndone(lease)
+            | Transition::Displaced(lease) => {
+                let fence = lease.fence.to_string();
+                ctx.replicate(ENDLEASE, &[resource.as_slice(), &lease.token, fence.as_bytes()]);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Propagates a lease as its effect, history included:
-/// `DLOCK.SETLEASE resource token fence deadline-unix-us GRANTED granted-unix-us RENEWALS n`.
+/// `DLOCK.SETLEASE resource token fence deadline-unix-us GRANTED granted-unix-us RENEWALS n`,
+/// then `SHARED` and `META value` when they apply.
 fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: Now) {
+    if !lease.is_plain() {
+        let args = lease.effect_args(now);
+        let mut all: Vec<&[u8]> = vec![resource.as_slice()];
+        all.extend(args.iter().map(Vec::as_slice));
+        return ctx.replicate(SETLEASE_NAME, all.as_slice());
+    }
     let granted = lease.granted_wall(now) as std::os::raw::c_longlong;
     let renewals = std::os::raw::c_longlong::from(lease.renewals);
     // Both fit: fences are minted and restored at most i64::MAX, and deadlines are wall-clock

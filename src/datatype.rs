@@ -3,20 +3,20 @@
 //! The RDB layout of a lock and its decoder live in [`crate::core::encoding`]; here Redis's RDB
 //! reader and writer carry its fields (a field is an RDB unsigned or string buffer).
 //! Module aux data (before the keyspace): `last_fence: unsigned`.
-//! The AOF form of a lock is `DLOCK.SETLEASE key token fence deadline-unix-us`.
+//! The AOF form of a lock is one `DLOCK.SETLEASE key token fence deadline-unix-us …` per lease.
 
 use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use std::ptr;
 
 use redis_module::native_types::RedisType;
-use redis_module::raw;
+use redis_module::{RedisString, raw};
 
 use crate::clock;
-use crate::core::Lock;
 use crate::core::encoding::{
     ENCODING_VERSION, FieldSink, FieldSource, decode_lock, encode_lock, is_known_version,
 };
 use crate::core::error::MAX_FENCE;
+use crate::core::{Lease, Lock, Now};
 use crate::{metrics, state};
 
 /// The module type of every lock key (`TYPE key` answers `dlocklock`).
@@ -77,7 +77,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     else {
         return ptr::null_mut();
     };
-    if let Some(lease) = lock.lease() {
+    for lease in lock.holders() {
         state::observe_fence(lease.fence);
     }
     metrics::lock_key_created();
@@ -101,9 +101,24 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     // SAFETY: as in rdb_save.
     let lock = unsafe { &*value.cast::<Lock>() };
-    // A lock without a lease has nothing durable: waiters belong to connections.
-    let Some(lease) = lock.lease() else { return };
+    // Only leases are durable: waiters belong to connections.
     let now = clock::now();
+    for lease in lock.holders() {
+        if lease.is_plain() {
+            emit_plain(aof, key, lease, now);
+        } else {
+            emit_args(aof, key, &lease.effect_args(now));
+        }
+    }
+}
+
+/// `DLOCK.SETLEASE key token fence deadline GRANTED granted RENEWALS n`, without copying the token.
+fn emit_plain(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    lease: &Lease,
+    now: Now,
+) {
     let granted = lease.granted_wall(now) as c_longlong;
     // SAFETY: the format "sbllclcl" matches the arguments: a RedisModuleString, a (pointer,
     // length) buffer, two long longs, then a C string and a long long, twice. Fences and
@@ -128,6 +143,28 @@ unsafe extern "C" fn aof_rewrite(
     }
 }
 
+/// `DLOCK.SETLEASE key args…` for a shared or described lease.
+fn emit_args(aof: *mut raw::RedisModuleIO, key: *mut raw::RedisModuleString, args: &[Vec<u8>]) {
+    let strings: Vec<RedisString> =
+        args.iter().map(|arg| RedisString::create_from_slice(ptr::null_mut(), arg)).collect();
+    let mut pointers: Vec<*mut raw::RedisModuleString> =
+        strings.iter().map(|string| string.inner).collect();
+    // SAFETY: "sv" takes a RedisModuleString, then an array of them and its length; every
+    // string lives until after the call (Redis copies what it writes).
+    unsafe {
+        if let Some(emit) = raw::RedisModule_EmitAOF {
+            emit(
+                aof,
+                c"DLOCK.SETLEASE".as_ptr(),
+                c"sv".as_ptr(),
+                key,
+                pointers.as_mut_ptr(),
+                pointers.len(),
+            );
+        }
+    }
+}
+
 /// # Safety
 /// `value` is a `Lock` of this module.
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
@@ -141,18 +178,25 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     // SAFETY: as in rdb_save.
     let lock = unsafe { &*value.cast::<Lock>() };
-    let Some(lease) = lock.lease() else { return };
-    // SAFETY: md is valid; the buffer pointer and length describe the token.
+    // SAFETY: md is valid; each buffer pointer and length describes a live slice.
     unsafe {
         if let (Some(add_buffer), Some(add_integer), Some(end)) = (
             raw::RedisModule_DigestAddStringBuffer,
             raw::RedisModule_DigestAddLongLong,
             raw::RedisModule_DigestEndSequence,
         ) {
-            add_buffer(md, lease.token.as_ptr().cast::<c_char>(), lease.token.len());
-            add_integer(md, lease.fence as c_longlong);
-            add_integer(md, lease.deadline_wall as c_longlong);
-            end(md);
+            for lease in lock.holders() {
+                add_buffer(md, lease.token.as_ptr().cast::<c_char>(), lease.token.len());
+                add_integer(md, lease.fence as c_longlong);
+                add_integer(md, lease.deadline_wall as c_longlong);
+                if lease.shared {
+                    add_buffer(md, c"shared".as_ptr(), 6);
+                }
+                if let Some(meta) = lease.token.meta() {
+                    add_buffer(md, meta.as_ptr().cast::<c_char>(), meta.len());
+                }
+                end(md);
+            }
         }
     }
 }

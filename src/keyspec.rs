@@ -40,6 +40,7 @@ fn command_args(args: &[ArgMeta]) -> Result<*mut raw::RedisModuleCommandArg, &'s
             ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
             ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
             ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            ArgKind::Flag => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
         };
         c_arg.key_spec_index = if matches!(arg.kind, ArgKind::Key) { 0 } else { -1 };
         if let Some(token) = arg.token {

@@ -25,7 +25,7 @@ pub mod waiters;
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
 use crate::commands::{
-    acquire, fencecheck, fenced, guarded, info, release, renew, setfence, setlease,
+    acquire, endlease, fencecheck, fenced, guarded, info, release, renew, setfence, setlease,
 };
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
@@ -62,6 +62,7 @@ redis_module! {
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
         [fenced::META.name, |ctx, args| guarded(ctx, args, fenced::run), fenced::META.flags, 1, 1, 1, ""],
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
+        [endlease::META.name, |ctx, args| guarded(ctx, args, endlease::run), endlease::META.flags, 1, 1, 1, ""],
         [setfence::META.name, |ctx, args| guarded(ctx, args, setfence::run), setfence::META.flags, 0, 0, 0, ""],
     ],
     event_handlers: [

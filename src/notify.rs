@@ -111,13 +111,15 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
             ctx,
             Level::Verbose,
             &format!(
-                "lease {} resource={} owner={} fence={} ttl-ms={} held-ms={}",
+                "lease {} resource={} owner={} fence={} ttl-ms={} held-ms={}{}{}",
                 what.verb(),
                 printable(resource.as_slice()),
                 printable(&lease.token),
                 lease.fence,
                 lease.remaining_ms(now),
                 lease.held_ms(now),
+                if lease.shared { " mode=shared" } else { "" },
+                lease.token.meta().map(|meta| format!(" meta={}", printable(meta))).unwrap_or_default(),
             ),
         );
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use dlock_testkit::*;
 
-const COMMANDS: [&str; 8] = [
+const COMMANDS: [&str; 9] = [
     "dlock.acquire",
     "dlock.renew",
     "dlock.release",
@@ -13,6 +13,7 @@ const COMMANDS: [&str; 8] = [
     "dlock.info",
     "dlock.fenced",
     "dlock.setlease",
+    "dlock.endlease",
     "dlock.setfence",
 ];
 
@@ -44,7 +45,9 @@ fn syntax(name: &str, arguments: Option<&redis::Value>) -> String {
         let fields = pairs(argument);
         let arg_name = text(&fields["name"]);
         let flags = fields.get("flags").map(|f| format!("{f:?}")).unwrap_or_default();
+        let pure_token = fields.get("type").map(text).as_deref() == Some("pure-token");
         let mut part = match fields.get("token") {
+            Some(token) if pure_token => text(token),
             Some(token) => format!("{} {arg_name}", text(token)),
             None => arg_name.clone(),
         };
@@ -158,7 +161,12 @@ fn every_command_page_matches_command_docs() {
         let arguments_section = page.split("## Arguments").nth(1).unwrap_or_default();
         if let Some(redis::Value::Array(arguments)) = docs.get("arguments") {
             for argument in arguments {
-                let name = text(&pairs(argument)["name"]);
+                let fields = pairs(argument);
+                // A keyword alone (`SHARED`) is documented by its keyword.
+                let name = match fields.get("type").map(text).as_deref() {
+                    Some("pure-token") => text(&fields["token"]),
+                    _ => text(&fields["name"]),
+                };
                 assert!(
                     arguments_section.contains(&format!("`{name}`")),
                     "{command} documents `{name}`"

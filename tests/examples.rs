@@ -13,7 +13,8 @@
 //!   numbers must bind to different values, in the same order (a larger printed fence must be a
 //!   larger fence in the replay too). A number never bound is sent as printed.
 //! - **Times.** The integer after `"ttl-ms"` or `"held-ms"` (the next line in RESP2, the same line
-//!   after `=>` in RESP3) matches within ±1500 ms of the printed one.
+//!   after `=>` in RESP3), and the third element of a shared lease in `leases` (`3) (integer) …`
+//!   right after its fence), matches within ±1500 ms of the printed one.
 //! - **Elapsed time.** A `(2.00s)` line (redis-cli prints one after a command that took 0.5 s or
 //!   more) requires the command to have taken at least that long, less 50 ms; nothing else.
 //! - Everything else matches exactly, formatted as redis-cli 7 prints it (`INFO` as raw text; blank
@@ -408,6 +409,13 @@ fn is_time_label(line: &str) -> bool {
     line.ends_with("\"ttl-ms\"") || line.ends_with("\"held-ms\"")
 }
 
+/// `3) (integer) …` right after `2) (integer) <fence>`: a shared lease's ttl-ms in `leases`.
+fn is_lease_ttl(previous: &str, line: &str) -> bool {
+    let fence = previous.trim().strip_prefix("2) (integer) ");
+    fence.is_some_and(|f| f.len() >= FENCE_DIGITS && f.bytes().all(|b| b.is_ascii_digit()))
+        && line.trim().starts_with("3) (integer) ")
+}
+
 fn match_line(
     expected: &str,
     actual: &str,
@@ -462,7 +470,8 @@ fn match_reply(
     for (i, (e, a)) in expected.iter().zip(actual).enumerate() {
         let time_field = e.contains("\"ttl-ms\" =>")
             || e.contains("\"held-ms\" =>")
-            || (i > 0 && is_time_label(&expected[i - 1]));
+            || (i > 0 && is_time_label(&expected[i - 1]))
+            || (i > 0 && is_lease_ttl(&expected[i - 1], e));
         match_line(e, a, time_field, &mut tentative)?;
     }
     *bindings = tentative;
@@ -713,6 +722,7 @@ const PAGES: &[&str] = &[
     "docs/commands/dlock.setfence.md",
     "docs/commands/dlock.setlease.md",
     "docs/operations.md",
+    "docs/shared.md",
 ];
 
 macro_rules! pages {
@@ -733,6 +743,7 @@ pages! {
     setfence => "docs/commands/dlock.setfence.md",
     setlease => "docs/commands/dlock.setlease.md",
     operations => "docs/operations.md",
+    shared => "docs/shared.md",
 }
 
 fn markdown_files(dir: &Path, into: &mut Vec<PathBuf>) {

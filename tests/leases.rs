@@ -196,7 +196,19 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["owner", "fence", "ttl-ms", "held-ms", "renewals", "waiters", "next-waiters", "tickets"]
+        [
+            "owner",
+            "fence",
+            "ttl-ms",
+            "held-ms",
+            "renewals",
+            "waiters",
+            "next-waiters",
+            "tickets",
+            "mode",
+            "holders",
+            "meta"
+        ]
     );
     assert_eq!(fields[0].1, "worker-a");
     assert_eq!(fields[1].1, fence.to_string());
@@ -206,11 +218,13 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     assert!(held >= 50 && held <= granted_at.elapsed().as_millis(), "{held}");
     assert_eq!(fields[4].1, "2", "two renewals");
     assert_eq!(fields[5].1, "0");
+    assert_eq!((fields[8].1.as_str(), fields[9].1.as_str()), ("exclusive", "1"));
+    assert_eq!(fields[10].1, "nil", "no META given");
 
     let mut resp3 = server.client_resp3();
     let value: redis::Value =
         redis::cmd("DLOCK.INFO").arg("invoice:10").query(&mut resp3).expect("INFO");
-    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 8), "{value:?}");
+    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 11), "{value:?}");
     assert_eq!(info_field(&mut resp3, "invoice:10", "owner").as_deref(), Some("worker-a"));
 }
 

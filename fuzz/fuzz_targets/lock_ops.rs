@@ -1,10 +1,11 @@
-//! Arbitrary sequences of operations on one lock with a moving clock: no panic, at most one live
-//! lease, fences strictly increasing, a waiter handed the lease is the queue's first live one;
-//! waiters with claim windows and tickets among them.
+//! Arbitrary sequences of operations on one lock with a moving clock: no panic, never an exclusive
+//! lease beside another live lease, fences strictly increasing, a waiter handed the lease is the
+//! queue's first live one; exclusive and shared requests (with limits), waiters with claim
+//! windows and tickets among them.
 #![no_main]
 
 use dlock::core::fence::FenceCounter;
-use dlock::core::{Acquired, Lock, Now, Rules, Waiter};
+use dlock::core::{Acquired, Lock, Mode, Now, Rules, Waiter};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
@@ -18,10 +19,15 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
         let ttl = u64::from(amount % 100) + 1;
         let rules =
             Rules { new_grants_held: op & 0x40 != 0, max_hold_ms: u64::from(amount % 7) * 50 };
+        let mode = match (op >> 3) & 3 {
+            0 | 1 => Mode::Exclusive,
+            2 => Mode::Shared { limit: None },
+            _ => Mode::Shared { limit: Some(u32::from(amount % 4) + 1) },
+        };
         match op % 7 {
             0 => {
                 if let Ok(Acquired::Granted { fence, .. }) =
-                    lock.acquire(&token, ttl, now, &mut fences, rules)
+                    lock.acquire_as(&token, ttl, mode, None, now, &mut fences, rules)
                 {
                     assert!(fence > last_fence);
                     last_fence = fence;
@@ -44,6 +50,8 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     queued_at: now.mono,
                     claim_ms: (amount % 5 == 0).then_some(u64::from(amount % 50) + 1),
                     ticket_until: (op & 0x80 != 0).then(|| now.mono + u64::from(amount) * 100),
+                    mode,
+                    meta: None,
                 });
             }
             4 => {
@@ -51,11 +59,12 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     assert!(lapsed.ticket_until.is_some_and(|until| until <= now.mono));
                 }
                 let _ = lock.expire(now);
-                if let Ok(Some(handed)) = lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
+                while let Ok(Some(handed)) =
+                    lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
                 {
                     assert!(handed.fence > last_fence);
                     last_fence = handed.fence;
-                    assert!(lock.live_lease(now).is_some());
+                    assert!(lock.fence_check(handed.fence, now));
                 }
             }
             5 => {
@@ -71,5 +80,7 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
             }
         }
         assert!(fences.last() >= last_fence);
+        let live: Vec<bool> = lock.live_holders(now).map(|lease| lease.shared).collect();
+        assert!(live.len() <= 1 || live.iter().all(|shared| *shared), "{live:?}");
     }
 });

@@ -1,5 +1,5 @@
-//! `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms] [CLAIM claim-ms]`: fence, or nil when
-//! held by another.
+//! `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT timeout-ms | QUEUE ticket-ms]
+//! [CLAIM claim-ms] [META value]`: fence, or nil when not granted.
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
@@ -19,7 +19,7 @@ pub const META: CommandMeta = CommandMeta {
     // lease or extend the holder's own (Redis allows only one of INSERT, UPDATE and DELETE).
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Acquires a lease on a resource and returns its fencing token",
-    complexity: "O(log N) where N is the number of leases with a deadline, plus O(W) for W waiters on the resource",
+    complexity: "O(log N) where N is the number of leases with a deadline, plus O(log W) for W waiters and O(S) for S shared leases on the resource",
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
@@ -27,6 +27,9 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::option("timeout-ms", ArgKind::Integer, "WAIT"),
         ArgMeta::option("ticket-ms", ArgKind::Integer, "QUEUE"),
         ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM"),
+        ArgMeta::flag("shared", "SHARED"),
+        ArgMeta::option("n", ArgKind::Integer, "LIMIT"),
+        ArgMeta::option("value", ArgKind::String, "META"),
     ],
     acl_categories: "write slow blocking",
 };
@@ -43,7 +46,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         None => fresh.insert(Lock::default()),
     };
     let (outcome, changes) = apply::decide(now, |step| {
-        let outcome = step.acquire(lock, request.token, request.ttl_ms)?;
+        let outcome =
+            step.acquire_as(lock, request.token, request.ttl_ms, request.mode, request.meta)?;
         Ok::<_, DlockError>(match outcome {
             Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
                 RedisValue::Integer(fence as i64)
@@ -111,6 +115,8 @@ fn wait(
         queued_at: now.mono,
         claim_ms: request.claim_ms,
         ticket_until: None,
+        mode: request.mode,
+        meta: request.meta.map(Into::into),
     };
     step.enqueue(lock, waiter);
     RedisValue::NoReply
@@ -137,6 +143,8 @@ fn queue(
         queued_at,
         claim_ms: Some(request.claim_ms.unwrap_or(ticket_ms)),
         ticket_until: Some(now.mono.saturating_add(ticket_ms.saturating_mul(1_000))),
+        mode: request.mode,
+        meta: request.meta.map(Into::into),
     };
     step.enqueue_ticket(lock, waiter);
 }

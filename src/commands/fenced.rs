@@ -57,15 +57,23 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     call(ctx, command, &args[3..])
 }
 
-/// The fence must be the live lease's: otherwise `STALE`, naming the current fence if any.
+/// The fence must be a live lease's (the exclusive lease, or any shared one): otherwise `STALE`,
+/// naming the current fence if any (the newest one, for shared leases).
 fn check_fence(ctx: &Context, resource: &RedisString, fence: u64) -> Result<(), DlockError> {
     let key = ctx.open_key(resource);
-    let current = lock_in(&key)?.and_then(|lock| lock.live_lease(clock::now())).map(|l| l.fence);
-    if current == Some(fence) {
-        Ok(())
-    } else {
-        Err(DlockError::Stale { fence, resource: printable(resource.as_slice()), current })
+    let now = clock::now();
+    let Some(lock) = lock_in(&key)? else {
+        return Err(DlockError::Stale {
+            fence,
+            resource: printable(resource.as_slice()),
+            current: None,
+        });
+    };
+    if lock.fence_check(fence, now) {
+        return Ok(());
     }
+    let current = lock.live_lease(now).map(|lease| lease.fence);
+    Err(DlockError::Stale { fence, resource: printable(resource.as_slice()), current })
 }
 
 /// The inner command must name a key, never the lock key itself, and in Redis Cluster every key

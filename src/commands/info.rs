@@ -1,9 +1,9 @@
-//! `DLOCK.INFO resource`: nil, or the live lease as field/value pairs.
+//! `DLOCK.INFO resource`: nil, or the live leases and the line as field/value pairs.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, lock_in, reply_fields, split_args};
-use crate::core::{DlockError, Waiter};
+use crate::core::{DlockError, Lock, Now, Waiter};
 use crate::{clock, waiters};
 
 pub const META: CommandMeta = CommandMeta {
@@ -11,8 +11,8 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 2,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    summary: "Shows the live lease on a resource: owner, fence, remaining ttl, hold time, renewals, waiters, tickets",
-    complexity: "O(W) where W is the number of waiters on the resource",
+    summary: "Shows the live leases on a resource: owner, fence, remaining ttl, hold time, renewals, mode, metadata, waiters, tickets",
+    complexity: "O(W + S) where W is the number of waiters and S the number of shared leases on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],
     acl_categories: "read fast",
 };
@@ -45,18 +45,49 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         return Ok(RedisValue::Null);
     }
     let number = |value: u64| FieldValue::Integer(i64::try_from(value).unwrap_or(i64::MAX));
-    // A queue without a lease (grants held after a restart) shows null owner and fence.
-    reply_fields(
-        ctx,
-        &[
-            ("owner", lease.map_or(FieldValue::Null, |lease| FieldValue::Bytes(&lease.token))),
-            ("fence", lease.map_or(FieldValue::Null, |lease| number(lease.fence))),
-            ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
-            ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
-            ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals)))),
-            ("waiters", number((queue.len() - tickets) as u64)),
-            ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
-            ("tickets", number(tickets as u64)),
-        ],
+    fn bytes(value: Option<&[u8]>) -> FieldValue<'_> {
+        value.map_or(FieldValue::Null, FieldValue::Bytes)
+    }
+    let holders = lock.live_holders(now).count();
+    let mode = lease.map(|lease| lease.mode().name().as_bytes());
+    let meta = lease.and_then(|lease| lease.token.meta());
+    // The owner fields show the exclusive lease, or the newest shared one; a queue without a
+    // lease (grants held after a restart) shows null owner and fence.
+    let mut fields = vec![
+        ("owner", lease.map_or(FieldValue::Null, |lease| FieldValue::Bytes(&lease.token))),
+        ("fence", lease.map_or(FieldValue::Null, |lease| number(lease.fence))),
+        ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
+        ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
+        ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals)))),
+        ("waiters", number((queue.len() - tickets) as u64)),
+        ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
+        ("tickets", number(tickets as u64)),
+        ("mode", bytes(mode)),
+        ("holders", number(holders as u64)),
+        ("meta", bytes(meta)),
+    ];
+    if lease.is_some_and(|lease| lease.shared) {
+        fields.push(("leases", FieldValue::Value(shared_leases(lock, now))));
+    }
+    reply_fields(ctx, &fields)
+}
+
+/// Every live shared lease, oldest grant first: `[token, fence, ttl-ms, meta]` each.
+fn shared_leases(lock: &Lock, now: Now) -> RedisValue {
+    let integer = |value: u64| RedisValue::Integer(i64::try_from(value).unwrap_or(i64::MAX));
+    RedisValue::Array(
+        lock.live_holders(now)
+            .map(|lease| {
+                RedisValue::Array(vec![
+                    RedisValue::StringBuffer(lease.token.to_vec()),
+                    integer(lease.fence),
+                    integer(lease.remaining_ms(now)),
+                    lease
+                        .token
+                        .meta()
+                        .map_or(RedisValue::Null, |m| RedisValue::StringBuffer(m.to_vec())),
+                ])
+            })
+            .collect(),
     )
 }

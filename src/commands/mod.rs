@@ -1,6 +1,7 @@
 //! One file per command: parse → decide in the core → apply → reply. Shared plumbing lives here.
 
 pub mod acquire;
+pub mod endlease;
 pub mod fencecheck;
 pub mod fenced;
 pub mod info;
@@ -60,12 +61,19 @@ pub enum ArgKind {
     String,
     /// An integer.
     Integer,
+    /// A keyword alone, with no value (`pure-token`).
+    Flag,
 }
 
 impl ArgMeta {
     /// A required argument.
     pub const fn required(name: &'static str, kind: ArgKind) -> Self {
         Self { name, kind, token: None, optional: false, multiple: false }
+    }
+
+    /// An optional keyword on its own (`SHARED`).
+    pub const fn flag(name: &'static str, token: &'static str) -> Self {
+        Self { name, kind: ArgKind::Flag, token: Some(token), optional: true, multiple: false }
     }
 
     /// An optional argument introduced by a keyword (`FENCE fence`).
@@ -75,7 +83,7 @@ impl ArgMeta {
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 8] = [
+pub const ALL: [&CommandMeta; 9] = [
     &acquire::META,
     &renew::META,
     &release::META,
@@ -83,6 +91,7 @@ pub const ALL: [&CommandMeta; 8] = [
     &info::META,
     &fenced::META,
     &setlease::META,
+    &endlease::META,
     &setfence::META,
 ];
 
@@ -161,6 +170,7 @@ pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult
                     .map(|item| redis_module::RedisValue::StringBuffer(item.to_vec()))
                     .collect(),
             ),
+            FieldValue::Value(value) => value.clone(),
         }));
     }
     Ok(redis_module::RedisValue::NoReply)
@@ -176,4 +186,6 @@ pub enum FieldValue<'a> {
     Null,
     /// An array of bulk strings.
     List(&'a [&'a [u8]]),
+    /// Any reply (nested arrays).
+    Value(redis_module::RedisValue),
 }

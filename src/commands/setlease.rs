@@ -1,11 +1,12 @@
-//! `DLOCK.SETLEASE resource token fence deadline-unix-us [GRANTED granted-unix-us RENEWALS n]`:
-//! the effect of a grant or renewal, applied by replicas and AOF loading. Clients cannot send
-//! it: it would forge fences.
+//! `DLOCK.SETLEASE resource token fence deadline-unix-us [GRANTED granted-unix-us RENEWALS n]
+//! [SHARED] [META value]`: the effect of a grant or renewal, applied by replicas and AOF loading.
+//! An exclusive lease replaces every lease of the resource; a shared one replaces the exclusive
+//! lease and any shared lease of the same token. Clients cannot send it: it would forge fences.
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
-use crate::core::args::{parse_fence, parse_int, parse_token};
+use crate::core::args::{parse_fence, parse_int, parse_meta, parse_token};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
 use crate::{clock, expiry, metrics, state};
@@ -24,6 +25,8 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("deadline-unix-us", ArgKind::Integer),
         ArgMeta::option("granted-unix-us", ArgKind::Integer, "GRANTED"),
         ArgMeta::option("renewals", ArgKind::Integer, "RENEWALS"),
+        ArgMeta::flag("shared", "SHARED"),
+        ArgMeta::option("value", ArgKind::String, "META"),
     ],
     acl_categories: "write dangerous",
 };
@@ -31,40 +34,49 @@ pub const META: CommandMeta = CommandMeta {
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     internal_only(ctx, "DLOCK.SETLEASE")?;
     let (resource, rest) = split_args(args, META.name)?;
-    let [token, fence, deadline, history @ ..] = rest.as_slice() else {
+    let [token, fence, deadline, options @ ..] = rest.as_slice() else {
         return Err(DlockError::WrongArity(META.name).into());
     };
     let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
     let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
     let deadline = parse_unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
-    let history = parse_history(history)?;
+    let (history, shared, meta) = parse_options(options)?;
     let now = clock::now();
-    let mut lock =
-        Lock::with_lease(Lease::restore(token, fence, deadline, now, state::last_fence())?);
+    let mut lease = Lease::restore(token, fence, deadline, now, state::last_fence())?;
+    lease.shared = shared;
+    if meta.is_some() {
+        lease.token = lease.token.with_meta(meta);
+    }
     let key = ctx.open_key_writable(resource);
     // Checks the type before anything changes: another type at the key is WRONGTYPE.
-    let previous = lock_at(&key)?.and_then(|lock| lock.lease()).filter(|l| l.fence == fence);
-    if let Some(lease) = lock.lease_mut() {
-        match (history, previous) {
-            // The grant's own history travels with it: hold time and `max-hold-ms` count from
-            // the grant on every copy, across restarts and promotions.
-            (Some((granted_wall, renewals)), _) => {
-                lease.granted_mono = now.mono_from_wall(granted_wall).min(now.mono);
-                lease.renewals = renewals;
-            }
-            // An older stream without it: a renewal of the grant this copy has keeps its history.
-            (None, Some(previous)) => {
-                let renewed = previous.deadline_wall != deadline;
-                lease.granted_mono = previous.granted_mono;
-                lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
-            }
-            (None, None) => {}
+    let mut fresh = None;
+    let lock = match lock_at(&key)? {
+        Some(lock) => lock,
+        None => fresh.insert(Lock::default()),
+    };
+    let previous = lock.holders().find(|l| l.fence == fence && *l.token == *token);
+    match (history, previous) {
+        // The grant's own history travels with it: hold time and `max-hold-ms` count from
+        // the grant on every copy, across restarts and promotions.
+        (Some((granted_wall, renewals)), _) => {
+            lease.granted_mono = now.mono_from_wall(granted_wall).min(now.mono);
+            lease.renewals = renewals;
         }
+        // An older stream without it: a renewal of the grant this copy has keeps its history.
+        (None, Some(previous)) => {
+            let renewed = previous.deadline_wall != deadline;
+            lease.granted_mono = previous.granted_mono;
+            lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
+        }
+        (None, None) => {}
     }
+    lock.put(lease);
     state::observe_fence(fence);
-    expiry::schedule(ctx, resource, &lock, now);
-    key.set_value(&LOCK_TYPE, lock)?;
-    metrics::lock_key_created();
+    expiry::schedule(ctx, resource, lock, now);
+    if let Some(lock) = fresh.take() {
+        key.set_value(&LOCK_TYPE, lock)?;
+        metrics::lock_key_created();
+    }
     // The arguments are absolute, so passing the command on unchanged is deterministic.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
@@ -74,11 +86,13 @@ fn parse_unsigned(bytes: &[u8]) -> Option<u64> {
     parse_int(bytes).and_then(|n| u64::try_from(n).ok())
 }
 
-/// `[GRANTED granted-unix-us RENEWALS renewals]`: the grant's history, or none (older streams).
-fn parse_history(args: &[&[u8]]) -> Result<Option<(u64, u32)>, DlockError> {
-    match args {
-        [] => Ok(None),
-        [granted_kw, granted, renewals_kw, renewals]
+/// The grant's history (`GRANTED granted-unix-us RENEWALS renewals`; none in older streams).
+type History = Option<(u64, u32)>;
+
+/// `[GRANTED granted-unix-us RENEWALS renewals] [SHARED] [META value]`, in this order.
+fn parse_options<'a>(args: &[&'a [u8]]) -> Result<(History, bool, Option<&'a [u8]>), DlockError> {
+    let (history, rest) = match args {
+        [granted_kw, granted, renewals_kw, renewals, rest @ ..]
             if granted_kw.eq_ignore_ascii_case(b"GRANTED")
                 && renewals_kw.eq_ignore_ascii_case(b"RENEWALS") =>
         {
@@ -87,7 +101,19 @@ fn parse_history(args: &[&[u8]]) -> Result<Option<(u64, u32)>, DlockError> {
             let renewals = parse_unsigned(renewals)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or(DlockError::BadReplicatedLease("renewals"))?;
-            Ok(Some((granted, renewals)))
+            (Some((granted, renewals)), rest)
+        }
+        rest => (None, rest),
+    };
+    let (shared, rest) = match rest {
+        [kw, rest @ ..] if kw.eq_ignore_ascii_case(b"SHARED") => (true, rest),
+        rest => (false, rest),
+    };
+    match rest {
+        [] => Ok((history, shared, None)),
+        [kw, meta] if kw.eq_ignore_ascii_case(b"META") => {
+            let meta = parse_meta(meta).map_err(|_| DlockError::BadReplicatedLease("meta"))?;
+            Ok((history, shared, Some(meta)))
         }
         _ => Err(DlockError::WrongArity(META.name)),
     }

@@ -6,14 +6,22 @@
 //! `+`, no spaces, no leading zeros.
 
 use super::DlockError;
+use super::lock::Mode;
 
 /// Longest accepted token, in bytes.
 pub const MAX_TOKEN_LEN: usize = 512;
 
-/// Default and, until configs land, fixed upper bound of `ttl-ms` and `timeout-ms`: one day.
+/// Longest accepted holder metadata (`META`), in bytes.
+pub const MAX_META_LEN: usize = 1_024;
+
+/// Largest `LIMIT` of a shared request.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+/// Default of `dlock.max-ttl-ms`, the upper bound of `ttl-ms` and `timeout-ms`: one day.
 pub const DEFAULT_MAX_TTL_MS: u64 = 86_400_000;
 
-/// `DLOCK.ACQUIRE resource token ttl-ms [WAIT timeout-ms] [CLAIM claim-ms]`, minus the resource.
+/// `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT timeout-ms | QUEUE ticket-ms]
+/// [CLAIM claim-ms] [META value]`, minus the resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The would-be owner's token.
@@ -27,6 +35,10 @@ pub struct AcquireArgs<'a> {
     /// `QUEUE ticket-ms`: not granted at once, the token takes (or keeps) a place in line that
     /// stands this long unless the same ACQUIRE is sent again.
     pub queue_ms: Option<u64>,
+    /// Exclusive, or `SHARED [LIMIT n]`.
+    pub mode: Mode,
+    /// `META value`: the holder's metadata.
+    pub meta: Option<&'a [u8]>,
 }
 
 /// `DLOCK.RENEW resource token ttl-ms [FENCE fence]`, minus the resource.
@@ -57,8 +69,32 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     let token = parse_token(token)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
     let (mut wait_ms, mut claim_ms, mut queue_ms) = (None, None, None);
+    let (mut shared, mut limit, mut meta) = (false, None, None);
     let mut rest = options.iter();
     while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"SHARED") {
+            if shared {
+                return Err(DlockError::RepeatedOption("SHARED"));
+            }
+            shared = true;
+            continue;
+        }
+        if option.eq_ignore_ascii_case(b"LIMIT") {
+            if limit.is_some() {
+                return Err(DlockError::RepeatedOption("LIMIT"));
+            }
+            let n = rest.next().ok_or(DlockError::OptionWithoutValue("LIMIT", "number"))?;
+            limit = Some(parse_limit(n)?);
+            continue;
+        }
+        if option.eq_ignore_ascii_case(b"META") {
+            if meta.is_some() {
+                return Err(DlockError::RepeatedOption("META"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("META", "value"))?;
+            meta = Some(parse_meta(value)?);
+            continue;
+        }
         if option.eq_ignore_ascii_case(b"WAIT") && wait_ms.is_none() {
             let timeout = rest.next().ok_or(DlockError::WaitWithoutTimeout)?;
             wait_ms = Some(parse_timeout(timeout, max_ttl_ms)?);
@@ -81,7 +117,28 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     if wait_ms.is_some() && queue_ms.is_some() {
         return Err(DlockError::ConflictingOptions("WAIT", "QUEUE"));
     }
-    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms, queue_ms })
+    if limit.is_some() && !shared {
+        return Err(DlockError::OptionNeeds("LIMIT", "SHARED"));
+    }
+    let mode = if shared { Mode::Shared { limit } } else { Mode::Exclusive };
+    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms, queue_ms, mode, meta })
+}
+
+/// A semaphore's size: an integer in `1..=MAX_LIMIT`.
+pub fn parse_limit(bytes: &[u8]) -> Result<u32, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or(DlockError::BadLimit { max: MAX_LIMIT })
+}
+
+/// Holder metadata: any bytes, 1 to [`MAX_META_LEN`] of them.
+pub fn parse_meta(bytes: &[u8]) -> Result<&[u8], DlockError> {
+    if (1..=MAX_META_LEN).contains(&bytes.len()) {
+        Ok(bytes)
+    } else {
+        Err(DlockError::BadMeta { max: MAX_META_LEN })
+    }
 }
 
 /// Parses the arguments of RENEW after the resource: `token ttl-ms [FENCE fence]`.
@@ -289,7 +346,9 @@ mod tests {
                 ttl_ms: 30_000,
                 wait_ms: None,
                 claim_ms: None,
-                queue_ms: None
+                queue_ms: None,
+                mode: Mode::Exclusive,
+                meta: None,
             })
         );
         assert_eq!(
@@ -299,7 +358,9 @@ mod tests {
                 ttl_ms: 30_000,
                 wait_ms: Some(0),
                 claim_ms: None,
-                queue_ms: None
+                queue_ms: None,
+                mode: Mode::Exclusive,
+                meta: None,
             })
         );
         assert_eq!(acquire(&[b"w1", b"30000", b"WAIT"], MAX), Err(DlockError::WaitWithoutTimeout));
@@ -317,6 +378,51 @@ mod tests {
     }
 
     #[test]
+    fn acquire_takes_shared_with_a_limit_and_metadata_in_any_order_once() {
+        type Parsed<'a> = (Mode, Option<&'a [u8]>, Option<u64>);
+        fn parsed<'a>(args: &[&'a [u8]]) -> Result<Parsed<'a>, DlockError> {
+            acquire(args, MAX).map(|a| (a.mode, a.meta, a.wait_ms))
+        }
+        assert_eq!(
+            parsed(&[b"w", b"100", b"shared"]),
+            Ok((Mode::Shared { limit: None }, None, None))
+        );
+        assert_eq!(
+            parsed(&[b"w", b"100", b"LIMIT", b"3", b"WAIT", b"5", b"SHARED", b"META", b"h=a"]),
+            Ok((Mode::Shared { limit: Some(3) }, Some(&b"h=a"[..]), Some(5)))
+        );
+        assert_eq!(
+            parsed(&[b"w", b"100", b"META", b"x"]),
+            Ok((Mode::Exclusive, Some(&b"x"[..]), None))
+        );
+        for (args, error) in [
+            (&[&b"LIMIT"[..], b"3"][..], DlockError::OptionNeeds("LIMIT", "SHARED")),
+            (&[b"SHARED", b"SHARED"], DlockError::RepeatedOption("SHARED")),
+            (&[b"SHARED", b"LIMIT", b"1", b"LIMIT", b"2"], DlockError::RepeatedOption("LIMIT")),
+            (&[b"SHARED", b"LIMIT"], DlockError::OptionWithoutValue("LIMIT", "number")),
+            (&[b"SHARED", b"LIMIT", b"0"], DlockError::BadLimit { max: MAX_LIMIT }),
+            (&[b"SHARED", b"LIMIT", b"1000001"], DlockError::BadLimit { max: MAX_LIMIT }),
+            (&[b"SHARED", b"LIMIT", b"-1"], DlockError::BadLimit { max: MAX_LIMIT }),
+            (&[b"META"], DlockError::OptionWithoutValue("META", "value")),
+            (&[b"META", b""], DlockError::BadMeta { max: MAX_META_LEN }),
+            (&[b"META", b"a", b"META", b"b"], DlockError::RepeatedOption("META")),
+        ] {
+            let mut all: Vec<&[u8]> = vec![b"w", b"100"];
+            all.extend_from_slice(args);
+            assert_eq!(acquire(&all, MAX), Err(error), "{args:?}");
+        }
+        let long = [b'm'; MAX_META_LEN + 1];
+        assert_eq!(
+            acquire(&[b"w", b"100", b"META", &long], MAX),
+            Err(DlockError::BadMeta { max: MAX_META_LEN })
+        );
+        assert_eq!(
+            parsed(&[b"w", b"100", b"META", &long[1..]]).map(|p| p.1.map(<[u8]>::len)),
+            Ok(Some(MAX_META_LEN))
+        );
+    }
+
+    #[test]
     fn acquire_takes_a_claim_window_in_any_order_once() {
         let args = |claim| AcquireArgs {
             token: b"w",
@@ -324,6 +430,8 @@ mod tests {
             wait_ms: Some(5),
             claim_ms: claim,
             queue_ms: None,
+            mode: Mode::Exclusive,
+            meta: None,
         };
         assert_eq!(
             acquire(&[b"w", b"30000", b"CLAIM", b"500", b"WAIT", b"5"], MAX),

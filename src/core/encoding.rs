@@ -1,22 +1,34 @@
 //! The persisted form of a lock (RDB files and `DUMP` payloads), as a sequence of fields.
 //!
-//! Encoding version 2: `flags: unsigned` (bit 0: a lease follows; other bits must be 0), then,
-//! when bit 0 is set, `token: string`, `fence: unsigned`, `deadline: unsigned` (absolute Unix
-//! µs), `held: unsigned` (µs from the grant to the deadline), `renewals: unsigned`.
-//! Version 1 (still loaded) ends after `deadline`.
+//! Encoding version 3: `count: unsigned`, then `count` leases, each `flags: unsigned` (bit 0:
+//! shared; bit 1: metadata follows; other bits must be 0), `token: string`, `fence: unsigned`,
+//! `deadline: unsigned` (absolute Unix µs), `held: unsigned` (µs from the grant to the deadline),
+//! `renewals: unsigned`, and `meta: string` when bit 1 is set. Either one exclusive lease or any
+//! number of shared ones, each token once.
+//!
+//! Still loaded: version 2, `flags: unsigned` (bit 0: a lease follows; other bits must be 0),
+//! then, when bit 0 is set, one exclusive lease's `token`, `fence`, `deadline`, `held` and
+//! `renewals`; version 1, the same without `held` and `renewals`.
 //!
 //! One decoder serves every version and every source of fields: Redis's RDB reader in the module,
 //! a byte cursor in tests and the fuzzer. Whatever it accepts is a valid lock.
 
+use super::args::MAX_META_LEN;
 use super::lock::{Lease, Lock};
 use super::{Micros, Now};
 
-/// The encoding version this build writes.
-pub const ENCODING_VERSION: i32 = 2;
+/// The encoding version this build writes: shared leases and metadata.
+pub const ENCODING_VERSION: i32 = 3;
+/// One exclusive lease with its hold history; still loaded.
+pub const ENCODING_V2: i32 = 2;
 /// The first encoding, without hold history; still loaded.
 pub const ENCODING_V1: i32 = 1;
-/// Bit 0 of the leading flags: a lease follows.
+/// Version 1 and 2, bit 0 of the leading flags: a lease follows.
 const HAS_LEASE: u64 = 1;
+/// Version 3, bit 0 of a lease's flags: it is shared.
+const SHARED: u64 = 1;
+/// Version 3, bit 1 of a lease's flags: the holder's metadata follows.
+const HAS_META: u64 = 2;
 
 /// Where persisted fields come from, in order. `None` ends decoding: the source is short,
 /// corrupted, or failed.
@@ -37,7 +49,7 @@ pub trait FieldSink {
 
 /// Whether this build loads values written with `encver`.
 pub fn is_known_version(encver: i32) -> bool {
-    encver == ENCODING_VERSION || encver == ENCODING_V1
+    (ENCODING_V1..=ENCODING_VERSION).contains(&encver)
 }
 
 /// Decodes one lock written with `encver`, with deadlines mapped onto `now`'s monotonic clock.
@@ -51,6 +63,9 @@ pub fn decode_lock(
     if !is_known_version(encver) {
         return None;
     }
+    if encver >= ENCODING_VERSION {
+        return decode_leases(source, now, last_fence);
+    }
     let flags = source.unsigned()?;
     if flags & !HAS_LEASE != 0 {
         return None;
@@ -62,26 +77,66 @@ pub fn decode_lock(
     let fence = source.unsigned()?;
     let deadline_wall = source.unsigned()?;
     let mut lease = Lease::restore(&token, fence, deadline_wall, now, last_fence).ok()?;
-    if encver >= ENCODING_VERSION {
-        let held: Micros = source.unsigned()?;
-        lease.renewals = u32::try_from(source.unsigned()?).unwrap_or(u32::MAX);
-        lease.granted_mono = lease.deadline_mono.saturating_sub(held);
+    if encver >= ENCODING_V2 {
+        restore_history(source, &mut lease)?;
     }
     Some(Lock::with_lease(lease))
 }
 
+/// Version 3: a count, then each lease; one exclusive lease or distinct shared ones.
+fn decode_leases(source: &mut impl FieldSource, now: Now, last_fence: u64) -> Option<Lock> {
+    let count = source.unsigned()?;
+    let mut lock = Lock::default();
+    for _ in 0..count {
+        let flags = source.unsigned()?;
+        if flags & !(SHARED | HAS_META) != 0 {
+            return None;
+        }
+        let token = source.bytes()?;
+        let fence = source.unsigned()?;
+        let deadline_wall = source.unsigned()?;
+        let mut lease = Lease::restore(&token, fence, deadline_wall, now, last_fence).ok()?;
+        restore_history(source, &mut lease)?;
+        lease.shared = flags & SHARED != 0;
+        if flags & HAS_META != 0 {
+            let meta = source.bytes().filter(|meta| (1..=MAX_META_LEN).contains(&meta.len()))?;
+            lease.token = lease.token.with_meta(Some(&meta));
+        }
+        // Nothing a server could not hold: a second holder beside an exclusive lease, or a
+        // token twice.
+        let clash = lock.holders().any(|other| !other.shared || *other.token == *lease.token);
+        if clash || (!lease.shared && lock.has_record()) {
+            return None;
+        }
+        lock.put(lease);
+    }
+    Some(lock)
+}
+
+/// `held` and `renewals`: the grant's history.
+fn restore_history(source: &mut impl FieldSource, lease: &mut Lease) -> Option<()> {
+    let held: Micros = source.unsigned()?;
+    lease.renewals = u32::try_from(source.unsigned()?).unwrap_or(u32::MAX);
+    lease.granted_mono = lease.deadline_mono.saturating_sub(held);
+    Some(())
+}
+
 /// Encodes `lock` in [`ENCODING_VERSION`]. Waiters are not written: they belong to connections.
 pub fn encode_lock(sink: &mut impl FieldSink, lock: &Lock) {
-    match lock.lease() {
-        Some(lease) => {
-            sink.unsigned(HAS_LEASE);
-            sink.bytes(&lease.token);
-            sink.unsigned(lease.fence);
-            sink.unsigned(lease.deadline_wall);
-            sink.unsigned(lease.deadline_mono.saturating_sub(lease.granted_mono));
-            sink.unsigned(u64::from(lease.renewals));
+    sink.unsigned(lock.holders().count() as u64);
+    for lease in lock.holders() {
+        let meta = lease.token.meta();
+        sink.unsigned(
+            if lease.shared { SHARED } else { 0 } | if meta.is_some() { HAS_META } else { 0 },
+        );
+        sink.bytes(&lease.token);
+        sink.unsigned(lease.fence);
+        sink.unsigned(lease.deadline_wall);
+        sink.unsigned(lease.deadline_mono.saturating_sub(lease.granted_mono));
+        sink.unsigned(u64::from(lease.renewals));
+        if let Some(meta) = meta {
+            sink.bytes(meta);
         }
-        None => sink.unsigned(0),
     }
 }
 
@@ -162,6 +217,10 @@ mod tests {
         out
     }
 
+    fn first(lock: &Lock) -> Option<&Lease> {
+        lock.holders().next()
+    }
+
     fn decode(bytes: &[u8], encver: i32) -> Option<Lock> {
         decode_lock(&mut ByteFields::new(bytes), encver, NOW, 0)
     }
@@ -170,7 +229,7 @@ mod tests {
     fn version_2_restores_hold_time_and_renewals() {
         let deadline = NOW.wall + 30_000_000;
         let lock = decode(&fields(2, b"worker", 77, deadline, 12_000_000, 3), 2).expect("valid");
-        let lease = lock.lease().expect("a lease");
+        let lease = first(&lock).expect("a lease");
         assert_eq!((&*lease.token, lease.fence, lease.renewals), (&b"worker"[..], 77, 3));
         assert_eq!(lease.deadline_wall, deadline);
         assert_eq!(lease.deadline_mono, NOW.mono + 30_000_000);
@@ -182,7 +241,7 @@ mod tests {
     fn version_1_counts_the_hold_from_the_load() {
         let deadline = NOW.wall + 30_000_000;
         let lock = decode(&fields(1, b"worker", 77, deadline, 0, 0), 1).expect("valid");
-        let lease = lock.lease().expect("a lease");
+        let lease = first(&lock).expect("a lease");
         assert_eq!((lease.granted_mono, lease.renewals), (NOW.mono, 0));
         assert_eq!(lease.deadline_mono, NOW.mono + 30_000_000);
     }
@@ -195,7 +254,7 @@ mod tests {
     #[test]
     fn unknown_versions_are_refused_before_anything_is_read() {
         let valid = fields(2, b"w", 1, NOW.wall, 0, 0);
-        for encver in [0, 3, -1, i32::MAX] {
+        for encver in [0, 4, -1, i32::MAX] {
             let mut source = ByteFields::new(&valid);
             assert!(decode_lock(&mut source, encver, NOW, 0).is_none(), "{encver}");
             assert_eq!(source.rest().len(), valid.len(), "{encver}: nothing read");
@@ -204,8 +263,11 @@ mod tests {
 
     #[test]
     fn a_lock_without_a_lease_decodes_empty_and_unknown_flags_are_refused() {
-        for encver in [1, 2] {
+        for encver in [1, 2, 3] {
             assert_eq!(decode(&0u64.to_le_bytes(), encver), Some(Lock::default()));
+            if encver == 3 {
+                continue; // a count, not flags
+            }
             for flags in [2u64, 3, 1 << 63, u64::MAX] {
                 assert!(decode(&flags.to_le_bytes(), encver).is_none(), "{flags:#x}");
             }
@@ -262,7 +324,7 @@ mod tests {
     fn an_expired_deadline_loads_as_an_expired_lease() {
         let lock = decode(&fields(2, b"w", 9, NOW.wall - 5_000_000, 1_000, 0), 2).expect("valid");
         assert!(lock.live_lease(NOW).is_none());
-        let lease = lock.lease().expect("kept until the key is touched");
+        let lease = first(&lock).expect("kept until the key is touched");
         assert_eq!(lease.deadline_mono, NOW.mono - 5_000_000);
         assert!(!lock.fence_check(9, NOW));
     }
@@ -270,7 +332,7 @@ mod tests {
     #[test]
     fn a_hold_longer_than_the_clock_saturates_at_its_origin() {
         let lock = decode(&fields(2, b"w", 9, NOW.wall + 1_000, u64::MAX, 0), 2).expect("valid");
-        assert_eq!(lock.lease().map(|lease| lease.granted_mono), Some(0));
+        assert_eq!(first(&lock).map(|lease| lease.granted_mono), Some(0));
     }
 
     #[test]
@@ -282,9 +344,69 @@ mod tests {
         let mut out = Vec::new();
         encode_lock(&mut out, &lock);
         let decoded = decode(&out, ENCODING_VERSION).expect("valid");
-        assert_eq!(decoded.lease(), Some(&lease));
+        assert_eq!(first(&decoded), Some(&lease));
         let mut empty = Vec::new();
         encode_lock(&mut empty, &Lock::default());
         assert_eq!(empty, 0u64.to_le_bytes());
+    }
+
+    /// A lock of shared leases, one of them with metadata, as version 3 writes it.
+    fn shared_lock() -> Lock {
+        let mut lock = Lock::default();
+        for (i, token) in [&b"reader-1"[..], b"reader-2", b"reader-3"].into_iter().enumerate() {
+            let mut lease = Lease::new(token, 1_700_000_000_000_000 + i as u64, 30_000, NOW);
+            lease.shared = true;
+            lease.renewals = i as u32;
+            if i == 1 {
+                lease.token = lease.token.with_meta(Some(b"host=b pid=9"));
+            }
+            lock.put(lease);
+        }
+        lock
+    }
+
+    #[test]
+    fn version_3_gives_back_every_shared_lease_with_its_metadata() {
+        let lock = shared_lock();
+        let mut out = Vec::new();
+        encode_lock(&mut out, &lock);
+        let decoded = decode(&out, ENCODING_VERSION).expect("valid");
+        assert_eq!(decoded.holders().collect::<Vec<_>>(), lock.holders().collect::<Vec<_>>());
+        let metas: Vec<_> = decoded.holders().map(|lease| lease.token.meta()).collect();
+        assert_eq!(metas, [None, Some(&b"host=b pid=9"[..]), None]);
+        for len in 0..out.len() {
+            assert!(decode(&out[..len], ENCODING_VERSION).is_none(), "cut at {len}");
+        }
+    }
+
+    #[test]
+    fn version_3_refuses_what_no_server_could_hold() {
+        let lease = |flags: u64, token: &[u8], fence: u64| {
+            let mut out = Vec::new();
+            FieldSink::unsigned(&mut out, flags);
+            FieldSink::bytes(&mut out, token);
+            for value in [fence, NOW.wall + 1_000_000, 0, 0] {
+                FieldSink::unsigned(&mut out, value);
+            }
+            out
+        };
+        let lock = |count: u64, leases: &[Vec<u8>]| {
+            let mut out = count.to_le_bytes().to_vec();
+            leases.iter().for_each(|lease| out.extend_from_slice(lease));
+            decode(&out, ENCODING_VERSION)
+        };
+        assert!(lock(2, &[lease(SHARED, b"a", 1), lease(SHARED, b"b", 2)]).is_some());
+        assert!(lock(2, &[lease(0, b"a", 1), lease(SHARED, b"b", 2)]).is_none(), "mixed");
+        assert!(lock(2, &[lease(SHARED, b"a", 1), lease(0, b"b", 2)]).is_none(), "mixed");
+        assert!(lock(2, &[lease(0, b"a", 1), lease(0, b"b", 2)]).is_none(), "two exclusive");
+        assert!(lock(2, &[lease(SHARED, b"a", 1), lease(SHARED, b"a", 2)]).is_none(), "twice");
+        assert!(lock(1, &[lease(4, b"a", 1)]).is_none(), "unknown flag");
+        assert!(lock(3, &[lease(SHARED, b"a", 1), lease(SHARED, b"b", 2)]).is_none(), "short");
+        let mut empty_meta = lease(HAS_META, b"a", 1);
+        FieldSink::bytes(&mut empty_meta, b"");
+        assert!(lock(1, &[empty_meta]).is_none(), "empty metadata");
+        let mut long_meta = lease(HAS_META, b"a", 1);
+        FieldSink::bytes(&mut long_meta, &[b'm'; MAX_META_LEN + 1]);
+        assert!(lock(1, &[long_meta]).is_none(), "metadata too long");
     }
 }

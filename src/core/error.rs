@@ -50,6 +50,14 @@ pub enum DlockError {
     InternalCommand(&'static str),
     /// A replicated or persisted lease that does not describe a valid lease.
     BadReplicatedLease(&'static str),
+    /// `LIMIT n` out of bounds or not an integer.
+    BadLimit { max: u32 },
+    /// `META value` empty or too long.
+    BadMeta { max: usize },
+    /// An option (first) that only makes sense with another (second).
+    OptionNeeds(&'static str, &'static str),
+    /// The token holds a lease of the other mode (`held`: "shared" or "exclusive").
+    ModeConflict { held: &'static str, asked: &'static str },
 }
 
 impl fmt::Display for DlockError {
@@ -108,6 +116,25 @@ impl fmt::Display for DlockError {
                 write!(f, "WRONGTYPE Operation against a key holding the wrong kind of value")
             }
             Self::FencesExhausted => write!(f, "ERR fence counter exhausted; no grant possible"),
+            Self::BadLimit { max } => {
+                write!(f, "ERR LIMIT must be an integer between 1 and {max}")
+            }
+            Self::BadMeta { max } => {
+                write!(f, "ERR META must be between 1 and {max} bytes long")
+            }
+            Self::OptionNeeds(option, needed) => {
+                write!(f, "ERR syntax error: {option} needs {needed}")
+            }
+            Self::ModeConflict { held, asked } => {
+                let article = |mode: &str| if mode.starts_with('e') { "an" } else { "a" };
+                write!(
+                    f,
+                    "LOCKMODE the token holds {} {held} lease on this resource and asked for {} \
+                     {asked} one; release it first",
+                    article(held),
+                    article(asked)
+                )
+            }
             Self::InternalCommand(name) => write!(
                 f,
                 "ERR {name} is internal: only the primary's replication stream and the AOF may send it"
@@ -139,7 +166,15 @@ mod tests {
             (DlockError::FencesExhausted, "fence"),
             (DlockError::InternalCommand("DLOCK.SETLEASE"), "DLOCK.SETLEASE"),
             (DlockError::BadReplicatedLease("deadline"), "deadline"),
+            (DlockError::BadLimit { max: 1_000_000 }, "LIMIT"),
+            (DlockError::BadMeta { max: 1_024 }, "META"),
+            (DlockError::OptionNeeds("LIMIT", "SHARED"), "LIMIT needs SHARED"),
         ];
+        assert_eq!(
+            DlockError::ModeConflict { held: "shared", asked: "exclusive" }.to_string(),
+            "LOCKMODE the token holds a shared lease on this resource and asked for an exclusive \
+             one; release it first"
+        );
         assert!(DlockError::NotPrimary.to_string().starts_with("READONLY "));
         assert_eq!(
             DlockError::Stale { fence: 5, resource: "invoice:1".into(), current: Some(7) }

@@ -1,4 +1,5 @@
-//! One resource's lock: at most one lease, the operations on it, and their exact owner checks.
+//! One resource's lock: one exclusive lease or any number of shared ones, the FIFO line of
+//! requests for it, the operations on them, and their exact owner checks.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -37,6 +38,35 @@ pub struct Lease {
     /// Handed over with a claim window (`CLAIM`) that its holder has not yet claimed (by a
     /// RENEW or a repeated ACQUIRE): it runs only the window until then.
     pub unclaimed: bool,
+    /// A shared lease (`SHARED`): it may live beside other shared leases, never beside an
+    /// exclusive one.
+    pub shared: bool,
+}
+
+/// What a request asks for: the lease to itself, or a share of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The only lease on the resource (version 1's lock, a writer of a read-write lock).
+    #[default]
+    Exclusive,
+    /// `SHARED [LIMIT n]`: beside other shared leases (a reader), and, with a limit, only while
+    /// fewer than `n` of them live (a semaphore permit).
+    Shared {
+        /// `LIMIT n`, checked against the live shared leases when this request is granted.
+        limit: Option<u32>,
+    },
+}
+
+impl Mode {
+    /// Whether the request is for a shared lease.
+    pub fn is_shared(self) -> bool {
+        matches!(self, Self::Shared { .. })
+    }
+
+    /// The mode's name in replies and errors.
+    pub fn name(self) -> &'static str {
+        if self.is_shared() { "shared" } else { "exclusive" }
+    }
 }
 
 impl Lease {
@@ -50,6 +80,7 @@ impl Lease {
             granted_mono: now.mono,
             renewals: 0,
             unclaimed: false,
+            shared: false,
         };
         lease.extend(ttl_ms, now);
         lease
@@ -92,7 +123,43 @@ impl Lease {
             granted_mono: now.mono,
             renewals: 0,
             unclaimed: false,
+            shared: false,
         })
+    }
+
+    /// The arguments after the resource of the `DLOCK.SETLEASE` that carries this lease (as
+    /// replication and the AOF do): `token fence deadline GRANTED granted RENEWALS n`, then
+    /// `SHARED` and `META value` when they apply. Everything is absolute: applying it twice or
+    /// later gives the same lease.
+    pub fn effect_args(&self, now: Now) -> Vec<Vec<u8>> {
+        let number = |n: u64| n.min(i64::MAX as u64).to_string().into_bytes();
+        let mut args = vec![
+            self.token.to_vec(),
+            number(self.fence),
+            number(self.deadline_wall),
+            b"GRANTED".to_vec(),
+            number(self.granted_wall(now)),
+            b"RENEWALS".to_vec(),
+            number(u64::from(self.renewals)),
+        ];
+        if self.shared {
+            args.push(b"SHARED".to_vec());
+        }
+        if let Some(meta) = self.token.meta() {
+            args.extend([b"META".to_vec(), meta.to_vec()]);
+        }
+        args
+    }
+
+    /// Whether this lease's effect needs more than the version 1 fields and history (shared or
+    /// described): [`Lease::effect_args`] then carries the rest.
+    pub fn is_plain(&self) -> bool {
+        !self.shared && self.token.meta().is_none()
+    }
+
+    /// The lease's mode, as a request would name it.
+    pub fn mode(&self) -> Mode {
+        if self.shared { Mode::Shared { limit: None } } else { Mode::Exclusive }
     }
 
     /// Whether the lease still holds at `now`.
@@ -193,6 +260,10 @@ pub struct Waiter {
     pub claim_ms: Option<u64>,
     /// A ticket (`QUEUE`), not a blocked client: it lapses at this instant unless refreshed.
     pub ticket_until: Option<Micros>,
+    /// Exclusive or shared, as it asked.
+    pub mode: Mode,
+    /// `META`: the metadata its lease will carry.
+    pub meta: Option<Box<[u8]>>,
 }
 
 /// A lease passed to the head of the queue.
@@ -222,6 +293,8 @@ pub enum Due {
 }
 
 /// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).
+/// The shared leases live here too: like waiters, only locks that more than one client uses at
+/// once have them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Line {
     /// The place the next waiter takes; places only grow, so their order is the line's.
@@ -234,6 +307,8 @@ struct Line {
     place_of_token: HashMap<Box<[u8]>, u64>,
     /// Tickets by when they lapse, then place.
     tickets: BTreeSet<(Micros, u64)>,
+    /// The shared leases, in grant order (fences ascending).
+    shared: Vec<Lease>,
 }
 
 impl Line {
@@ -261,11 +336,39 @@ impl Line {
     }
 }
 
-/// A FIFO queue of waiters that costs one pointer while empty, as almost every lock's is.
+/// A FIFO queue of waiters, and the shared leases, that costs one pointer while empty, as almost
+/// every lock's is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Queue(Option<Box<Line>>);
 
 impl Queue {
+    /// The shared leases, in grant order.
+    fn shared(&self) -> &[Lease] {
+        self.0.as_ref().map_or(&[], |line| &line.shared)
+    }
+
+    /// The shared lease of `token`, if it has one (live or not).
+    fn shared_of_mut(&mut self, token: &[u8]) -> Option<&mut Lease> {
+        self.0.as_mut()?.shared.iter_mut().find(|lease| *lease.token == *token)
+    }
+
+    /// Adds a shared lease (its fence is the largest yet, so grant order holds).
+    fn add_shared(&mut self, lease: Lease) {
+        let shared = &mut self.0.get_or_insert_with(Box::default).shared;
+        let at = shared.partition_point(|other| other.fence < lease.fence);
+        shared.insert(at, lease);
+    }
+
+    /// Takes out the shared leases for which `gone` holds, in grant order.
+    fn take_shared(&mut self, mut gone: impl FnMut(&Lease) -> bool) -> Vec<Lease> {
+        let Some(line) = self.0.as_mut() else { return Vec::new() };
+        let (taken, kept): (Vec<Lease>, Vec<Lease>) =
+            std::mem::take(&mut line.shared).into_iter().partition(|lease| gone(lease));
+        line.shared = kept;
+        self.shrink();
+        taken
+    }
+
     fn iter(&self) -> impl ExactSizeIterator<Item = &Waiter> + use<'_> {
         static EMPTY: BTreeMap<u64, Waiter> = BTreeMap::new();
         self.0.as_ref().map_or(&EMPTY, |line| &line.places).values()
@@ -344,6 +447,7 @@ impl Queue {
         }
     }
 
+    /// How many stand in line.
     fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |line| line.places.len())
     }
@@ -353,31 +457,41 @@ impl Queue {
     }
 
     /// Bytes the line holds on the heap (for `MEMORY USAGE`), roughly: each waiter's entry in
-    /// the line and in its indexes, and its token twice.
+    /// the line and in its indexes, and its token twice; each shared lease.
     fn heap_bytes(&self) -> usize {
         self.0.as_ref().map_or(0, |line| {
             std::mem::size_of::<Line>()
                 + line
                     .places
                     .values()
-                    .map(|waiter| std::mem::size_of::<Waiter>() + 64 + 2 * waiter.token.len())
+                    .map(|waiter| {
+                        std::mem::size_of::<Waiter>()
+                            + 64
+                            + 2 * waiter.token.len()
+                            + waiter.meta.as_ref().map_or(0, |meta| meta.len())
+                    })
                     .sum::<usize>()
                 + line.tickets.len() * 24
+                + line.shared.capacity() * std::mem::size_of::<Lease>()
+                + line.shared.iter().map(|lease| lease.token.heap_bytes()).sum::<usize>()
         })
     }
 
-    /// Gives the memory back once the queue is empty.
+    /// Gives the memory back once nobody waits and no shared lease is left.
     fn shrink(&mut self) {
-        if self.0.as_ref().is_some_and(|line| line.places.is_empty()) {
+        if self.0.as_ref().is_some_and(|line| line.places.is_empty() && line.shared.is_empty()) {
             self.0 = None;
         }
     }
 }
 
-/// The state stored in one lock key: at most one lease, and the FIFO queue of waiters.
+/// The state stored in one lock key: one exclusive lease or any number of shared ones, and the
+/// FIFO line of requests for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
+    /// The exclusive lease, live or not (expired leases stay until the key is next touched).
     lease: Option<Lease>,
+    /// The line of waiters, and the shared leases.
     waiters: Queue,
     /// Deadline of this key's earliest entry in the expiry index, 0 if none was inserted. Lets a
     /// renewal skip the index when an entry at or before the new deadline is already there.
@@ -388,29 +502,83 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock holding `lease`.
+    /// A lock holding `lease` (exclusive or shared, as the lease says).
     pub fn with_lease(lease: Lease) -> Self {
-        Self { lease: Some(lease), waiters: Queue::default(), scheduled: Cell::new(0) }
+        let mut lock = Self::default();
+        lock.put(lease);
+        lock
     }
 
-    /// The lease, live or not (expired leases stay until the key is next touched or swept).
-    pub fn lease(&self) -> Option<&Lease> {
-        self.lease.as_ref()
+    /// Every lease, live or not: the exclusive one, then the shared ones in grant order.
+    pub fn holders(&self) -> impl Iterator<Item = &Lease> + use<'_> {
+        self.lease.iter().chain(self.waiters.shared())
     }
 
-    /// The lease, for restoring history that travels beside it (RDB, replication).
-    pub fn lease_mut(&mut self) -> Option<&mut Lease> {
-        self.lease.as_mut()
+    /// Every lease live at `now`.
+    pub fn live_holders(&self, now: Now) -> impl Iterator<Item = &Lease> + use<'_> {
+        self.holders().filter(move |lease| lease.is_live(now))
     }
 
-    /// The lease if it is live at `now`.
+    /// The lease `token` holds at `now`, if any.
+    pub fn holder(&self, token: &[u8], now: Now) -> Option<&Lease> {
+        self.live_holders(now).find(|lease| *lease.token == *token)
+    }
+
+    /// The lease a version 1 view shows: the live exclusive lease, or else the newest live
+    /// shared one.
     pub fn live_lease(&self, now: Now) -> Option<&Lease> {
-        self.lease.as_ref().filter(|lease| lease.is_live(now))
+        self.live_holders(now).max_by_key(|lease| (!lease.shared, lease.fence))
+    }
+
+    /// How many leases live at `now`, and whether they are shared.
+    pub fn live_mode(&self, now: Now) -> Option<(Mode, usize)> {
+        let live = self.live_holders(now).count();
+        let first = self.live_holders(now).next()?;
+        Some((first.mode(), live))
+    }
+
+    /// Puts `lease` in place as replication, persistence or a grant decided it: an exclusive
+    /// lease replaces every lease; a shared one replaces the exclusive lease and any shared
+    /// lease of the same token. Returns whether it replaced something.
+    pub fn put(&mut self, lease: Lease) -> bool {
+        if !lease.shared {
+            let replaced = self.lease.is_some() || !self.waiters.shared().is_empty();
+            self.waiters.take_shared(|_| true);
+            self.lease = Some(lease);
+            return replaced;
+        }
+        let mut replaced = self.lease.take().is_some();
+        replaced |= !self.waiters.take_shared(|other| *other.token == *lease.token).is_empty();
+        self.waiters.add_shared(lease);
+        replaced
+    }
+
+    /// Takes out the lease of `token` with `fence` (replication of a shared lease's end).
+    pub fn drop_holder(&mut self, token: &[u8], fence: u64) -> Option<Lease> {
+        let mine = |lease: &Lease| *lease.token == *token && lease.fence == fence;
+        if self.lease.as_ref().is_some_and(mine) {
+            return self.lease.take();
+        }
+        self.waiters.take_shared(mine).pop()
+    }
+
+    /// The lease of `token`, live or not, for restoring history that travels beside it.
+    pub fn holder_mut(&mut self, token: &[u8]) -> Option<&mut Lease> {
+        match self.lease.as_mut() {
+            Some(lease) if *lease.token == *token => Some(lease),
+            _ => self.waiters.shared_of_mut(token),
+        }
     }
 
     /// Whether the key holding this lock should be deleted: no live lease and nobody waiting.
     pub fn is_vacant(&self, now: Now) -> bool {
-        self.live_lease(now).is_none() && self.waiters.is_empty()
+        self.live_holders(now).next().is_none() && self.waiters.is_empty()
+    }
+
+    /// Whether the lock holds any lease record at all, live or not (a restarted server's grant
+    /// delay spares resources it has a record of).
+    pub fn has_record(&self) -> bool {
+        self.holders().next().is_some()
     }
 
     /// The queue, head first.
@@ -444,9 +612,9 @@ impl Lock {
         self.waiters.lapsed_tickets(now.mono)
     }
 
-    /// When this lock next needs the timer: its lease's deadline or the first ticket's lapse.
+    /// When this lock next needs the timer: the first lease deadline or ticket lapse.
     pub fn next_wake(&self) -> Option<Micros> {
-        let lease = self.lease.as_ref().map(|lease| lease.deadline_mono);
+        let lease = self.holders().map(|lease| lease.deadline_mono).min();
         let ticket = self.waiters.first_ticket_lapse();
         match (lease, ticket) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -459,14 +627,43 @@ impl Lock {
         self.waiters.remove(id)
     }
 
-    /// Bytes held on the heap beyond the value itself: a long token, the line of waiters.
+    /// Bytes held on the heap beyond the value itself: a long token, the line of waiters, the
+    /// shared leases.
     pub fn heap_bytes(&self) -> usize {
         self.lease.as_ref().map_or(0, |lease| lease.token.heap_bytes()) + self.waiters.heap_bytes()
     }
 
-    /// With no live lease, passes a new lease to the first waiter that is still `alive` and
-    /// not about to time out; waiters ahead of it that are not are dropped from the queue.
-    /// The fence is minted and the waiter's ttl starts at `now`.
+    /// Whether a request in `mode` may be granted now, the line aside: an exclusive one when no
+    /// lease lives, a shared one when no exclusive lease lives and fewer than its limit of
+    /// shared ones do.
+    fn admits(&self, mode: Mode, now: Now) -> bool {
+        match mode {
+            Mode::Exclusive => self.live_holders(now).next().is_none(),
+            Mode::Shared { limit } => {
+                let exclusive = self.lease.as_ref().is_some_and(|lease| lease.is_live(now));
+                let shared = self.waiters.shared().iter().filter(|l| l.is_live(now)).count();
+                !exclusive && limit.is_none_or(|n| shared < n as usize)
+            }
+        }
+    }
+
+    /// Installs a new grant: an exclusive one replaces every (expired) lease; a shared one
+    /// replaces an expired exclusive lease and expired shared ones. Returns whether it replaced
+    /// an expired lease.
+    fn install(&mut self, lease: Lease, now: Now) -> bool {
+        if !lease.shared {
+            return self.put(lease);
+        }
+        let mut replaced = self.lease.take().is_some();
+        replaced |= !self.waiters.take_shared(|other| !other.is_live(now)).is_empty();
+        self.waiters.add_shared(lease);
+        replaced
+    }
+
+    /// With the head of the line admitted, passes it a new lease; waiters ahead of it that are
+    /// no longer `alive` or about to time out are dropped from the line. The fence is minted and
+    /// the waiter's ttl starts at `now`. Call again until `None`: every compatible shared
+    /// request at the head is granted together.
     pub fn hand_over(
         &mut self,
         now: Now,
@@ -474,7 +671,7 @@ impl Lock {
         rules: Rules,
         mut alive: impl FnMut(&Waiter) -> bool,
     ) -> Result<Option<HandOver>, DlockError> {
-        if self.live_lease(now).is_some() || (rules.new_grants_held && self.lease.is_none()) {
+        if rules.new_grants_held && !self.has_record() {
             return Ok(None);
         }
         while let Some(waiter) = self.waiters.front() {
@@ -487,6 +684,9 @@ impl Lock {
                 self.waiters.pop_front();
                 continue;
             }
+            if !self.admits(waiter.mode, now) {
+                return Ok(None); // strict FIFO: nobody passes the head
+            }
             // Minted before the waiter leaves the line: a refused mint leaves it in place.
             let fence = fences.mint(now.wall)?;
             let Some(waiter) = self.waiters.pop_front() else { break };
@@ -494,7 +694,11 @@ impl Lock {
             let ttl_ms = waiter.claim_ms.map_or(waiter.ttl_ms, |claim| claim.min(waiter.ttl_ms));
             let mut lease = Lease::new(&waiter.token, fence, rules.grant_ttl_ms(ttl_ms), now);
             lease.unclaimed = waiter.claim_ms.is_some();
-            self.lease = Some(lease);
+            lease.shared = waiter.mode.is_shared();
+            if let Some(meta) = &waiter.meta {
+                lease.token = lease.token.with_meta(Some(meta));
+            }
+            self.install(lease, now);
             let waited = now.mono.saturating_sub(waiter.queued_at);
             let ticket = waiter.ticket_until.is_some();
             return Ok(Some(HandOver { waiter: waiter.id, fence, waited, ticket }));
@@ -502,10 +706,7 @@ impl Lock {
         Ok(None)
     }
 
-    /// ACQUIRE: grants a free (or expired) lock, re-acquires for the current owner, or refuses.
-    /// Waiters come first: a lock with a queue is never granted past it. With
-    /// `new_grants_held`, a lock without any lease record is not granted either.
-    /// A re-acquire never carries the lease past `max_hold_ms` (its deadline is capped there).
+    /// ACQUIRE of an exclusive lease without metadata: see [`Lock::acquire_as`].
     pub fn acquire(
         &mut self,
         token: &[u8],
@@ -514,26 +715,58 @@ impl Lock {
         fences: &mut FenceCounter,
         rules: Rules,
     ) -> Result<Acquired, DlockError> {
-        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.is_live(now)) {
-            if *lease.token != *token {
-                return Ok(Acquired::Busy);
+        self.acquire_as(token, ttl_ms, Mode::Exclusive, None, now, fences, rules)
+    }
+
+    /// ACQUIRE: grants a lease in `mode` when the lock admits it, re-acquires for a holder, or
+    /// refuses. Waiters come first: a lock with a queue is never granted past it. With
+    /// `new_grants_held`, a lock without any lease record is not granted either. A re-acquire
+    /// never carries the lease past `max_hold_ms` (its deadline is capped there), and never
+    /// changes its mode (an error). `meta` replaces the holder's metadata when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_as(
+        &mut self,
+        token: &[u8],
+        ttl_ms: u64,
+        mode: Mode,
+        meta: Option<&[u8]>,
+        now: Now,
+        fences: &mut FenceCounter,
+        rules: Rules,
+    ) -> Result<Acquired, DlockError> {
+        if let Some(lease) = self.holder_mut(token).filter(|lease| lease.is_live(now)) {
+            if lease.shared != mode.is_shared() {
+                return Err(DlockError::ModeConflict {
+                    held: lease.mode().name(),
+                    asked: mode.name(),
+                });
             }
             let cap = rules.hold_limit(lease.granted_mono);
             let capped_ms =
                 cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
             lease.extend(capped_ms.max(1), now);
             lease.unclaimed = false;
+            if meta.is_some() {
+                lease.token = lease.token.with_meta(meta);
+            }
             return Ok(Acquired::Reacquired { fence: lease.fence });
         }
         if !self.waiters.is_empty() {
             return Ok(Acquired::Busy);
         }
-        if rules.new_grants_held && self.lease.is_none() {
+        if rules.new_grants_held && !self.has_record() {
             return Ok(Acquired::GrantsHeld);
         }
+        if !self.admits(mode, now) {
+            return Ok(Acquired::Busy);
+        }
         let fence = fences.mint(now.wall)?;
-        let replaced_expired = self.lease.is_some();
-        self.lease = Some(Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now));
+        let mut lease = Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now);
+        lease.shared = mode.is_shared();
+        if meta.is_some() {
+            lease.token = lease.token.with_meta(meta);
+        }
+        let replaced_expired = self.install(lease, now);
         Ok(Acquired::Granted { fence, replaced_expired })
     }
 
@@ -574,22 +807,23 @@ impl Lock {
     /// RELEASE with `FENCE`: as [`Lock::release`], and only if the live lease is the grant with
     /// `fence` (when given): a retried or duplicated RELEASE never frees a later grant.
     pub fn release_grant(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<Lease> {
-        self.owned_mut(token, fence, now)?;
-        self.lease.take()
+        let fence = self.owned_mut(token, fence, now)?.fence;
+        self.drop_holder(token, fence)
     }
 
-    /// FENCECHECK: whether `fence` is the fence of the live lease.
+    /// FENCECHECK: whether `fence` is the fence of a live lease.
     pub fn fence_check(&self, fence: u64, now: Now) -> bool {
-        self.live_lease(now).is_some_and(|lease| lease.fence == fence)
+        self.live_holders(now).any(|lease| lease.fence == fence)
     }
 
-    /// Removes the lease if it has expired at `now`; returns the removed lease.
-    pub fn expire(&mut self, now: Now) -> Option<Lease> {
+    /// Removes the leases that have expired at `now`; returns them in grant order.
+    pub fn expire(&mut self, now: Now) -> Vec<Lease> {
+        let mut expired = Vec::new();
         if self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
-            self.lease.take()
-        } else {
-            None
+            expired.extend(self.lease.take());
         }
+        expired.extend(self.waiters.take_shared(|lease| !lease.is_live(now)));
+        expired
     }
 
     /// The deadline at which the caller must insert an expiry index entry for this key (and
@@ -616,7 +850,7 @@ impl Lock {
         self.scheduled.set(deadline);
     }
 
-    /// Where the expiry index should look at this key next: its lease's deadline, or at once
+    /// Where the expiry index should look at this key next: its first deadline, or at once
     /// when it holds no lease (to hand over to waiters, or to delete the key).
     pub fn index_deadline(&self) -> Micros {
         self.next_wake().unwrap_or(0)
@@ -629,15 +863,17 @@ impl Lock {
         Self::default()
     }
 
-    /// The value now lives under another name (RENAME, MOVE): its lease ends and its waiters
-    /// leave the line, both returned. A lease belongs to the name it was granted under, and a
+    /// The value now lives under another name (RENAME, MOVE): its leases end and its waiters
+    /// leave the line, all returned. A lease belongs to the name it was granted under, and a
     /// waiter is only ever granted the name it asked for.
-    pub fn displace(&mut self) -> (Option<Lease>, Vec<u64>) {
+    pub fn displace(&mut self) -> (Vec<Lease>, Vec<u64>) {
         let mut gone = Vec::with_capacity(self.waiters.len());
         while let Some(waiter) = self.waiters.pop_front() {
             gone.push(waiter.id);
         }
-        (self.lease.take(), gone)
+        let mut leases: Vec<Lease> = self.lease.take().into_iter().collect();
+        leases.extend(self.waiters.take_shared(|_| true));
+        (leases, gone)
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
@@ -658,9 +894,8 @@ impl Lock {
     }
 
     fn owned_mut(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<&mut Lease> {
-        self.lease.as_mut().filter(|lease| {
-            lease.is_live(now) && *lease.token == *token && fence.is_none_or(|f| f == lease.fence)
-        })
+        self.holder_mut(token)
+            .filter(|lease| lease.is_live(now) && fence.is_none_or(|f| f == lease.fence))
     }
 }
 
@@ -873,6 +1108,8 @@ mod tests {
             queued_at: 0,
             claim_ms: None,
             ticket_until: None,
+            mode: Mode::Exclusive,
+            meta: None,
         }
     }
 
@@ -929,7 +1166,7 @@ mod tests {
         assert_eq!(lease.deadline_mono, 3 * SEC, "the window, not B's 10 s ttl");
         // B never comes back: its grant lapses at the window and C is next.
         assert!(lock.live_lease(at(3)).is_none());
-        assert!(lock.expire(at(3)).is_some_and(|lease| lease.unclaimed));
+        assert!(matches!(&lock.expire(at(3))[..], [lease] if lease.unclaimed));
         lock.hand_over(at(3), &mut fences, rules, |_| true).expect("mint").expect("C");
         // C claims with a RENEW: from then on its ttl is its own.
         assert_eq!(lock.renew(b"C", 10_000, at(4), rules), Renewal::Renewed);
@@ -992,7 +1229,7 @@ mod tests {
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Reschedule(15 * SEC));
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Stale, "a duplicate entry is dropped");
         assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Expired);
-        assert!(lock.expire(at(15)).is_some());
+        assert_eq!(lock.expire(at(15)).len(), 1);
         assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Vacant);
     }
 
@@ -1024,13 +1261,13 @@ mod tests {
         granted(&mut lock, b"A", 10_000, at(0), &mut fences);
         assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
         let copy = lock.copied();
-        assert_eq!(copy.lease(), None, "a lease never travels to another name");
+        assert_eq!(copy.holders().next(), None, "a lease never travels to another name");
         assert!(copy.is_vacant(at(0)));
         assert_eq!(copy.index_deadline(), 0, "the empty copy is due at once");
         assert_eq!(lock.needs_index_entry(at(0)), None);
         lock.enqueue(waiter(1, b"B", None));
-        let (lease, waiters) = lock.displace();
-        assert_eq!(lease.map(|l| l.fence), Some(at(0).wall));
+        let (leases, waiters) = lock.displace();
+        assert_eq!(leases.iter().map(|l| l.fence).collect::<Vec<_>>(), [at(0).wall]);
         assert_eq!(waiters, [1]);
         assert!(lock.is_vacant(at(0)));
         assert_eq!(Lock::default().index_deadline(), 0, "an empty lock is due at once");

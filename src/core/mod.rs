@@ -14,12 +14,14 @@ pub mod lock;
 #[cfg(test)]
 mod model_tests;
 pub mod ratelimit;
+#[cfg(test)]
+mod shared_tests;
 pub mod stats;
 pub mod step;
 pub mod token;
 
 pub use error::DlockError;
-pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};
+pub use lock::{Acquired, HandOver, Lease, Lock, Mode, Renewal, Rules, Waiter};
 pub use step::{Host, Refusal, Step, Transition};
 
 /// Microseconds, on whichever clock the field's name says.

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 use super::expiry::{DueBatch, ExpiryIndex};
 use super::fence::FenceCounter;
-use super::lock::{Due, Renewal, Rules};
+use super::lock::{Due, Mode, Renewal, Rules};
 use super::{Acquired, Host, Lock, Now, Step, Transition, Waiter};
 
 type Resource = u8;
@@ -161,6 +161,8 @@ impl Store {
                         queued_at: now.mono,
                         claim_ms,
                         ticket_until: None,
+                        mode: Mode::Exclusive,
+                        meta: None,
                     };
                     step.enqueue(lock, waiter);
                     Err(id)
@@ -193,6 +195,8 @@ impl Store {
                         queued_at: now.mono,
                         claim_ms: Some(ticket_ms),
                         ticket_until: Some(now.mono + ticket_ms * 1_000),
+                        mode: Mode::Exclusive,
+                        meta: None,
                     };
                     step.enqueue_ticket(lock, waiter);
                     Err(id)

@@ -136,7 +136,7 @@ impl Stats {
         match transition {
             Transition::Granted { .. } => self.acquire_granted += 1,
             Transition::Reacquired { .. } => self.acquire_reacquired += 1,
-            Transition::Renewed => self.renew_ok += 1,
+            Transition::Renewed { .. } => self.renew_ok += 1,
             Transition::Released(lease) => {
                 self.release_ok += 1;
                 self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));

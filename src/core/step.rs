@@ -8,7 +8,7 @@
 //! `model_tests.rs` run these same operations against a reference model.
 
 use super::fence::FenceCounter;
-use super::lock::{Acquired, Lease, Lock, Renewal, Rules, Waiter};
+use super::lock::{Acquired, Lease, Lock, Mode, Renewal, Rules, Waiter};
 use super::token::Token;
 use super::{DlockError, Micros, Now};
 
@@ -21,7 +21,7 @@ pub trait Host {
 /// One change of a lock, or one refused request, in the order it happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transition {
-    /// ACQUIRE granted a new lease (the lock's lease now) with a fresh fence.
+    /// ACQUIRE granted a new lease (one of the lock's leases now) with a fresh fence.
     Granted {
         /// The new fence.
         fence: u64,
@@ -31,8 +31,11 @@ pub enum Transition {
         /// The grant's fence.
         fence: u64,
     },
-    /// The holder's RENEW moved the deadline of the lock's lease.
-    Renewed,
+    /// The holder's RENEW moved the deadline of its lease.
+    Renewed {
+        /// The renewed grant's fence.
+        fence: u64,
+    },
     /// The holder of a lease handed over with a claim window claimed it (its first RENEW or
     /// repeated ACQUIRE); the `Renewed` or `Reacquired` that did it follows.
     Claimed,
@@ -40,7 +43,7 @@ pub enum Transition {
     Released(Lease),
     /// This lease reached its deadline.
     Expired(Lease),
-    /// The lease (the lock's lease now) was handed to the head of the queue.
+    /// A new lease (one of the lock's leases now) was handed to the head of the queue.
     HandedOver {
         /// The waiter that now holds it.
         waiter: u64,
@@ -70,7 +73,7 @@ pub enum Transition {
         /// The blocked client to answer.
         waiter: u64,
     },
-    /// The lock's value moved to another key name (RENAME, MOVE): its lease ended there.
+    /// The lock's value moved to another key name (RENAME, MOVE): this lease ended there.
     Displaced(Lease),
     /// A waiter whose key moved away (RENAME, MOVE) left the line: it is answered nil.
     Dismissed {
@@ -159,13 +162,12 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
         let lapsed = lock.drop_lapsed_tickets(self.now).len();
         self.changes.extend(std::iter::repeat_n(Transition::TicketLapsed, lapsed));
-        if let Some(expired) = lock.expire(self.now) {
-            self.changes.push(Transition::Expired(expired));
-        }
+        self.changes.extend(lock.expire(self.now).into_iter().map(Transition::Expired));
         let host = self.host;
-        let handed =
-            lock.hand_over(self.now, self.fences, self.rules, |w| host.waiter_alive(w.id))?;
-        if let Some(handed) = handed {
+        // Every compatible request at the head is granted: readers together, one writer alone.
+        while let Some(handed) =
+            lock.hand_over(self.now, self.fences, self.rules, |w| host.waiter_alive(w.id))?
+        {
             self.changes.push(Transition::HandedOver {
                 waiter: handed.waiter,
                 fence: handed.fence,
@@ -193,17 +195,31 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.settle_after(lock);
     }
 
-    /// ACQUIRE: settles, then grants, re-acquires for the holder, or refuses (nothing changes;
-    /// the caller then either queues with [`Step::enqueue`] or reports [`Step::contended`]).
+    /// ACQUIRE of an exclusive lease without metadata: see [`Step::acquire_as`].
     pub fn acquire(
         &mut self,
         lock: &mut Lock,
         token: &[u8],
         ttl_ms: u64,
     ) -> Result<Acquired, DlockError> {
+        self.acquire_as(lock, token, ttl_ms, Mode::Exclusive, None)
+    }
+
+    /// ACQUIRE: settles, then grants in `mode`, re-acquires for the holder, or refuses (nothing
+    /// changes; the caller then either queues with [`Step::enqueue`] or reports
+    /// [`Step::contended`]).
+    pub fn acquire_as(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        ttl_ms: u64,
+        mode: Mode,
+        meta: Option<&[u8]>,
+    ) -> Result<Acquired, DlockError> {
         self.settle(lock)?;
         let unclaimed = self.unclaimed_by(lock, token, None);
-        let outcome = lock.acquire(token, ttl_ms, self.now, self.fences, self.rules)?;
+        let outcome =
+            lock.acquire_as(token, ttl_ms, mode, meta, self.now, self.fences, self.rules)?;
         if unclaimed && matches!(outcome, Acquired::Reacquired { .. }) {
             self.changes.push(Transition::Claimed);
         }
@@ -219,9 +235,8 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
 
     /// Whether `token` (with `fence`, when given) holds the live lease, handed over unclaimed.
     fn unclaimed_by(&self, lock: &Lock, token: &[u8], fence: Option<u64>) -> bool {
-        lock.live_lease(self.now).is_some_and(|lease| {
-            lease.unclaimed && *lease.token == *token && fence.is_none_or(|f| f == lease.fence)
-        })
+        lock.holder(token, self.now)
+            .is_some_and(|lease| lease.unclaimed && fence.is_none_or(|f| f == lease.fence))
     }
 
     /// An ACQUIRE that was refused and does not wait.
@@ -279,15 +294,16 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             self.changes.push(Transition::Claimed);
         }
         let holder = lock.live_lease(self.now);
+        let mine = lock.holder(token, self.now);
         self.changes.push(match renewal {
-            Renewal::Renewed => Transition::Renewed,
+            Renewal::Renewed => Transition::Renewed { fence: mine.map_or(0, |lease| lease.fence) },
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
                 token: token.into(),
                 holder: holder.map(|lease| lease.token.clone()),
             }),
             Renewal::PastMaxHold => Transition::Refused(Refusal::RenewPastMaxHold {
                 token: token.into(),
-                held_ms: holder.map_or(0, |lease| lease.held_ms(self.now)),
+                held_ms: mine.map_or(0, |lease| lease.held_ms(self.now)),
             }),
         });
         Ok(renewal)
@@ -314,22 +330,18 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         done
     }
 
-    /// The lock's value arrived under another key name (RENAME, MOVE): its lease ends and its
+    /// The lock's value arrived under another key name (RENAME, MOVE): its leases end and its
     /// waiters are dismissed. Nothing settles: the key is removed later, as a vacant one.
     pub fn displace(&mut self, lock: &mut Lock) {
-        let (lease, waiters) = lock.displace();
-        if let Some(lease) = lease {
-            self.changes.push(Transition::Displaced(lease));
-        }
+        let (leases, waiters) = lock.displace();
+        self.changes.extend(leases.into_iter().map(Transition::Displaced));
         self.changes.extend(waiters.into_iter().map(|waiter| Transition::Dismissed { waiter }));
     }
 
     /// Takes back the lease handed to a waiter whose reply never arrived, if it is still the
     /// live lease (`token` with `fence`); then settles.
     pub fn undo_grant(&mut self, lock: &mut Lock, token: &[u8], fence: u64) {
-        if lock.live_lease(self.now).is_some_and(|lease| lease.fence == fence)
-            && let Some(lease) = lock.release(token, self.now)
-        {
+        if let Some(lease) = lock.release_grant(token, Some(fence), self.now) {
             self.changes.push(Transition::GrantUndone(lease));
         }
         self.settle_after(lock);
@@ -364,6 +376,8 @@ mod tests {
             queued_at: 0,
             claim_ms: None,
             ticket_until: None,
+            mode: Mode::Exclusive,
+            meta: None,
         }
     }
 
@@ -438,10 +452,11 @@ mod tests {
         step.settle(&mut lock).expect("hand over");
         let mut step = step_at(at(1), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
-        assert_eq!(step.into_changes(), [Transition::Claimed, Transition::Renewed]);
+        let fence = at(1).wall;
+        assert_eq!(step.into_changes(), [Transition::Claimed, Transition::Renewed { fence }]);
         let mut step = step_at(at(2), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
-        assert_eq!(step.into_changes(), [Transition::Renewed], "claimed once");
+        assert_eq!(step.into_changes(), [Transition::Renewed { fence }], "claimed once");
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! A lease's token, kept inside the lease when it is short, as almost every token is (a UUID is
 //! 36 bytes): one allocation per lock instead of two. It reads as `[u8]` wherever it is used.
+//!
+//! The holder's metadata (`META`), which few leases carry, travels with the token on the heap, so
+//! a lease without it costs nothing more.
 
 use std::fmt;
 use std::ops::Deref;
@@ -20,6 +23,15 @@ pub enum Token {
     },
     /// A longer token, on the heap.
     Heap(Box<[u8]>),
+    /// A token with the holder's metadata beside it.
+    Described(Box<Described>),
+}
+
+/// A token and the metadata its holder gave (`META`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    token: Box<[u8]>,
+    meta: Box<[u8]>,
 }
 
 impl Token {
@@ -28,6 +40,27 @@ impl Token {
         match self {
             Self::Inline { .. } => 0,
             Self::Heap(bytes) => bytes.len(),
+            Self::Described(described) => {
+                std::mem::size_of::<Described>() + described.token.len() + described.meta.len()
+            }
+        }
+    }
+
+    /// The holder's metadata, if it gave any.
+    pub fn meta(&self) -> Option<&[u8]> {
+        match self {
+            Self::Described(described) => Some(&described.meta),
+            _ => None,
+        }
+    }
+
+    /// The same token described by `meta` (`None`: without metadata).
+    pub fn with_meta(&self, meta: Option<&[u8]>) -> Self {
+        match meta {
+            Some(meta) => {
+                Self::Described(Box::new(Described { token: (**self).into(), meta: meta.into() }))
+            }
+            None => Self::from(&**self),
         }
     }
 }
@@ -52,6 +85,7 @@ impl Deref for Token {
         match self {
             Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
             Self::Heap(bytes) => bytes,
+            Self::Described(described) => &described.token,
         }
     }
 }
@@ -87,5 +121,17 @@ mod tests {
         assert_ne!(Token::from(&b"A\0"[..]), Token::from(&b"A"[..]), "lengths count, not padding");
         let long = [9u8; 40];
         assert_ne!(Token::from(&long[..]), Token::from(&long[..39]));
+    }
+
+    #[test]
+    fn metadata_rides_with_the_token_and_leaves_its_identity_alone() {
+        let plain = Token::from(&b"worker-a"[..]);
+        let described = plain.with_meta(Some(b"host=a pid=7"));
+        assert_eq!(std::mem::size_of::<Token>(), 40, "no larger for the metadata");
+        assert_eq!((&*described, described.meta()), (&b"worker-a"[..], Some(&b"host=a pid=7"[..])));
+        assert_eq!(described, plain, "the token alone names the holder");
+        assert_eq!(plain.meta(), None);
+        let cleared = described.with_meta(None);
+        assert_eq!((&*cleared, cleared.meta(), cleared.heap_bytes()), (&b"worker-a"[..], None, 0));
     }
 }
