@@ -137,10 +137,27 @@ impl Client {
             }
             reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
         } else {
-            let mut connection = self.own_connection().await.map_err(Failure::NotSent)?;
-            let reply = tokio::time::timeout(limit, cmd.query_async(&mut connection)).await;
-            reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
+            self.send_on_own(cmd, limit).await
         }
+    }
+
+    /// Sends one command on a connection opened for it (not the shared one, which may be the
+    /// one that just failed), within [`ClientOptions::request_timeout`] once connected.
+    pub(crate) async fn send_alone<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Failure> {
+        self.send_on_own(cmd, self.options.request_timeout).await
+    }
+
+    async fn send_on_own<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Duration,
+    ) -> Result<T, Failure> {
+        let mut connection = self.own_connection().await.map_err(Failure::NotSent)?;
+        let reply = tokio::time::timeout(limit, cmd.query_async(&mut connection)).await;
+        reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
     }
 
     /// Sends a command that grants or renews, followed by `WAIT` when [`ClientOptions::replicas`]

@@ -23,7 +23,10 @@
 //! What the API guarantees:
 //! - A token is made (UUID v4) before the first send, and an ambiguous ACQUIRE (a timeout, a
 //!   dropped connection) is retried with the *same* token until the caller's deadline, so one
-//!   grant never gets two fences; if the outcome stays unknown the error carries the token.
+//!   grant never gets two fences; if the outcome stays unknown, the client releases that token
+//!   from a connection of its own (bounded in time) before returning [`AcquireError::Unknown`],
+//!   which carries the token and whether a grant was found and released. An attempt the caller
+//!   drops (its own timeout, a cancelled task) is released the same way in the background.
 //! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
 //!   renewal cannot outlive `run`); a refused renewal, renewals failing until the lease's
 //!   conservative local expiry, or the server announcing the lease's end
