@@ -2,6 +2,7 @@
 //! retries of an unknown outcome with the same token until the caller's deadline, and the release
 //! of that token when the outcome stays unknown (or the caller drops the attempt).
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redis::RedisError;
@@ -9,8 +10,16 @@ use redis::RedisError;
 use crate::connection::millis;
 use crate::{AcquireError, Client, Lease, observe};
 
+/// The shortest claim window: twice the request timeout, but never less than this.
+const CLAIM_AT_LEAST: Duration = Duration::from_secs(1);
+
 /// How long after a RELEASE of an unknown grant that found nothing the second one is sent.
 const FORGET_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
+/// A server older than `CLAIM` refusing it.
+fn refuses_claim(error: &RedisError) -> bool {
+    error.to_string().contains("unexpected argument 'CLAIM'")
+}
 
 /// An error after which the request may or may not have been carried out, or that a retry may
 /// get past (a server loading its data, a failover in progress).
@@ -28,7 +37,10 @@ impl Client {
     }
 
     /// Acquires `resource` for `ttl`, waiting in the server's queue for at most `wait` (FIFO, no
-    /// polling) when someone else holds it.
+    /// polling) when someone else holds it. The wait carries a claim window, and a grant is
+    /// claimed with one more ACQUIRE by the same token. If the outcome stays unknown, or this
+    /// future is dropped before it answers, the attempt's token is released from a connection of
+    /// its own ([`AcquireError::Unknown`]).
     pub async fn acquire_waiting(
         &self,
         resource: &str,
@@ -72,18 +84,36 @@ impl Client {
         let wait_ends = wait.map(|wait| started + wait);
         let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
         let ttl_ms = millis(ttl);
+        // A lease handed over while waiting first runs only this long, until claimed: if this
+        // client never reads the hand-over (it gave up, its connection went silent) and its
+        // RELEASE cannot reach the server either, the lease lapses after it, not after the ttl.
+        let claim_ms = millis(ttl.min((2 * self.options.request_timeout).max(CLAIM_AT_LEAST)));
         let mut reached_server = false;
+        // The next request claims a grant answered to a WAIT with CLAIM.
+        let mut claiming = false;
         loop {
             // A retry waits only for what is left of the wait, with the same token: the server
             // replaces this token's earlier place in the queue, or answers with its grant.
-            let waiting = wait_ends.map(|end| end.saturating_duration_since(Instant::now()));
+            let waiting = if claiming {
+                None
+            } else {
+                wait_ends.map(|end| end.saturating_duration_since(Instant::now()))
+            };
+            let with_claim = waiting.is_some() && !self.claim_refused.load(Ordering::Relaxed);
             let mut cmd = redis::cmd("DLOCK.ACQUIRE");
             cmd.arg(resource).arg(token).arg(ttl_ms);
             if let Some(wait) = waiting {
                 cmd.arg("WAIT").arg(millis(wait));
+                if with_claim {
+                    cmd.arg("CLAIM").arg(claim_ms);
+                }
             }
             let sent = Instant::now();
             match self.send_write::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
+                // Granted at once or handed over, perhaps with a claim window: the same ACQUIRE
+                // without WAIT claims it, answers the same fence and starts the full ttl from its
+                // own send (so the local expiry is known).
+                Ok((Some(_), _)) if with_claim => claiming = true,
                 Ok((Some(fence), acked)) => {
                     let lease = Lease {
                         client: self.clone(),
@@ -112,7 +142,19 @@ impl Client {
                         _ => Ok(lease),
                     };
                 }
+                Ok((None, _)) if claiming => {
+                    // The claim came after the window: the grant lapsed and passed on.
+                    claiming = false;
+                    if wait_ends.is_none_or(|end| Instant::now() >= end) {
+                        return Err(AcquireError::Held);
+                    }
+                }
                 Ok((None, _)) => return Err(AcquireError::Held),
+                Err(failure) if with_claim && refuses_claim(failure.error()) => {
+                    // A server older than CLAIM: wait without it from now on (its hand-overs run
+                    // the whole ttl when nobody reads them).
+                    self.claim_refused.store(true, Ordering::Relaxed);
+                }
                 Err(failure) if is_ambiguous(failure.error()) => {
                     // Anything but a request that never left may have left a grant behind.
                     reached_server |= failure.was_sent();

@@ -27,6 +27,8 @@ pub struct Client {
     /// shared connection.
     redis: redis::Client,
     pub(crate) options: ClientOptions,
+    /// The server refused `CLAIM` (it is older than claim windows): waits go without it.
+    pub(crate) claim_refused: Arc<AtomicBool>,
 }
 
 /// A request that failed, and whether it left this machine.
@@ -89,7 +91,7 @@ impl Client {
         let link =
             Link::open(&redis, options.connect_timeout).await.map_err(ConnectError::classify)?;
         let shared = Arc::new(tokio::sync::Mutex::new(Some(Arc::new(link))));
-        Ok(Self { shared, redis, options })
+        Ok(Self { shared, redis, options, claim_refused: Arc::default() })
     }
 
     /// The shared connection, opened anew if the last one broke.

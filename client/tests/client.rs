@@ -58,6 +58,10 @@ async fn a_held_lock_is_reported_as_held_and_a_waiter_gets_it_in_turn() {
         dlock.acquire_waiting("job", Duration::from_secs(10), Some(Duration::from_secs(5))).await;
     let second = waiter.expect("granted after the first holder finished");
     assert!(second.fence() > first_fence);
+    // Handed over with a claim window (2 × request_timeout), then claimed: the full ttl runs.
+    let mut con = server.client();
+    let ttl_ms: u64 = info_field(&mut con, "job", "ttl-ms").expect("held").parse().expect("ms");
+    assert!(ttl_ms > 5_000, "claimed: the full ttl from the claim, {ttl_ms} ms left");
     holder.await.expect("task").expect("first run released");
     second.release().await.expect("release");
 }
@@ -496,4 +500,41 @@ async fn a_wait_the_caller_drops_as_the_lease_is_handed_over_is_released_in_the_
     // The caller's own timeout drops the wait with the lease already handed over.
     assert!(waiting.await.expect("task").is_err(), "the caller's timeout fired");
     handed_over_lease_is_gone(&mut con, "dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_no_release_can_reach_lapses_with_its_claim_window() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(300), // a claim window of 1 s (the least)
+        connect_timeout: Duration::from_millis(300),
+        acquire_deadline: Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let (mut con, dlock) = held_and_a_client_behind(&server, &proxy, "cut", options).await;
+    let waiting = tokio::spawn(async move {
+        dlock
+            .acquire_waiting("cut", Duration::from_secs(30), Some(Duration::from_millis(700)))
+            .await
+    });
+    until_queued(&mut con, "cut");
+    proxy.silence_open_connections();
+    assert_eq!(release(&mut con, "cut", "holder"), 1);
+    let handed_over = Instant::now();
+    assert!(info_field(&mut con, "cut", "owner").is_some_and(|owner| owner != "holder"));
+    // New connections are refused from now on: the client's RELEASE cannot reach the server.
+    proxy.cut();
+    match waiting.await.expect("task") {
+        Err(AcquireError::Unknown { released: false, .. }) => {}
+        other => panic!("expected an unknown outcome, not released, got {other:?}"),
+    }
+    let lapsed = eventually(SLACK, || info_field(&mut con, "cut", "owner").is_none());
+    assert!(lapsed, "the unclaimed hand-over is still held: {:?}", info(&mut con, "cut"));
+    assert!(handed_over.elapsed() < Duration::from_secs(1) + SLACK, "lapsed, not expired");
+    // Counted when the server's timer ends it (DLOCK.INFO already shows it gone).
+    let counted = eventually(SLACK, || {
+        info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref() == Some("1")
+    });
+    assert!(counted, "counted as an unclaimed hand-over that lapsed");
 }
