@@ -1,12 +1,25 @@
-//! Acquiring: one token per attempt made before the first send, waits in the server's queue, and
-//! retries of an unknown outcome with the same token until the caller's deadline.
+//! Acquiring: one token per attempt made before the first send, waits in the server's queue,
+//! retries of an unknown outcome with the same token until the caller's deadline, and the release
+//! of that token when the outcome stays unknown (or the caller drops the attempt).
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redis::RedisError;
 
 use crate::connection::millis;
 use crate::{AcquireError, Client, Lease, observe};
+
+/// The shortest claim window: twice the request timeout, but never less than this.
+const CLAIM_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// How long after a RELEASE of an unknown grant that found nothing the second one is sent.
+const FORGET_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
+/// A server older than `CLAIM` refusing it.
+fn refuses_claim(error: &RedisError) -> bool {
+    error.to_string().contains("unexpected argument 'CLAIM'")
+}
 
 /// An error after which the request may or may not have been carried out, or that a retry may
 /// get past (a server loading its data, a failover in progress).
@@ -24,7 +37,10 @@ impl Client {
     }
 
     /// Acquires `resource` for `ttl`, waiting in the server's queue for at most `wait` (FIFO, no
-    /// polling) when someone else holds it.
+    /// polling) when someone else holds it. The wait carries a claim window, and a grant is
+    /// claimed with one more ACQUIRE by the same token. If the outcome stays unknown, or this
+    /// future is dropped before it answers, the attempt's token is released from a connection of
+    /// its own ([`AcquireError::Unknown`]).
     pub async fn acquire_waiting(
         &self,
         resource: &str,
@@ -49,26 +65,60 @@ impl Client {
         started: Instant,
     ) -> Result<Lease, AcquireError> {
         let token = uuid::Uuid::new_v4().to_string();
+        // Dropped before the attempt has an answer (the caller's own timeout, a cancelled task),
+        // it releases the token in the background: a grant may be on its way.
+        let mut attempt = Attempt { client: self, resource, token: &token, armed: true };
+        let answer = self.attempts(resource, ttl, wait, started, &token).await;
+        attempt.armed = false;
+        answer
+    }
+
+    async fn attempts(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+        started: Instant,
+        token: &str,
+    ) -> Result<Lease, AcquireError> {
         let wait_ends = wait.map(|wait| started + wait);
         let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
         let ttl_ms = millis(ttl);
+        // A lease handed over while waiting first runs only this long, until claimed: if this
+        // client never reads the hand-over (it gave up, its connection went silent) and its
+        // RELEASE cannot reach the server either, the lease lapses after it, not after the ttl.
+        let claim_ms = millis(ttl.min((2 * self.options.request_timeout).max(CLAIM_AT_LEAST)));
         let mut reached_server = false;
+        // The next request claims a grant answered to a WAIT with CLAIM.
+        let mut claiming = false;
         loop {
             // A retry waits only for what is left of the wait, with the same token: the server
             // replaces this token's earlier place in the queue, or answers with its grant.
-            let waiting = wait_ends.map(|end| end.saturating_duration_since(Instant::now()));
+            let waiting = if claiming {
+                None
+            } else {
+                wait_ends.map(|end| end.saturating_duration_since(Instant::now()))
+            };
+            let with_claim = waiting.is_some() && !self.claim_refused.load(Ordering::Relaxed);
             let mut cmd = redis::cmd("DLOCK.ACQUIRE");
-            cmd.arg(resource).arg(&token).arg(ttl_ms);
+            cmd.arg(resource).arg(token).arg(ttl_ms);
             if let Some(wait) = waiting {
                 cmd.arg("WAIT").arg(millis(wait));
+                if with_claim {
+                    cmd.arg("CLAIM").arg(claim_ms);
+                }
             }
             let sent = Instant::now();
             match self.send_write::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
+                // Granted at once or handed over, perhaps with a claim window: the same ACQUIRE
+                // without WAIT claims it, answers the same fence and starts the full ttl from its
+                // own send (so the local expiry is known).
+                Ok((Some(_), _)) if with_claim => claiming = true,
                 Ok((Some(fence), acked)) => {
                     let lease = Lease {
                         client: self.clone(),
                         resource: resource.to_owned(),
-                        token,
+                        token: token.to_owned(),
                         fence,
                         ttl,
                         local_expiry: sent + Duration::from_millis(ttl_ms),
@@ -92,14 +142,26 @@ impl Client {
                         _ => Ok(lease),
                     };
                 }
+                Ok((None, _)) if claiming => {
+                    // The claim came after the window: the grant lapsed and passed on.
+                    claiming = false;
+                    if wait_ends.is_none_or(|end| Instant::now() >= end) {
+                        return Err(AcquireError::Held);
+                    }
+                }
                 Ok((None, _)) => return Err(AcquireError::Held),
+                Err(failure) if with_claim && refuses_claim(failure.error()) => {
+                    // A server older than CLAIM: wait without it from now on (its hand-overs run
+                    // the whole ttl when nobody reads them).
+                    self.claim_refused.store(true, Ordering::Relaxed);
+                }
                 Err(failure) if is_ambiguous(failure.error()) => {
                     // Anything but a request that never left may have left a grant behind.
                     reached_server |= failure.was_sent();
                     let error = RedisError::from(failure);
                     if Instant::now() >= deadline {
                         return Err(if reached_server {
-                            AcquireError::Unknown { token, source: error }
+                            self.unknown(resource, token, error).await
                         } else {
                             AcquireError::Unreachable(error)
                         });
@@ -109,15 +171,58 @@ impl Client {
                 }
                 // After an attempt that may have been granted, the token must not be lost.
                 Err(failure) if reached_server => {
-                    return Err(AcquireError::Unknown { token, source: failure.into() });
+                    return Err(self.unknown(resource, token, failure.into()).await);
                 }
                 Err(failure) => return Err(AcquireError::Server(failure.into())),
             }
         }
     }
 
-    /// Releases a grant known only by its token (after [`AcquireError::Unknown`]): `true` if it
-    /// was held and is released now.
+    /// The error of an attempt whose outcome stayed unknown, after releasing whatever grant its
+    /// token may have.
+    async fn unknown(&self, resource: &str, token: &str, source: RedisError) -> AcquireError {
+        let released = self.forget(resource, token).await;
+        AcquireError::Unknown { token: token.to_owned(), source, released }
+    }
+
+    /// Releases the grant `token` may have from an attempt that failed on this side (its reply
+    /// lost, its connection dropped, its timeout passed as the server handed it the lease):
+    /// `true` if a grant was found and released. The token is this attempt's alone, so the
+    /// RELEASE (without FENCE: the fence is unknown) can only free this attempt's grant.
+    ///
+    /// It goes on a connection opened for it, never the failed one (which may be silent), and
+    /// the failed attempt's own connection is closed by then: whatever it carried reaches the
+    /// server before that close, so the server either drops the waiter or grants before it
+    /// learns of the close. A RELEASE that finds nothing may still have overtaken the attempt's
+    /// ACQUIRE on the way (another path, a proxy): one more follows after
+    /// [`FORGET_AGAIN_AFTER`], and no more, so that a failed acquire returns in bounded time
+    /// (two requests and the pause). A grant that arrives later still, or that no RELEASE could
+    /// reach, ends with its ttl.
+    async fn forget(&self, resource: &str, token: &str) -> bool {
+        match self.release_alone(resource, token).await {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(error) => {
+                tracing::debug!(resource, owner = token, %error, "dlock: unknown grant not released");
+                return false;
+            }
+        }
+        tokio::time::sleep(FORGET_AGAIN_AFTER).await;
+        matches!(self.release_alone(resource, token).await, Ok(true))
+    }
+
+    /// `DLOCK.RELEASE resource token` on a connection of its own, within
+    /// [`ClientOptions::connect_timeout`](crate::ClientOptions::connect_timeout) and
+    /// [`ClientOptions::request_timeout`](crate::ClientOptions::request_timeout).
+    async fn release_alone(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
+        let mut cmd = redis::cmd("DLOCK.RELEASE");
+        cmd.arg(resource).arg(token);
+        let released: i64 = self.send_alone(&cmd).await?;
+        Ok(released == 1)
+    }
+
+    /// Releases a grant known only by its token (after [`AcquireError::Unknown`] whose
+    /// `released` is false): `true` if it was held and is released now.
     pub async fn release(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
         self.release_grant(resource, token, None).await
     }
@@ -137,5 +242,28 @@ impl Client {
         }
         let released: i64 = self.send(&cmd, Duration::ZERO).await?;
         Ok(released == 1)
+    }
+}
+
+/// An acquire attempt in progress; dropped while armed, it releases the attempt's token in a
+/// background task (on the runtime it ran on).
+struct Attempt<'a> {
+    client: &'a Client,
+    resource: &'a str,
+    token: &'a str,
+    armed: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (client, resource, token) =
+            (self.client.clone(), self.resource.to_owned(), self.token.to_owned());
+        runtime.spawn(async move {
+            client.forget(&resource, &token).await;
+        });
     }
 }

@@ -27,6 +27,8 @@ pub struct Client {
     /// shared connection.
     redis: redis::Client,
     pub(crate) options: ClientOptions,
+    /// The server refused `CLAIM` (it is older than claim windows): waits go without it.
+    pub(crate) claim_refused: Arc<AtomicBool>,
 }
 
 /// A request that failed, and whether it left this machine.
@@ -89,7 +91,7 @@ impl Client {
         let link =
             Link::open(&redis, options.connect_timeout).await.map_err(ConnectError::classify)?;
         let shared = Arc::new(tokio::sync::Mutex::new(Some(Arc::new(link))));
-        Ok(Self { shared, redis, options })
+        Ok(Self { shared, redis, options, claim_refused: Arc::default() })
     }
 
     /// The shared connection, opened anew if the last one broke.
@@ -137,10 +139,27 @@ impl Client {
             }
             reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
         } else {
-            let mut connection = self.own_connection().await.map_err(Failure::NotSent)?;
-            let reply = tokio::time::timeout(limit, cmd.query_async(&mut connection)).await;
-            reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
+            self.send_on_own(cmd, limit).await
         }
+    }
+
+    /// Sends one command on a connection opened for it (not the shared one, which may be the
+    /// one that just failed), within [`ClientOptions::request_timeout`] once connected.
+    pub(crate) async fn send_alone<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Failure> {
+        self.send_on_own(cmd, self.options.request_timeout).await
+    }
+
+    async fn send_on_own<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Duration,
+    ) -> Result<T, Failure> {
+        let mut connection = self.own_connection().await.map_err(Failure::NotSent)?;
+        let reply = tokio::time::timeout(limit, cmd.query_async(&mut connection)).await;
+        reply.unwrap_or_else(|_| Err(timed_out())).map_err(Failure::Sent)
     }
 
     /// Sends a command that grants or renews, followed by `WAIT` when [`ClientOptions::replicas`]

@@ -55,13 +55,21 @@ pub enum AcquireError {
     /// The server could not be reached; nothing was granted: every attempt failed before the
     /// request left (refused, timed out connecting, the connection already closed by the server).
     Unreachable(RedisError),
-    /// The outcome is unknown: a grant may exist under `token`. Release it with
-    /// [`Client::release`](crate::Client::release) or let it expire; never retry with another token.
+    /// The outcome is unknown: the request may have reached the server, and its answer never
+    /// came back (lost, cut off, or too late for [`ClientOptions::request_timeout`](crate::ClientOptions::request_timeout)),
+    /// until [`ClientOptions::acquire_deadline`](crate::ClientOptions::acquire_deadline). The
+    /// client has already released whatever grant `token` may have, from a connection of its
+    /// own (`released`: one was found and released). If that RELEASE failed too, a grant may
+    /// remain until its ttl: [`Client::release`](crate::Client::release) it when the server is
+    /// back, or let it expire; never retry with another token.
     Unknown {
         /// The token the unknown grant would belong to.
         token: String,
         /// The last error seen.
         source: RedisError,
+        /// Whether a grant under `token` was found and released: `false` when there was none,
+        /// or when the RELEASE could not reach the server either.
+        released: bool,
     },
     /// The lock was granted, but fewer replicas than
     /// [`ClientOptions::replicas`](crate::ClientOptions::replicas) acknowledged it in time, so a
@@ -100,9 +108,10 @@ impl std::fmt::Display for AcquireError {
         match self {
             Self::Held => write!(f, "the lock is held by another owner"),
             Self::Unreachable(e) => write!(f, "dlock server unreachable: {e}"),
-            Self::Unknown { token, source } => {
-                write!(f, "acquire outcome unknown for token {token}: {source}")
-            }
+            Self::Unknown { token, source, released } => write!(
+                f,
+                "acquire outcome unknown for token {token} (a grant found and released: {released}): {source}"
+            ),
             Self::NotReplicated { acked, wanted, released, .. } => write!(
                 f,
                 "granted but acknowledged by {acked} of {wanted} replicas (released again: {released})"

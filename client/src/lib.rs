@@ -23,7 +23,13 @@
 //! What the API guarantees:
 //! - A token is made (UUID v4) before the first send, and an ambiguous ACQUIRE (a timeout, a
 //!   dropped connection) is retried with the *same* token until the caller's deadline, so one
-//!   grant never gets two fences; if the outcome stays unknown the error carries the token.
+//!   grant never gets two fences; if the outcome stays unknown, the client releases that token
+//!   from a connection of its own (bounded in time) before returning [`AcquireError::Unknown`],
+//!   which carries the token and whether a grant was found and released. An attempt the caller
+//!   drops (its own timeout, a cancelled task) is released the same way in the background.
+//! - A wait ([`Client::acquire_waiting`]) sends `CLAIM` (twice
+//!   [`ClientOptions::request_timeout`], at least 1 s, at most the ttl) and claims the grant with
+//!   the same ACQUIRE without `WAIT`: a hand-over this client never reads lapses after that window.
 //! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
 //!   renewal cannot outlive `run`); a refused renewal, renewals failing until the lease's
 //!   conservative local expiry, or the server announcing the lease's end
@@ -69,7 +75,7 @@ pub struct ClientOptions {
     /// [`ConnectError::Unreachable`], and a request that needed a new connection was never sent.
     pub connect_timeout: Duration,
     /// How long one request may take before its outcome counts as unknown (a WAIT adds its own
-    /// timeout to this).
+    /// timeout to this). Twice this (at least 1 s) is the claim window of a wait.
     pub request_timeout: Duration,
     /// How long an ACQUIRE keeps retrying an unknown outcome with the same token.
     pub acquire_deadline: Duration,

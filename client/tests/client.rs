@@ -58,6 +58,10 @@ async fn a_held_lock_is_reported_as_held_and_a_waiter_gets_it_in_turn() {
         dlock.acquire_waiting("job", Duration::from_secs(10), Some(Duration::from_secs(5))).await;
     let second = waiter.expect("granted after the first holder finished");
     assert!(second.fence() > first_fence);
+    // Handed over with a claim window (2 × request_timeout), then claimed: the full ttl runs.
+    let mut con = server.client();
+    let ttl_ms: u64 = info_field(&mut con, "job", "ttl-ms").expect("held").parse().expect("ms");
+    assert!(ttl_ms > 5_000, "claimed: the full ttl from the claim, {ttl_ms} ms left");
     holder.await.expect("task").expect("first run released");
     second.release().await.expect("release");
 }
@@ -394,4 +398,143 @@ async fn renew_and_release_name_their_grant_so_they_never_touch_a_later_grant_of
     assert!(!lease.renew().await.expect("answered"), "the old grant's RENEW is refused");
     assert!(!lease.release().await.expect("answered"), "the old grant's RELEASE frees nothing");
     assert_eq!(fencecheck(&mut con, "job", later), 1, "the later grant stands");
+}
+
+/// Holds `resource` with a direct connection and returns it, and a client that talks through
+/// `proxy` with `options`.
+async fn held_and_a_client_behind(
+    server: &Server,
+    proxy: &LinkProxy,
+    resource: &str,
+    options: ClientOptions,
+) -> (redis::Connection, Client) {
+    let mut con = server.client();
+    assert!(acquire(&mut con, resource, "holder", 30_000).is_some());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port);
+    let dlock = Client::connect_with(&url, options).await.expect("connect");
+    (con, dlock)
+}
+
+/// Waits until `resource` has a waiter in the server's queue.
+fn until_queued(con: &mut redis::Connection, resource: &str) {
+    let queued = eventually(SLACK, || info_field(con, resource, "waiters").as_deref() == Some("1"));
+    assert!(queued, "the client never joined the queue: {:?}", info(con, resource));
+}
+
+/// The lease the server handed over is gone (released, not expired) well before its 30 s ttl.
+fn handed_over_lease_is_gone(con: &mut redis::Connection, resource: &str) {
+    let gone = eventually(SLACK, || info_field(con, resource, "owner").is_none());
+    assert!(gone, "a grant the client never learned is still held: {:?}", info(con, resource));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_reply_is_lost_is_learned_by_the_retry_with_the_same_token() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let (mut con, dlock) =
+        held_and_a_client_behind(&server, &proxy, "handed", ClientOptions::default()).await;
+    let waiting = tokio::spawn(async move {
+        dlock
+            .acquire_waiting("handed", Duration::from_secs(30), Some(Duration::from_secs(10)))
+            .await
+    });
+    until_queued(&mut con, "handed");
+    // The server hands the lease over; the reply never arrives and the connection is cut.
+    proxy.drop_next_reply();
+    assert_eq!(release(&mut con, "handed", "holder"), 1);
+    let lease = waiting.await.expect("task").expect("the retry learns the grant");
+    assert_eq!(info_field(&mut con, "handed", "owner").as_deref(), Some(lease.token()));
+    assert_eq!(info_field(&mut con, "handed", "fence"), Some(lease.fence().to_string()));
+    assert!(lease.release().await.expect("answered"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_as_the_request_timeout_fires_is_released_from_a_new_connection() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(300),
+        acquire_deadline: Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let (mut con, dlock) = held_and_a_client_behind(&server, &proxy, "late", options).await;
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        dlock
+            .acquire_waiting("late", Duration::from_secs(30), Some(Duration::from_millis(700)))
+            .await
+    });
+    until_queued(&mut con, "late");
+    // Every open connection (the wait's and the shared one) goes silent, without a FIN: the
+    // hand-over's reply is swallowed and the client gives up on its own timeout.
+    proxy.silence_open_connections();
+    assert_eq!(release(&mut con, "late", "holder"), 1);
+    assert!(info_field(&mut con, "late", "owner").is_some_and(|owner| owner != "holder"));
+    let outcome = waiting.await.expect("task");
+    assert!(started.elapsed() < Duration::from_millis(700 + 300) + SLACK, "bounded");
+    handed_over_lease_is_gone(&mut con, "late");
+    match outcome {
+        Err(AcquireError::Unknown { released: true, .. }) => {}
+        other => panic!("expected an unknown outcome, released, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_the_caller_drops_as_the_lease_is_handed_over_is_released_in_the_background() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let (mut con, dlock) =
+        held_and_a_client_behind(&server, &proxy, "dropped", ClientOptions::default()).await;
+    let waiting = tokio::spawn(async move {
+        let wait = dlock.acquire_waiting(
+            "dropped",
+            Duration::from_secs(30),
+            Some(Duration::from_secs(10)),
+        );
+        tokio::time::timeout(Duration::from_millis(800), wait).await
+    });
+    until_queued(&mut con, "dropped");
+    proxy.silence_open_connections();
+    assert_eq!(release(&mut con, "dropped", "holder"), 1);
+    assert!(info_field(&mut con, "dropped", "owner").is_some_and(|owner| owner != "holder"));
+    // The caller's own timeout drops the wait with the lease already handed over.
+    assert!(waiting.await.expect("task").is_err(), "the caller's timeout fired");
+    handed_over_lease_is_gone(&mut con, "dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_no_release_can_reach_lapses_with_its_claim_window() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(300), // a claim window of 1 s (the least)
+        connect_timeout: Duration::from_millis(300),
+        acquire_deadline: Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let (mut con, dlock) = held_and_a_client_behind(&server, &proxy, "cut", options).await;
+    let waiting = tokio::spawn(async move {
+        dlock
+            .acquire_waiting("cut", Duration::from_secs(30), Some(Duration::from_millis(700)))
+            .await
+    });
+    until_queued(&mut con, "cut");
+    proxy.silence_open_connections();
+    assert_eq!(release(&mut con, "cut", "holder"), 1);
+    let handed_over = Instant::now();
+    assert!(info_field(&mut con, "cut", "owner").is_some_and(|owner| owner != "holder"));
+    // New connections are refused from now on: the client's RELEASE cannot reach the server.
+    proxy.cut();
+    match waiting.await.expect("task") {
+        Err(AcquireError::Unknown { released: false, .. }) => {}
+        other => panic!("expected an unknown outcome, not released, got {other:?}"),
+    }
+    let lapsed = eventually(SLACK, || info_field(&mut con, "cut", "owner").is_none());
+    assert!(lapsed, "the unclaimed hand-over is still held: {:?}", info(&mut con, "cut"));
+    assert!(handed_over.elapsed() < Duration::from_secs(1) + SLACK, "lapsed, not expired");
+    // Counted when the server's timer ends it (DLOCK.INFO already shows it gone).
+    let counted = eventually(SLACK, || {
+        info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref() == Some("1")
+    });
+    assert!(counted, "counted as an unclaimed hand-over that lapsed");
 }

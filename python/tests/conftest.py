@@ -1,4 +1,5 @@
-"""Fixtures: real servers with the dlock module, started by the tests themselves.
+"""Fixtures: real servers with the dlock module, started by the tests themselves, and a TCP proxy
+for link faults (LinkProxy).
 
 The module is found through ``DLOCK_MODULE``, else the newest of
 ``<repo>/target/{release,debug,debug/deps}/libdlock.so``. ``DLOCK_SERVER`` names the
@@ -6,12 +7,14 @@ server binary (default ``redis-server``; Valkey's ``valkey-server`` works the sa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,6 +154,84 @@ class Server:
             self.process.kill()
             self.process.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class LinkProxy:
+    """A TCP proxy in front of a server, for link faults (the Rust test kit's ``LinkProxy``,
+    reduced to what these tests need): every open connection goes silent, or the requests that
+    contain some bytes are held back. One daemon thread per direction of each connection."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._accepted = 0
+        # Connections numbered below this forward nothing more but stay open (half-open).
+        self._silent_below = 0
+        # Requests containing these bytes are held back this long before they go on.
+        self._held_back: tuple[bytes, float] | None = None
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="link-proxy", daemon=True).start()
+
+    def silence_open_connections(self) -> None:
+        """Every connection open now swallows what is sent either way, and nothing is closed
+        (the peer vanished without a FIN). New connections work."""
+        with self._lock:
+            self._silent_below = self._accepted + 1
+
+    def hold_back_requests_containing(self, needle: bytes, delay: float) -> None:
+        """Requests (client to server) that contain ``needle`` reach the server ``delay``
+        seconds late, and what follows on their connection (its close too) after them."""
+        with self._lock:
+            self._held_back = (needle, delay)
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = socket.create_connection(("127.0.0.1", self._target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._accepted += 1
+                number = self._accepted
+                self._sockets += [client, server]
+            for source, sink, requests in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._forward, args=(source, sink, number, requests), daemon=True
+                ).start()
+
+    def _forward(
+        self, source: socket.socket, sink: socket.socket, number: int, requests: bool
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                with self._lock:
+                    silent = number < self._silent_below
+                    held_back = self._held_back if requests else None
+                if silent:
+                    continue
+                if held_back is not None and held_back[0] in data:
+                    time.sleep(held_back[1])
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
 
 
 @pytest.fixture(scope="session")

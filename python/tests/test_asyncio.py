@@ -15,7 +15,7 @@ from redis.backoff import ExponentialBackoff
 
 import dlock
 import dlock.asyncio
-from conftest import Server, cmd, fields
+from conftest import LinkProxy, Server, cmd, fields
 
 
 async def eventually(
@@ -301,5 +301,79 @@ def test_a_waiter_cancelled_while_waiting_leaves_no_grant_behind(server: Server)
         assert await r.exists("queued") == 0
         await locks.aclose()
         await r.aclose()
+
+    run(test)
+
+
+async def handed_over_while_silent(
+    r: redis.asyncio.Redis, proxy: LinkProxy, locks: dlock.asyncio.Locks, resource: str
+) -> asyncio.Task[None]:
+    """A waiter (its task, returned) to whom the server hands ``resource`` over while every open
+    connection through ``proxy`` is silent: the fence never reaches it."""
+    await locks.features(resource)  # a pooled connection, silenced with the wait's
+    await cmd(r, "DLOCK.ACQUIRE", resource, "holder", 30000)
+
+    async def waiter() -> None:
+        async with locks.hold(resource, ttl=30, timeout=0.5):
+            pytest.fail("the body must not run")
+
+    task = asyncio.ensure_future(waiter())
+
+    async def waiters() -> int:
+        return int(fields(await cmd(r, "DLOCK.INFO", resource))[b"waiters"])
+
+    assert await eventually(waiters, 1, 5)
+    proxy.silence_open_connections()
+    assert await cmd(r, "DLOCK.RELEASE", resource, "holder") == 1
+    assert await owner(r, resource) not in (None, b"holder"), "handed over to the waiter"
+    return task
+
+
+async def owner(r: redis.asyncio.Redis, resource: str) -> bytes | None:
+    info = await cmd(r, "DLOCK.INFO", resource)
+    return None if info is None else fields(info)[b"owner"]
+
+
+def test_a_hand_over_the_client_gave_up_on_is_released_from_a_new_connection(
+    server: Server,
+) -> None:
+    """See the threaded client's test: released long before the claim window would lapse."""
+
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=server.port)
+        proxy = LinkProxy(server.port)
+        through = redis.asyncio.Redis(port=proxy.port)
+        locks = dlock.asyncio.Locks(through, request_timeout=2.0, release_timeout=0.2)
+        try:
+            task = await handed_over_while_silent(r, proxy, locks, "handed")
+            with pytest.raises(redis.TimeoutError):
+                await task
+            assert await owner(r, "handed") is None, "released, not left to its claim window"
+        finally:
+            await locks.aclose()
+            await through.aclose()
+            await r.aclose()
+            proxy.close()
+
+    run(test)
+
+
+def test_a_waiter_cancelled_as_the_lease_is_handed_over_releases_it(server: Server) -> None:
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=server.port)
+        proxy = LinkProxy(server.port)
+        through = redis.asyncio.Redis(port=proxy.port)
+        locks = dlock.asyncio.Locks(through, request_timeout=2.0, release_timeout=0.2)
+        try:
+            task = await handed_over_while_silent(r, proxy, locks, "cancelled")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await owner(r, "cancelled") is None, "released, not left to its claim window"
+        finally:
+            await locks.aclose()
+            await through.aclose()
+            await r.aclose()
+            proxy.close()
 
     run(test)

@@ -16,7 +16,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 import dlock
-from conftest import Server, cmd, fields, wait_until
+from conftest import LinkProxy, Server, cmd, fields, wait_until
 
 
 def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> None:
@@ -441,3 +441,70 @@ def test_a_unix_socket_client() -> None:
         client.close()
         server.close()
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def owner(r: redis.Redis, resource: str) -> bytes | None:
+    info = cmd(r, "DLOCK.INFO", resource)
+    return None if info is None else fields(info)[b"owner"]
+
+
+def test_a_hand_over_the_client_gave_up_on_is_released_from_a_new_connection(
+    server: Server, r: redis.Redis
+) -> None:
+    """The server hands the lease over while the link is silent (no reply, no FIN): the client
+    gives up on its own timeout and releases its token over a connection opened for it (its
+    pooled one is silent too), long before the claim window (2 request timeouts) would lapse."""
+    proxy = LinkProxy(server.port)
+    locks = dlock.Locks(redis.Redis(port=proxy.port), request_timeout=2.0, release_timeout=0.2)
+    try:
+        locks.features()  # a pooled connection, silenced below with the wait's
+        assert cmd(r, "DLOCK.ACQUIRE", "handed", "holder", 30000) is not None
+        failed: list[BaseException] = []
+
+        def waiter() -> None:
+            try:
+                with locks.hold("handed", ttl=30, timeout=0.5):
+                    pytest.fail("the body must not run")
+            except redis.RedisError as error:
+                failed.append(error)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        assert wait_until(lambda: fields(cmd(r, "DLOCK.INFO", "handed"))[b"waiters"] == 1, 5)
+        proxy.silence_open_connections()
+        assert cmd(r, "DLOCK.RELEASE", "handed", "holder") == 1
+        assert owner(r, "handed") not in (None, b"holder"), "handed over to the waiter"
+        thread.join(10)
+        assert failed, "the waiter gave up on its own timeout"
+        assert owner(r, "handed") is None, "released, not left to its claim window"
+    finally:
+        locks.close()
+        proxy.close()
+
+
+def test_a_release_that_overtook_the_acquire_is_sent_once_more(
+    server: Server, r: redis.Redis
+) -> None:
+    """The WAIT reaches the server only after the client gave up on it (and after its first
+    RELEASE, which found nothing); the lock is free by then, so it is granted at once, with no
+    claim window. The second RELEASE, a short pause later, frees it."""
+    proxy = LinkProxy(server.port)
+    wait, request_timeout = 0.3, 0.3
+    locks = dlock.Locks(redis.Redis(port=proxy.port), request_timeout=request_timeout)
+    try:
+        locks.features()
+        assert cmd(r, "DLOCK.ACQUIRE", "late", "holder", 30000) is not None
+        # Between the first RELEASE (when the client gives up) and the second (a pause later).
+        late = wait + request_timeout + dlock._common.FORGET_AGAIN_AFTER / 2
+        proxy.hold_back_requests_containing(b"WAIT", late)
+        threading.Timer(0.1, lambda: cmd(r, "DLOCK.RELEASE", "late", "holder")).start()
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError), locks.hold("late", ttl=30, timeout=wait):
+            pytest.fail("the body must not run")
+        # Past the late ACQUIRE's arrival, whenever the client returned.
+        time.sleep(max(0.0, started + late + 0.2 - time.monotonic()))
+        assert server.info()["dlock_acquire_granted"] == 2, "the holder's, and the late one"
+        assert owner(r, "late") is None, "the late grant was released"
+    finally:
+        locks.close()
+        proxy.close()

@@ -10,12 +10,24 @@ async function main(url) {
   const waiter = client.duplicate();
   await waiter.connect();
   const token = randomUUID(); // made before the first send; a retried ACQUIRE sends the same token
-  const fence = await waiter.sendCommand(["DLOCK.ACQUIRE", "invoice:{123}", token, "30000", "WAIT", "5000"]);
+  let fence;
+  try {
+    // CLAIM: a lease handed over to a client that gave up (and never claims it) lapses in 10 s.
+    fence = await waiter.sendCommand(["DLOCK.ACQUIRE", "invoice:{123}", token, "30000", "WAIT", "5000", "CLAIM", "10000"]);
+  } catch (error) {
+    // Failed on this side: the lease may have been handed over as it failed. Close that
+    // connection, then release the token (this attempt's alone) from the other one.
+    waiter.destroy();
+    await client.sendCommand(["DLOCK.RELEASE", "invoice:{123}", token]);
+    throw error;
+  }
   await waiter.close();
   if (fence === null) {
     console.log("invoice:{123} is held by someone else; try again later");
     return client.close();
   }
+  // Claim it: the same ACQUIRE again answers the same fence and starts the full ttl.
+  await client.sendCommand(["DLOCK.ACQUIRE", "invoice:{123}", token, "30000"]);
   try {
     await client.sendCommand(["DLOCK.FENCED", "invoice:{123}", String(fence), "HSET", "invoice:{123}:data", "status", "paid"]);
     console.log(`paid under fence ${fence}`);

@@ -22,12 +22,18 @@ func main() {
 	})
 	token := uuid.NewString() // made before the first send; a retried ACQUIRE sends the same token
 	// WAIT blocks its connection: on a client shared with renewals, use a connection of its own (rdb.Conn()).
-	fence, err := rdb.Do(ctx, "DLOCK.ACQUIRE", "invoice:{123}", token, 30000, "WAIT", 5000).Int64()
+	// CLAIM: a lease handed over to a client that gave up (and never claims it) lapses in 10 s.
+	fence, err := rdb.Do(ctx, "DLOCK.ACQUIRE", "invoice:{123}", token, 30000, "WAIT", 5000, "CLAIM", 10000).Int64()
 	if errors.Is(err, redis.Nil) {
 		log.Fatal("invoice:{123} is held by someone else; try again later")
 	} else if err != nil {
-		log.Fatal(err) // outcome unknown: retry with the same token, or let the lease expire
+		// Failed on this side: the lease may have been handed over as it failed. go-redis closed
+		// that connection; release the token (this attempt's alone) from another one.
+		rdb.Do(ctx, "DLOCK.RELEASE", "invoice:{123}", token)
+		log.Fatal(err)
 	}
+	// Claim it: the same ACQUIRE again answers the same fence and starts the full ttl.
+	rdb.Do(ctx, "DLOCK.ACQUIRE", "invoice:{123}", token, 30000)
 	defer func() {
 		released, err := rdb.Do(ctx, "DLOCK.RELEASE", "invoice:{123}", token).Int()
 		if err != nil || released == 0 {

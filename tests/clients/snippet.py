@@ -16,9 +16,20 @@ r = redis.Redis(
     retry=Retry(NoBackoff(), 0),
 )
 token = str(uuid.uuid4())  # made before the first send; a retried ACQUIRE sends the same token
-fence = r.execute_command("DLOCK.ACQUIRE", "invoice:{123}", token, 30000, "WAIT", WAIT_MS)
+try:
+    # CLAIM: a lease handed over to a client that gave up (and never claims it) lapses in 10 s.
+    fence = r.execute_command(
+        "DLOCK.ACQUIRE", "invoice:{123}", token, 30000, "WAIT", WAIT_MS, "CLAIM", 10000
+    )
+except (redis.ConnectionError, redis.TimeoutError):
+    # Failed on this side: the lease may have been handed over as it failed. redis-py closed that
+    # connection; release the token (this attempt's alone) from a new one.
+    r.execute_command("DLOCK.RELEASE", "invoice:{123}", token)
+    raise
 if fence is None:
     sys.exit("invoice:{123} is held by someone else; try again later")
+# Claim it: the same ACQUIRE again answers the same fence and starts the full ttl.
+r.execute_command("DLOCK.ACQUIRE", "invoice:{123}", token, 30000)
 try:
     r.execute_command(
         "DLOCK.FENCED", "invoice:{123}", fence, "HSET", "invoice:{123}:data", "status", "paid"

@@ -197,6 +197,20 @@ MAX_HOLD_ROUNDING = 0.002
 # Pause between retries of an acquire whose outcome was unknown.
 RETRY_PAUSE = 0.05
 
+# After an acquire that failed on this side, the RELEASE of its token goes out once the failed
+# connection is closed: what that connection carried reaches the server before its close, so the
+# server has either granted (the RELEASE frees it) or drops the waiter with the connection. On
+# another path (a proxy, a load balancer) the RELEASE may still overtake the ACQUIRE: if it found
+# nothing, one more follows after this pause, and no more, so that a failed acquire returns in
+# bounded time. A grant later still ends with its claim window (a hand-over) or its ttl.
+FORGET_AGAIN_AFTER = 0.1
+
+
+def forget_command(resource: str, token: str) -> list[Arg]:
+    """The RELEASE of an attempt's token after its outcome stayed unknown: without ``FENCE``
+    (the fence is unknown); the token is that attempt's alone, so it frees no other grant."""
+    return ["DLOCK.RELEASE", resource, token]
+
 
 class AcquirePlan:
     """The steps of one acquire, the same for both clients: a plain ACQUIRE first; while the

@@ -94,6 +94,19 @@ class Connections:
         self._give_back(connection)
         return reply
 
+    def call_alone(self, args: Sequence[Any], timeout: float) -> Any:
+        """Sends one command on a connection opened for it and closed after it: not one from
+        the pool, which may have gone silent with the connection that just failed. Connecting
+        is bounded by the request timeout, the reply by ``timeout``."""
+        connection = self._class(**self._settings)
+        try:
+            connection.send_command(*args)
+            if not connection.can_read(timeout=timeout):
+                raise redis.TimeoutError(f"dlock: no reply within {timeout:.3f} s")
+            return connection.read_response()
+        finally:
+            connection.disconnect()
+
     def call_blocking(self, args: Sequence[Any], wait: float) -> Any:
         """Sends a command that blocks in the server for up to ``wait`` seconds, on a connection
         of its own whose socket timeout is above the wait, without retries: one call is one

@@ -237,12 +237,24 @@ class Locks:
                 raise NotAcquired(resource, timeout)
 
     def _forget(self, resource: str, token: str) -> None:
-        """Best effort after an acquire whose outcome stayed unknown: a grant under ``token``
-        may exist; release it (or it expires by itself)."""
-        try:
-            self._call(resource, ["DLOCK.RELEASE", resource, token], self.release_timeout)
-        except redis.RedisError as error:
-            log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+        """After an acquire that failed on this side (its connection is closed by now): a grant
+        under ``token`` may exist; release it from a connection opened for it, within
+        ``release_timeout`` per RELEASE, and once more after a short pause if the first found
+        nothing (see ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim
+        window or its ttl."""
+        command = common.forget_command(resource, token)
+        for attempt in range(2):
+            if attempt:
+                time.sleep(common.FORGET_AGAIN_AFTER)
+            try:
+                connections = self._nodes.for_resource(resource)
+                released = common.as_int(connections.call_alone(command, self.release_timeout))
+            except redis.RedisError as error:
+                log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+                return
+            if released == 1:
+                log.debug("dlock: released a grant on %s the acquire never learned", resource)
+                return
 
     def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         """One RENEW: ``True`` renewed (the local expiry moves on), ``False`` refused, ``None``

@@ -88,6 +88,19 @@ class _Connections:
             await self._drop(connection)
         return reply
 
+    async def call_alone(self, args: Sequence[Any], timeout: float) -> Any:
+        """One command on a connection opened for it and closed after it (not one from the
+        pool, which may have gone silent with the one that failed), within the request timeout
+        to connect and ``timeout`` for the reply."""
+        connection = self._class(**self._settings)
+        try:
+            await asyncio.wait_for(connection.send_command(*args), self._timeout)
+            return await asyncio.wait_for(connection.read_response(), timeout)
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(f"dlock: no reply within {timeout:.3f} s") from None
+        finally:
+            await self._drop(connection)
+
     async def call_blocking(self, args: Sequence[Any], wait: float) -> Any:
         """A command that blocks in the server up to ``wait``: a connection of its own, a
         socket timeout above the wait, no retries: one call is one server-side wait."""
@@ -394,10 +407,23 @@ class Locks:
                 raise NotAcquired(resource, timeout)
 
     async def _forget(self, resource: str, token: str) -> None:
-        try:
-            await self._call(resource, ["DLOCK.RELEASE", resource, token], self.release_timeout)
-        except redis.RedisError as error:
-            log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+        """See :meth:`dlock.Locks._forget`: the attempt's token released from a connection
+        opened for it, once more after a short pause if the first RELEASE found nothing."""
+        command = common.forget_command(resource, token)
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(common.FORGET_AGAIN_AFTER)
+            try:
+                connections = await self._nodes.for_resource(resource)
+                released = common.as_int(
+                    await connections.call_alone(command, self.release_timeout)
+                )
+            except redis.RedisError as error:
+                log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
+                return
+            if released == 1:
+                log.debug("dlock: released a grant on %s the acquire never learned", resource)
+                return
 
     async def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         command = common.renew_command(
