@@ -119,7 +119,11 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
                 lease.remaining_ms(now),
                 lease.held_ms(now),
                 if lease.shared { " mode=shared" } else { "" },
-                lease.token.meta().map(|meta| format!(" meta={}", printable(meta))).unwrap_or_default(),
+                lease
+                    .token
+                    .meta()
+                    .map(|meta| format!(" meta={}", printable(meta)))
+                    .unwrap_or_default(),
             ),
         );
     }

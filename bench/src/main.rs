@@ -3,12 +3,12 @@
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_STORM_LEASES` (default 1000000),
 //! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so),
-//! `BENCH_ONLY` (`storm`, `memory`, `throughput` or `waiters`: run only that section). The server is the
-//! `redis-server` on the PATH.
+//! `BENCH_ONLY` (`storm`, `memory`, `throughput`, `waiters` or `shared`: run only that section).
+//! The server is the `redis-server` on the PATH.
 //!
-//! One file per scenario (`throughput`, `cycles`, `handover`, `memory`, `waiters`, `storm`), each
-//! writing its table; `schemes` is what each lock scheme sends, `harness` the server and the
-//! client threads, `report` the markdown.
+//! One file per scenario (`throughput`, `cycles`, `handover`, `memory`, `waiters`, `shared`,
+//! `storm`), each writing its table; `schemes` is what each lock scheme sends, `harness` the
+//! server and the client threads, `report` the markdown.
 
 mod cycles;
 mod handover;
@@ -16,6 +16,7 @@ mod harness;
 mod memory;
 mod report;
 mod schemes;
+mod shared;
 mod storm;
 mod throughput;
 mod waiters;
@@ -39,6 +40,10 @@ fn main() -> Result<()> {
         waiters::run(&server, &mut report)?;
         return report.finish();
     }
+    if only == "shared" {
+        shared::run(&server, &mut report, seconds)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
@@ -49,6 +54,7 @@ fn main() -> Result<()> {
         handover::run(&server, &mut report, seconds)?;
         memory::run(&server, &mut report)?;
         waiters::run(&server, &mut report)?;
+        shared::run(&server, &mut report, seconds)?;
     }
     storm::run(&server, &mut report, storm_leases)?;
     report.finish()
