@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::core::stats::Stats;
+use crate::core::stats::{Gauges, Stats};
 
 static STATS: Mutex<Option<Stats>> = Mutex::new(None);
 
@@ -34,8 +34,13 @@ pub fn lock_key_freed() {
 /// busy (a crash report must not wait on a lock the crashing code may hold).
 pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>> {
     let mut stats = STATS.try_lock().ok()?;
-    let lock_keys = LOCK_KEYS.load(Ordering::Relaxed);
-    Some(stats.get_or_insert_with(Stats::default).fields(lock_keys, waiters, index_entries))
+    let gauges = Gauges {
+        lock_keys: LOCK_KEYS.load(Ordering::Relaxed),
+        waiters,
+        tickets: crate::core::lock::tickets_in_line(),
+        index_entries,
+    };
+    Some(stats.get_or_insert_with(Stats::default).fields(gauges))
 }
 
 /// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters).

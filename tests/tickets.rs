@@ -131,3 +131,81 @@ fn bad_queue_options_are_refused_and_change_nothing() {
     }
     assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
 }
+
+fn tickets_gauge(con: &mut redis::Connection) -> Option<String> {
+    info_line(con, "dlock", "dlock_tickets")
+}
+
+#[test]
+fn info_counts_the_tickets_standing_in_every_line() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "a", "holder", 60_000).expect("held");
+    acquire(&mut con, "b", "holder", 60_000).expect("held");
+    assert_eq!(tickets_gauge(&mut con).as_deref(), Some("0"));
+    queue(&mut con, "a", "t1", 60_000);
+    queue(&mut con, "a", "t2", 300);
+    queue(&mut con, "b", "t3", 60_000);
+    queue(&mut con, "a", "t1", 60_000); // a refresh is the same ticket
+    assert_eq!(tickets_gauge(&mut con).as_deref(), Some("3"));
+    // t2 lapses; t1's turn comes when the holder releases; DEL takes t3 with its key.
+    assert!(eventually(Duration::from_secs(5), || {
+        tickets_gauge(&mut con).as_deref() == Some("2")
+    }));
+    assert_eq!(release(&mut con, "a", "holder"), 1);
+    assert_eq!(tickets_gauge(&mut con).as_deref(), Some("1"));
+    let _: i64 = redis::cmd("DEL").arg("b").query(&mut con).expect("DEL");
+    assert_eq!(tickets_gauge(&mut con).as_deref(), Some("0"));
+}
+
+/// `used_memory` now, in bytes.
+fn used_memory(con: &mut redis::Connection) -> f64 {
+    info_line(con, "memory", "used_memory").and_then(|v| v.parse().ok()).expect("used_memory")
+}
+
+fn memory_usage(con: &mut redis::Connection, key: &str) -> f64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query::<i64>(con)
+        .expect("USAGE") as f64
+}
+
+#[test]
+fn memory_usage_of_a_line_of_tickets_and_of_shared_leases_is_close_to_what_they_take() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "line", "holder", 600_000).expect("held");
+    let (before, key_before) = (used_memory(&mut con), memory_usage(&mut con, "line"));
+    let mut pipe = redis::pipe();
+    for i in 0..3_000 {
+        pipe.cmd("DLOCK.ACQUIRE")
+            .arg("line")
+            .arg(format!("ticket-{i:06}"))
+            .arg(60_000)
+            .arg("QUEUE")
+            .arg(600_000);
+    }
+    let _: redis::Value = pipe.query(&mut con).expect("tickets");
+    let grown = used_memory(&mut con) - before;
+    let counted = memory_usage(&mut con, "line") - key_before;
+    let ratio = counted / grown;
+    assert!((0.7..=1.3).contains(&ratio), "MEMORY USAGE grew {counted}, used_memory {grown}");
+
+    let before = used_memory(&mut con);
+    let mut pipe = redis::pipe();
+    for i in 0..3_000 {
+        pipe.cmd("DLOCK.ACQUIRE")
+            .arg("readers")
+            .arg(format!("reader-{i:06}"))
+            .arg(600_000)
+            .arg("SHARED");
+    }
+    let _: redis::Value = pipe.query(&mut con).expect("readers");
+    let grown = used_memory(&mut con) - before;
+    let counted = memory_usage(&mut con, "readers");
+    let ratio = counted / grown;
+    assert!((0.7..=1.3).contains(&ratio), "MEMORY USAGE {counted}, used_memory grew {grown}");
+}

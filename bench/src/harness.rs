@@ -22,7 +22,7 @@ pub fn start_server() -> Result<Server> {
         .binary("redis-server")
         .module(module)
         .args(&["--save", "", "--appendonly", "no"])
-        .args(&["--maxclients", "10000", "--loglevel", "warning"])
+        .args(&["--maxclients", "19900", "--loglevel", "warning"])
         .try_start()?)
 }
 

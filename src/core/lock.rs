@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::args::parse_token;
 use super::error::MAX_FENCE;
@@ -292,10 +293,20 @@ pub enum Due {
     Vacant,
 }
 
+/// Tickets in every line of this process (`INFO dlock`'s `tickets` gauge): counted where a line
+/// takes a ticket in or out, is cloned, or is dropped.
+static TICKETS_IN_LINE: AtomicU64 = AtomicU64::new(0);
+
+/// How many tickets (`QUEUE`) stand in the lines of all locks now (a lapsed one until its lock is
+/// next settled).
+pub fn tickets_in_line() -> u64 {
+    TICKETS_IN_LINE.load(Ordering::Relaxed)
+}
+
 /// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).
 /// The shared leases live here too: like waiters, only locks that more than one client uses at
 /// once have them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Line {
     /// The place the next waiter takes; places only grow, so their order is the line's.
     next_place: u64,
@@ -319,8 +330,10 @@ impl Line {
         if self.place_of_token.get(&waiter.token) == Some(&place) {
             self.place_of_token.remove(&waiter.token);
         }
-        if let Some(until) = waiter.ticket_until {
-            self.tickets.remove(&(until, place));
+        if let Some(until) = waiter.ticket_until
+            && self.tickets.remove(&(until, place))
+        {
+            TICKETS_IN_LINE.fetch_sub(1, Ordering::Relaxed);
         }
         Some(waiter)
     }
@@ -329,10 +342,32 @@ impl Line {
     fn put(&mut self, place: u64, waiter: Waiter) {
         self.place_of_id.insert(waiter.id, place);
         self.place_of_token.insert(waiter.token.clone(), place);
-        if let Some(until) = waiter.ticket_until {
-            self.tickets.insert((until, place));
+        if let Some(until) = waiter.ticket_until
+            && self.tickets.insert((until, place))
+        {
+            TICKETS_IN_LINE.fetch_add(1, Ordering::Relaxed);
         }
         self.places.insert(place, waiter);
+    }
+}
+
+impl Clone for Line {
+    fn clone(&self) -> Self {
+        TICKETS_IN_LINE.fetch_add(self.tickets.len() as u64, Ordering::Relaxed);
+        Self {
+            next_place: self.next_place,
+            places: self.places.clone(),
+            place_of_id: self.place_of_id.clone(),
+            place_of_token: self.place_of_token.clone(),
+            tickets: self.tickets.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        TICKETS_IN_LINE.fetch_sub(self.tickets.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -423,8 +458,14 @@ impl Queue {
         while let Some(&(until, place)) =
             line.tickets.first().filter(|(until, _)| *until <= now_mono)
         {
-            line.tickets.remove(&(until, place));
-            lapsed.extend(line.take(place));
+            match line.take(place) {
+                Some(waiter) => lapsed.push(waiter),
+                // Never the case (a ticket's entry goes with its waiter), but never a loop.
+                None if line.tickets.remove(&(until, place)) => {
+                    TICKETS_IN_LINE.fetch_sub(1, Ordering::Relaxed);
+                }
+                None => {}
+            }
         }
         self.shrink();
         lapsed
@@ -456,22 +497,25 @@ impl Queue {
         self.len() == 0
     }
 
-    /// Bytes the line holds on the heap (for `MEMORY USAGE`), roughly: each waiter's entry in
-    /// the line and in its indexes, and its token twice; each shared lease.
+    /// Bytes the line holds on the heap (for `MEMORY USAGE`), estimated from what each entry
+    /// costs: a waiter in the line's tree (nodes are about half full, so twice its size), its
+    /// entries in the id and token maps, its token twice and its metadata (allocations round up
+    /// to 8 bytes), and a ticket's entry in the lapse order; each shared lease and its token.
     fn heap_bytes(&self) -> usize {
+        let alloc = |len: usize| len.next_multiple_of(8);
         self.0.as_ref().map_or(0, |line| {
             std::mem::size_of::<Line>()
                 + line
                     .places
                     .values()
                     .map(|waiter| {
-                        std::mem::size_of::<Waiter>()
-                            + 64
-                            + 2 * waiter.token.len()
-                            + waiter.meta.as_ref().map_or(0, |meta| meta.len())
+                        2 * std::mem::size_of::<Waiter>()
+                            + 96
+                            + 2 * alloc(waiter.token.len())
+                            + waiter.meta.as_ref().map_or(0, |meta| alloc(meta.len()))
                     })
                     .sum::<usize>()
-                + line.tickets.len() * 24
+                + line.tickets.len() * 32
                 + line.shared.capacity() * std::mem::size_of::<Lease>()
                 + line.shared.iter().map(|lease| lease.token.heap_bytes()).sum::<usize>()
         })

@@ -130,6 +130,19 @@ pub struct Stats {
     pub hold_time: Histogram,
 }
 
+/// What `INFO dlock` shows as it is now rather than as counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gauges {
+    /// Lock values in memory.
+    pub lock_keys: u64,
+    /// Clients blocked in ACQUIRE … WAIT.
+    pub waiters: u64,
+    /// Tickets standing in lines.
+    pub tickets: u64,
+    /// Entries in the expiry index, live or stale.
+    pub index_entries: u64,
+}
+
 impl Stats {
     /// Counts one transition of a lock at `now_mono` (µs, monotonic).
     pub fn record(&mut self, transition: &Transition, now_mono: Micros) {
@@ -178,7 +191,8 @@ impl Stats {
 
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
     /// `index_entries` counts the expiry index's entries, live or stale.
-    pub fn fields(&self, lock_keys: u64, waiters: u64, index_entries: u64) -> Vec<(String, u64)> {
+    pub fn fields(&self, gauges: Gauges) -> Vec<(String, u64)> {
+        let Gauges { lock_keys, waiters, tickets, index_entries } = gauges;
         let counters = [
             ("acquire_granted", self.acquire_granted),
             ("acquire_reacquired", self.acquire_reacquired),
@@ -204,6 +218,7 @@ impl Stats {
             ("claims_lapsed", self.claims_lapsed),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
+            ("tickets", tickets),
             ("index_entries", index_entries),
         ];
         let mut fields: Vec<(String, u64)> =
