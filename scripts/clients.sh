@@ -4,6 +4,10 @@
 # Nothing is installed system-wide. Prints nothing on success.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Tests call this in parallel: one install at a time, or two npm runs corrupt one node_modules.
+mkdir -p .deps
+exec 9>.deps/clients.lock
+flock 9
 REDIS_PY=8.1.0
 NODE_REDIS=6.3.1
 if [ "$(PYTHONPATH=.deps/python python3 -c 'import redis; print(redis.__version__)' 2>/dev/null)" != "$REDIS_PY" ]; then
