@@ -6,16 +6,8 @@
 //! `+`, no spaces, no leading zeros.
 
 use super::DlockError;
-use super::lock::Mode;
-
-/// Longest accepted token, in bytes.
-pub const MAX_TOKEN_LEN: usize = 512;
-
-/// Longest accepted holder metadata (`META`), in bytes.
-pub const MAX_META_LEN: usize = 1_024;
-
-/// Largest `LIMIT` of a shared request.
-pub const MAX_LIMIT: u32 = 1_000_000;
+pub use super::limits::{MAX_LIMIT, MAX_META_LEN, MAX_TOKEN_LEN};
+use super::mode::Mode;
 
 /// Default of `dlock.max-ttl-ms`, the upper bound of `ttl-ms` and `timeout-ms`: one day.
 pub const DEFAULT_MAX_TTL_MS: u64 = 86_400_000;

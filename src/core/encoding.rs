@@ -13,7 +13,7 @@
 //! One decoder serves every version and every source of fields: Redis's RDB reader in the module,
 //! a byte cursor in tests and the fuzzer. Whatever it accepts is a valid lock.
 
-use super::args::MAX_META_LEN;
+use super::limits::MAX_META_LEN;
 use super::lock::{Lease, Lock};
 use super::{Micros, Now};
 

@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-/// Largest fence any server will ever hand out: replies are signed 64-bit integers.
-pub const MAX_FENCE: u64 = i64::MAX as u64;
+pub use super::limits::MAX_FENCE;
 
 /// What went wrong with a command. `Display` gives the exact error reply, code first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,7 +19,7 @@ pub enum DlockError {
     BadTicket { max: u64 },
     /// Two options (named) that cannot be given together.
     ConflictingOptions(&'static str, &'static str),
-    /// Token empty or longer than [`crate::core::args::MAX_TOKEN_LEN`].
+    /// Token empty or longer than [`crate::core::limits::MAX_TOKEN_LEN`].
     BadToken,
     /// Fence not a positive integer.
     BadFence,
@@ -84,7 +83,7 @@ impl fmt::Display for DlockError {
             Self::BadToken => write!(
                 f,
                 "ERR token must be between 1 and {} bytes long",
-                super::args::MAX_TOKEN_LEN
+                super::limits::MAX_TOKEN_LEN
             ),
             Self::BadFence => write!(f, "ERR fence must be a positive integer"),
             Self::UnknownOption(arg) => write!(f, "ERR syntax error: unexpected argument '{arg}'"),

@@ -5,9 +5,9 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::args::parse_token;
-use super::error::MAX_FENCE;
 use super::fence::FenceCounter;
+use super::limits::{MAX_FENCE, MAX_TOKEN_LEN};
+use super::mode::Mode;
 use super::token::Token;
 use super::{DlockError, Micros, Now};
 
@@ -44,32 +44,6 @@ pub struct Lease {
     pub shared: bool,
 }
 
-/// What a request asks for: the lease to itself, or a share of it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// The only lease on the resource (version 1's lock, a writer of a read-write lock).
-    #[default]
-    Exclusive,
-    /// `SHARED [LIMIT n]`: beside other shared leases (a reader), and, with a limit, only while
-    /// fewer than `n` of them live (a semaphore permit).
-    Shared {
-        /// `LIMIT n`, checked against the live shared leases when this request is granted.
-        limit: Option<u32>,
-    },
-}
-
-impl Mode {
-    /// Whether the request is for a shared lease.
-    pub fn is_shared(self) -> bool {
-        matches!(self, Self::Shared { .. })
-    }
-
-    /// The mode's name in replies and errors.
-    pub fn name(self) -> &'static str {
-        if self.is_shared() { "shared" } else { "exclusive" }
-    }
-}
-
 impl Lease {
     /// A lease of `token` with `fence` that ends `ttl_ms` after `now`.
     pub fn new(token: &[u8], fence: u64, ttl_ms: u64, now: Now) -> Self {
@@ -99,7 +73,7 @@ impl Lease {
         now: Now,
         last_fence: u64,
     ) -> Result<Self, DlockError> {
-        if parse_token(token).is_err() {
+        if !(1..=MAX_TOKEN_LEN).contains(&token.len()) {
             return Err(DlockError::BadReplicatedLease("token length"));
         }
         if !(1..=MAX_FENCE).contains(&fence) {

@@ -10,7 +10,9 @@ pub mod error;
 pub mod expiry;
 pub mod fence;
 pub mod fenced;
+pub mod limits;
 pub mod lock;
+pub mod mode;
 #[cfg(test)]
 mod model_tests;
 pub mod ratelimit;
@@ -21,7 +23,8 @@ pub mod step;
 pub mod token;
 
 pub use error::DlockError;
-pub use lock::{Acquired, HandOver, Lease, Lock, Mode, Renewal, Rules, Waiter};
+pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};
+pub use mode::Mode;
 pub use step::{Host, Refusal, Step, Transition};
 
 /// Microseconds, on whichever clock the field's name says.

@@ -14,7 +14,8 @@ use proptest::prelude::*;
 
 use super::expiry::{DueBatch, ExpiryIndex};
 use super::fence::FenceCounter;
-use super::lock::{Due, Mode, Renewal, Rules};
+use super::lock::{Due, Renewal, Rules};
+use super::mode::Mode;
 use super::{Acquired, Host, Lock, Now, Step, Transition, Waiter};
 
 type Resource = u8;

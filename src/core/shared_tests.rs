@@ -14,7 +14,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use proptest::prelude::*;
 
 use super::fence::FenceCounter;
-use super::lock::{Mode, Renewal, Rules};
+use super::lock::{Renewal, Rules};
+use super::mode::Mode;
 use super::{Acquired, DlockError, Host, Lock, Now, Step, Transition, Waiter};
 
 #[derive(Clone, Debug)]

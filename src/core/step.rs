@@ -8,7 +8,8 @@
 //! `model_tests.rs` run these same operations against a reference model.
 
 use super::fence::FenceCounter;
-use super::lock::{Acquired, Lease, Lock, Mode, Renewal, Rules, Waiter};
+use super::lock::{Acquired, Lease, Lock, Renewal, Rules, Waiter};
+use super::mode::Mode;
 use super::token::Token;
 use super::{DlockError, Micros, Now};
 
