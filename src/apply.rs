@@ -126,11 +126,41 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
     let current = |fence: u64| lock.holders().find(|lease| lease.fence == fence);
     match change {
         Transition::Granted { fence } => event(ctx, Event::Acquired, name, current(*fence), now),
-        Transition::Claimed | Transition::Ticketed { .. } | Transition::TicketLapsed => {}
+        Transition::Ticketed { .. } => {}
+        Transition::Claimed { fence } => {
+            if let Some(lease) = current(*fence) {
+                notify::verbose(ctx, || {
+                    format!(
+                        "lease claimed resource={} owner={} fence={}",
+                        printable(name.as_slice()),
+                        printable(&lease.token),
+                        lease.fence
+                    )
+                });
+            }
+        }
+        Transition::TicketLapsed { token } => notify::anomaly(ctx, now, || {
+            format!(
+                "ticket lapsed (not refreshed in time) resource={} token={}",
+                printable(name.as_slice()),
+                printable(token)
+            )
+        }),
         Transition::Reacquired { fence } | Transition::Renewed { fence } => {
             event(ctx, Event::Renewed, name, current(*fence), now);
         }
         Transition::Released(lease) => event(ctx, Event::Released, name, Some(lease), now),
+        Transition::Expired(lease) if lease.unclaimed => {
+            event(ctx, Event::Expired, name, Some(lease), now);
+            notify::anomaly(ctx, now, || {
+                format!(
+                    "grant lapsed unclaimed (its claim window ended) resource={} owner={} fence={}",
+                    printable(name.as_slice()),
+                    printable(&lease.token),
+                    lease.fence
+                )
+            });
+        }
         Transition::Expired(lease) => {
             event(ctx, Event::Expired, name, Some(lease), now);
             notify::anomaly(ctx, now, || {

@@ -151,6 +151,13 @@ pub fn publish(ctx: &Context, what: Event, resource: &RedisString, fence: u64) {
     }
 }
 
+/// Logs a line at verbose level, built only when the server logs verbose lines.
+pub fn verbose(ctx: &Context, line: impl FnOnce() -> String) {
+    if VERBOSE.load(Ordering::Relaxed) {
+        log(ctx, Level::Verbose, &line());
+    }
+}
+
 /// Logs an anomaly at notice level, unless too many were logged this second.
 pub fn anomaly(ctx: &Context, now: Now, line: impl FnOnce() -> String) {
     let verdict = NOTICES

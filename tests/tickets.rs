@@ -209,3 +209,36 @@ fn memory_usage_of_a_line_of_tickets_and_of_shared_leases_is_close_to_what_they_
     let ratio = counted / grown;
     assert!((0.7..=1.3).contains(&ratio), "MEMORY USAGE {counted}, used_memory grew {grown}");
 }
+
+#[test]
+fn a_lapsed_ticket_a_lapsed_claim_and_a_claimed_grant_are_each_logged_by_name() {
+    let server = Server::start_with(&["--loglevel", "verbose"]);
+    let mut con = server.client();
+    acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue(&mut con, "r", "quitter", 200), None);
+    assert!(eventually(Duration::from_secs(5), || {
+        server.log().contains("ticket lapsed (not refreshed in time) resource=r token=quitter")
+    }));
+    // B's ticket is granted on A's release with a 300 ms claim window B never uses.
+    let claim: &[&str] = &["QUEUE", "60000", "CLAIM", "300"];
+    let _: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("r")
+        .arg("B")
+        .arg(60_000)
+        .arg(claim)
+        .query(&mut con)
+        .expect("B");
+    assert_eq!(queue(&mut con, "r", "C", 60_000), None);
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    assert!(eventually(Duration::from_secs(5), || {
+        server.log().contains("grant lapsed unclaimed (its claim window ended) resource=r owner=B")
+    }));
+    // C's grant passes on from B's; C claims it with its next ACQUIRE.
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("C"));
+    let fence = queue(&mut con, "r", "C", 60_000).expect("C claims");
+    assert!(eventually(Duration::from_secs(5), || {
+        server.log().contains(&format!("lease claimed resource=r owner=C fence={fence}"))
+    }));
+    let log = server.log();
+    assert!(!log.contains("lease expired under its holder resource=r owner=B"), "{log}");
+}

@@ -154,7 +154,7 @@ impl Stats {
                 self.release_ok += 1;
                 self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
             }
-            Transition::Claimed => self.grants_claimed += 1,
+            Transition::Claimed { .. } => self.grants_claimed += 1,
             Transition::Expired(lease) => {
                 self.leases_expired += 1;
                 self.claims_lapsed += u64::from(lease.unclaimed);
@@ -170,7 +170,7 @@ impl Stats {
             }
             Transition::Ticketed { refreshed: false } => self.tickets_queued += 1,
             Transition::Ticketed { refreshed: true } => {}
-            Transition::TicketLapsed => self.tickets_lapsed += 1,
+            Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
             // Its waiter was counted as abandoned when its client went away.
             Transition::GrantUndone(_) => {}
             Transition::Queued { .. } => self.waits_started += 1,

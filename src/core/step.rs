@@ -39,7 +39,10 @@ pub enum Transition {
     },
     /// The holder of a lease handed over with a claim window claimed it (its first RENEW or
     /// repeated ACQUIRE); the `Renewed` or `Reacquired` that did it follows.
-    Claimed,
+    Claimed {
+        /// The claimed grant's fence.
+        fence: u64,
+    },
     /// The holder released this lease.
     Released(Lease),
     /// This lease reached its deadline.
@@ -68,7 +71,10 @@ pub enum Transition {
         refreshed: bool,
     },
     /// A ticket was not refreshed in time and left the queue.
-    TicketLapsed,
+    TicketLapsed {
+        /// The token whose ticket lapsed.
+        token: Box<[u8]>,
+    },
     /// A waiter's place was taken by a newer wait of the same token: it is answered nil.
     Superseded {
         /// The blocked client to answer.
@@ -94,8 +100,8 @@ impl Transition {
             self,
             Self::Queued { .. }
                 | Self::Ticketed { .. }
-                | Self::TicketLapsed
-                | Self::Claimed
+                | Self::TicketLapsed { .. }
+                | Self::Claimed { .. }
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
                 | Self::Refused(_)
@@ -161,8 +167,10 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// Brings `lock` up to date: an expired lease ends, and a free lock passes to the first
     /// waiter that still waits (waiters ahead of it that are gone leave the queue).
     pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
-        let lapsed = lock.drop_lapsed_tickets(self.now).len();
-        self.changes.extend(std::iter::repeat_n(Transition::TicketLapsed, lapsed));
+        let lapsed = lock.drop_lapsed_tickets(self.now);
+        self.changes.extend(
+            lapsed.into_iter().map(|waiter| Transition::TicketLapsed { token: waiter.token }),
+        );
         self.changes.extend(lock.expire(self.now).into_iter().map(Transition::Expired));
         let host = self.host;
         // Every compatible request at the head is granted: readers together, one writer alone.
@@ -221,8 +229,8 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         let unclaimed = self.unclaimed_by(lock, token, None);
         let outcome =
             lock.acquire_as(token, ttl_ms, mode, meta, self.now, self.fences, self.rules)?;
-        if unclaimed && matches!(outcome, Acquired::Reacquired { .. }) {
-            self.changes.push(Transition::Claimed);
+        if let (true, Acquired::Reacquired { fence }) = (unclaimed, &outcome) {
+            self.changes.push(Transition::Claimed { fence: *fence });
         }
         match outcome {
             Acquired::Granted { fence, .. } => self.changes.push(Transition::Granted { fence }),
@@ -291,11 +299,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.settle(lock)?;
         let unclaimed = self.unclaimed_by(lock, token, fence);
         let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
-        if unclaimed && renewal == Renewal::Renewed {
-            self.changes.push(Transition::Claimed);
-        }
         let holder = lock.live_lease(self.now);
         let mine = lock.holder(token, self.now);
+        if unclaimed && renewal == Renewal::Renewed {
+            self.changes.push(Transition::Claimed { fence: mine.map_or(0, |lease| lease.fence) });
+        }
         self.changes.push(match renewal {
             Renewal::Renewed => Transition::Renewed { fence: mine.map_or(0, |lease| lease.fence) },
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
@@ -454,7 +462,10 @@ mod tests {
         let mut step = step_at(at(1), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
         let fence = at(1).wall;
-        assert_eq!(step.into_changes(), [Transition::Claimed, Transition::Renewed { fence }]);
+        assert_eq!(
+            step.into_changes(),
+            [Transition::Claimed { fence }, Transition::Renewed { fence }]
+        );
         let mut step = step_at(at(2), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
         assert_eq!(step.into_changes(), [Transition::Renewed { fence }], "claimed once");
@@ -486,7 +497,7 @@ mod tests {
         // C stops refreshing: at 3 s it leaves; B, refreshed, is still first in line.
         let mut step = step_at(at(3), &mut fences, &host);
         step.settle(&mut lock).expect("settle");
-        assert_eq!(step.into_changes(), [Transition::TicketLapsed]);
+        assert_eq!(step.into_changes(), [Transition::TicketLapsed { token: b"C"[..].into() }]);
         assert_eq!(lock.waiters().map(|w| &*w.token).collect::<Vec<_>>(), [&b"B"[..]]);
         // A's lease ends at 5 s: B's ticket is granted with its claim window.
         let mut step = step_at(at(5), &mut fences, &host);
