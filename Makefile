@@ -29,8 +29,9 @@ test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, un
 	CHAOS_SEED=11 CHAOS_ALWAYS_SECONDS=30 CHAOS_FAILOVER_SECONDS=15 bash scripts/chaos.sh --self-check
 	bash scripts/python.sh test
 
-chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED
+chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED; then the mirror test for MIRROR_BATCHES (default 60)
 	CHAOS_BUILD=release bash scripts/chaos.sh
+	MIRROR_BATCHES=$${MIRROR_BATCHES:-60} cargo test --release --test mirror -- --nocapture
 
 fuzz: ## Fuzz every target for FUZZ_SECONDS each (default 60)
 	bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
