@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Python client (python/): installs its tools into .deps/venv (only what is missing) and checks it.
 #   bash scripts/python.sh test     ruff, ruff format --check, mypy --strict, pytest (against
-#                                   redis-server, then Valkey 9), python -m build (sdist and wheel)
+#                                   redis-server, then Valkey 9), python -m build (sdist and wheel),
+#                                   then ./python and the wheel installed into throwaway venvs
+#                                   under .deps/ and imported from there
 #   bash scripts/python.sh venv     only create/update the virtual environment; prints its python
 # The tests start their own redis-server with the module: DLOCK_MODULE, else target/release, else
 # target/debug (build it first: cargo build --release). PostgreSQL is installed with apt-get if
@@ -78,6 +80,54 @@ need_servers() {
   fi
 }
 
+# The packaging check: `pip install ./python` (not editable) and the built wheel, each into a
+# throwaway venv under .deps/, and dlock imported from there with every file of src/dlock
+# (py.typed too) beside it. What they install (redis, and hatchling for the build from source)
+# comes from .deps/wheelhouse, downloaded when pyproject.toml changed: offline after that.
+smoke_install() {
+  local wheel=$1 wheels=.deps/wheelhouse smoke=.deps/smoke-venv
+  local stamp=$wheels/.dlock-pyproject wanted
+  wanted=$(sha256sum python/pyproject.toml | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+    rm -rf "$wheels"
+    local requirements
+    # The build system's requirements and the package's dependencies, as pyproject.toml says.
+    mapfile -t requirements < <("$py" - <<'PY'
+try:
+    import tomllib
+except ImportError:  # Python before 3.11: hatchling's own dependency
+    import tomli as tomllib
+with open("python/pyproject.toml", "rb") as file:
+    project = tomllib.load(file)
+print("\n".join(project["build-system"]["requires"] + project["project"]["dependencies"]))
+PY
+)
+    "$py" -m pip download --quiet --disable-pip-version-check --dest "$wheels" \
+      "${requirements[@]}" >&2
+    echo "$wanted" >"$stamp"
+  fi
+  local source
+  for source in ./python "$wheel"; do
+    rm -rf "$smoke"
+    # No pip of its own (faster): the tools venv's pip installs into it.
+    "$py" -m venv --without-pip "$smoke"
+    "$py" -m pip --python "$smoke/bin/python" install --quiet --disable-pip-version-check \
+      --no-index --find-links "$wheels" "$source" >&2
+    (cd "$smoke" && bin/python - "$repo/python/src/dlock" <<'PY')
+import os, sys
+import dlock, dlock.asyncio
+
+here = os.path.dirname(dlock.__file__)
+assert here.startswith(os.path.abspath(".")), f"dlock imported from {here}, not the venv"
+wanted = {name for name in os.listdir(sys.argv[1]) if name != "__pycache__"}
+missing = wanted - set(os.listdir(here))
+assert not missing, f"not installed: {sorted(missing)}"
+PY
+    echo "python: installed and imported dlock from $source" >&2
+  done
+  rm -rf "$smoke"
+}
+
 # pytest exits 5 when it collected no test: that is a failure here too.
 run_pytest() {
   local status=0
@@ -114,6 +164,7 @@ case "${1:-test}" in
     # The build backend (hatchling) is in the venv: the build itself needs no network.
     "$py" -m build --no-isolation --outdir "$out" python >/dev/null
     ls "$out"
+    smoke_install "$(ls "$out"/*.whl)"
     ;;
   *)
     echo "usage: $0 [test|venv]" >&2

@@ -18,7 +18,7 @@ import redis.cluster
 
 import dlock
 import dlock.asyncio
-from conftest import Server, cmd, wait_until
+from conftest import Server, cmd, fields, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="needs redis-cli")
 
@@ -128,6 +128,27 @@ def test_a_deleted_lease_is_lost_in_a_cluster(cluster: Cluster) -> None:
     with pytest.raises(dlock.LeaseLost), locks.hold("gone:{x}", ttl=1.5) as lease:
         client.delete("gone:{x}")
         assert lease.lost.wait(1.5)
+    client.close()
+    locks.close()
+
+
+def test_shared_leases_on_every_shard(cluster: Cluster) -> None:
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    locks = dlock.Locks(client)
+    resources = [f"shelf:{{{n}}}" for n in range(6)]
+    assert len({cluster.owner(resource).port for resource in resources}) == 3
+    for resource in resources:
+        with (
+            locks.read(resource, ttl=5, timeout=1) as a,
+            locks.semaphore(f"{resource}:pool", 2, ttl=5, timeout=1) as permit,
+            locks.read(resource, ttl=5, timeout=0) as b,
+        ):
+            # Each node is asked for its own options: SHARED and LIMIT are there on all.
+            with cluster.owner(resource).client() as direct:
+                assert fields(cmd(direct, "DLOCK.INFO", resource))[b"holders"] == 2
+            b.fenced("SET", f"{resource}:x", str(b.fence))
+            a.fenced("SET", f"{resource}:y", str(a.fence))
+            assert permit.mode == "shared"
     client.close()
     locks.close()
 

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 
 import dlock
@@ -123,6 +124,67 @@ def test_version_2_options_are_sent_once_advertised() -> None:
     assert common.release_command(v2, "r", "t", 42) == ["DLOCK.RELEASE", "r", "t", "FENCE", 42]
 
 
+# A server with shared leases (COMMAND DOCS abridged to the tokens, RESP2).
+SHARED_DOCS_RESP2: list[Any] = [
+    b"dlock.acquire",
+    [
+        b"arguments",
+        [
+            [b"name", b"timeout-ms", b"type", b"integer", b"token", b"WAIT"],
+            [b"name", b"shared", b"type", b"pure-token", b"token", b"SHARED"],
+            [b"name", b"n", b"type", b"integer", b"token", b"LIMIT"],
+        ],
+    ],
+]
+
+
+def test_shared_modes_are_sent_as_shared_and_limit() -> None:
+    features = Features.from_docs(SHARED_DOCS_RESP2)
+    assert features.acquire == {"WAIT", "SHARED", "LIMIT"}
+    assert common.acquire_command(features, "r", "t", 100, mode=common.SHARED) == [
+        "DLOCK.ACQUIRE",
+        "r",
+        "t",
+        100,
+        "SHARED",
+    ]
+    # The confirming ACQUIRE after a wait carries the mode too (else: LOCKMODE).
+    mode = common.semaphore_mode(3)
+    for wait_ms in (5, None):
+        command = common.acquire_command(features, "r", "t", 100, wait_ms=wait_ms, mode=mode)
+        assert command[4:7] == ["SHARED", "LIMIT", 3]
+    assert common.acquire_command(features, "r", "t", 100, mode=common.EXCLUSIVE) == [
+        "DLOCK.ACQUIRE",
+        "r",
+        "t",
+        100,
+    ]
+
+
+def test_shared_modes_are_refused_on_a_server_too_old_for_them() -> None:
+    v1 = Features.from_docs(V1_DOCS_RESP2)
+    with pytest.raises(dlock.Unsupported, match="too old") as raised:
+        common.acquire_command(v1, "report", "t", 100, mode=common.SHARED)
+    assert raised.value.option == "SHARED"
+    assert raised.value.resource == "report"
+    assert isinstance(raised.value, dlock.DlockError)
+    # SHARED without LIMIT is no semaphore: never sent as a plain reader.
+    without_limit = Features(acquire=frozenset({"WAIT", "SHARED"}))
+    with pytest.raises(dlock.Unsupported) as raised:
+        common.acquire_command(without_limit, "pool", "t", 100, mode=common.semaphore_mode(2))
+    assert raised.value.option == "LIMIT"
+
+
+@pytest.mark.parametrize("permits", [0, -1, 1_000_001, 2.5, True, "3"])
+def test_permits_are_checked_before_anything_is_sent(permits: Any) -> None:
+    # No server at that port: the check comes first.
+    locks = dlock.Locks(redis.Redis(port=1))
+    with pytest.raises(ValueError, match="permits"):
+        locks.semaphore("pool", permits)
+    assert common.semaphore_mode(1).limit == 1
+    assert common.semaphore_mode(1_000_000).limit == 1_000_000
+
+
 def test_the_schedule_renews_every_third_and_never_past_max_hold() -> None:
     now = time.monotonic()
     state = LeaseState("r", "t", 7, 3000, now, now + 2.0, Metrics())
@@ -146,9 +208,11 @@ def test_millis_never_lengthens_a_lease() -> None:
     assert common.millis_up(1.0001) == 1001
 
 
-def watched_hold(server: Server, locks: dlock.Locks) -> tuple[list[list[str]], dlock.Lease]:
-    """Holds ``watched`` for a renewal's time and returns the dlock commands the server received
-    (seen with MONITOR), and the lease."""
+def watched_hold(
+    server: Server, locks: dlock.Locks, hold: dlock.Hold | None = None
+) -> tuple[list[list[str]], dlock.Lease]:
+    """Holds ``watched`` (with ``hold``, else an exclusive lease) for a renewal's time and returns
+    the dlock commands the server received (seen with MONITOR), and the lease."""
     seen: list[list[str]] = []
     ready = threading.Event()
 
@@ -166,7 +230,9 @@ def watched_hold(server: Server, locks: dlock.Locks) -> tuple[list[list[str]], d
     watcher.start()
     assert ready.wait(5)
     time.sleep(0.1)  # MONITOR is registered once its reply came; give it a moment
-    with locks.hold("watched", ttl=0.9, meta="worker-a") as lease:
+    if hold is None:
+        hold = locks.hold("watched", ttl=0.9, meta="worker-a")
+    with hold as lease:
         time.sleep(0.5)  # one renewal, a third of the ttl in
         lease.check()
     watcher.join(5)
@@ -186,6 +252,20 @@ def test_the_commands_sent_are_those_the_server_advertises(server: Server) -> No
     assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900", *renew_fence]
     release_fence = fence if "FENCE" in features.release else []
     assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token, *release_fence]
+    client.close()
+
+
+def test_a_permit_is_asked_for_renewed_and_released_by_its_fence(server: Server) -> None:
+    client = redis.Redis(port=server.port)
+    locks = dlock.Locks(client)
+    permit = locks.semaphore("watched", 4, ttl=0.9)
+    seen, lease = watched_hold(server, locks, permit)
+    assert lease.mode == "shared"
+    fence = ["FENCE", str(lease.fence)]
+    assert seen[0] == ["DLOCK.ACQUIRE", "watched", lease.token, "900", "SHARED", "LIMIT", "4"]
+    assert seen[1] == ["DLOCK.RENEW", "watched", lease.token, "900", *fence]
+    assert seen[-1] == ["DLOCK.RELEASE", "watched", lease.token, *fence]
+    assert locks.metrics.get("release_failures") == 0
     client.close()
 
 

@@ -7,11 +7,13 @@ renewal lives and dies with the work they protect.
     with locks.hold("invoice:123", ttl=30, timeout=10) as lease:
         lease.fenced("SET", "invoice:123:total", "10")
 
+``locks.read`` and ``locks.write`` are the two sides of a read-write lock, ``locks.semaphore`` a
+counting semaphore; each yields the same ``Lease``.
 ``dlock.asyncio.Locks`` is the same for ``redis.asyncio``.
 """
 
 from ._common import Features
-from ._errors import DlockError, LeaseLost, NotAcquired, Stale
+from ._errors import DlockError, LeaseLost, NotAcquired, Stale, Unsupported
 from ._metrics import Metrics
 from ._sync import Hold, Lease, Locks
 
@@ -25,6 +27,7 @@ __all__ = [
     "Metrics",
     "NotAcquired",
     "Stale",
+    "Unsupported",
 ]
 
 __version__ = "0.1.0"

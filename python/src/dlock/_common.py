@@ -9,18 +9,18 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Generic, TypeVar, Union
 
 import redis
 
-from ._errors import LeaseLost
+from ._errors import LeaseLost, Unsupported
 from ._metrics import Metrics
 
 Arg = Union[str, bytes, int, float]
 Meta = Union[str, bytes]
 
 # Options of the second version of the commands; each is sent only to a server that advertises it.
-OPTION_TOKENS = ("FENCE", "CLAIM", "META", "QUEUE", "SHARED", "WAIT")
+OPTION_TOKENS = ("FENCE", "CLAIM", "LIMIT", "META", "QUEUE", "SHARED", "WAIT")
 
 # How long one server-side wait lasts at most when the caller waits without limit: each is one
 # WAIT with the same token, so a lost reply costs nothing but a retry (between two of them the
@@ -113,6 +113,145 @@ class Features:
         )
 
 
+@dataclass(frozen=True)
+class Mode:
+    """The kind of lease an acquire asks for: exclusive (a lock, or a writer of a read-write
+    lock), shared without a limit (a reader) or shared with ``limit`` permits (a semaphore)."""
+
+    shared: bool = False
+    limit: int | None = None
+
+    @property
+    def name(self) -> str:
+        """As ``DLOCK.INFO`` shows it: ``exclusive`` or ``shared``."""
+        return "shared" if self.shared else "exclusive"
+
+    def keywords(self) -> tuple[str, ...]:
+        """The ACQUIRE options this mode needs the server to have."""
+        if not self.shared:
+            return ()
+        return ("SHARED",) if self.limit is None else ("SHARED", "LIMIT")
+
+    def options(self) -> list[Arg]:
+        """The ACQUIRE options that ask for this mode."""
+        if self.limit is None:
+            return list(self.keywords())
+        return ["SHARED", "LIMIT", self.limit]
+
+
+EXCLUSIVE = Mode()
+SHARED = Mode(shared=True)
+
+# The server's bound on a semaphore's permits (LIMIT n).
+MAX_PERMITS = 1_000_000
+
+
+def semaphore_mode(permits: int) -> Mode:
+    """The mode of a semaphore with ``permits`` permits, checked before anything is sent."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise ValueError(f"dlock: permits must be an integer, not {permits!r}")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise ValueError(f"dlock: permits must be from 1 to {MAX_PERMITS}, not {permits}")
+    return Mode(shared=True, limit=permits)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one ``with`` block asks for, checked when it is made (before anything is sent)."""
+
+    resource: str
+    ttl: float
+    timeout: float | None
+    meta: Meta | None
+    max_hold: float | None
+    mode: Mode = EXCLUSIVE
+
+    def __post_init__(self) -> None:
+        if self.ttl <= 0:
+            raise ValueError("dlock: ttl must be positive")
+        if self.timeout is not None and self.timeout < 0:
+            raise ValueError("dlock: timeout must be 0 or more, or None")
+        if self.max_hold is not None and self.max_hold <= 0:
+            raise ValueError("dlock: max_hold must be positive")
+
+
+HoldT = TypeVar("HoldT")
+
+
+class Handles(Generic[HoldT]):
+    """The context managers both clients' ``Locks`` make (``with`` in :class:`dlock.Locks`,
+    ``async with`` in :class:`dlock.asyncio.Locks`). Each yields a ``Lease`` with the same
+    lifecycle: acquired on entry, renewed while the block runs, released when it exits."""
+
+    def _hold(self, request: Request) -> HoldT:
+        raise NotImplementedError
+
+    def hold(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """A context manager that acquires ``resource`` (an exclusive lease) for ``ttl`` seconds,
+        waiting in the server's queue at most ``timeout`` seconds (``0``: no wait; ``None``: no
+        limit), keeps it renewed while the block runs and releases it when the block exits.
+
+        Raises :class:`dlock.NotAcquired` when the timeout passes first. ``max_hold`` (seconds)
+        bounds the whole hold: no renewal goes past it. ``meta`` describes the holder; it is
+        sent to servers that support it (and left out for older ones)."""
+        return self._hold(Request(resource, ttl, timeout, meta, max_hold))
+
+    def write(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """The writer's side of a read-write lock: an exclusive lease on ``resource``, the one
+        :meth:`read` shares (the same as :meth:`hold`). It waits for the readers holding it to
+        leave, and readers that come after it wait for it."""
+        return self.hold(resource, ttl=ttl, timeout=timeout, meta=meta, max_hold=max_hold)
+
+    def read(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """The reader's side of a read-write lock: a shared lease on ``resource``
+        (``DLOCK.ACQUIRE … SHARED``), held together with other readers, never with a writer.
+        Every reader has its own token, fence and deadline. Raises :class:`dlock.Unsupported`
+        on entry if the server has no shared leases. Options as for :meth:`hold`."""
+        return self._hold(Request(resource, ttl, timeout, meta, max_hold, SHARED))
+
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """One permit of the counting semaphore ``name`` (a Redis key): a shared lease granted
+        only while fewer than ``permits`` (1 to 1000000) live (``DLOCK.ACQUIRE … SHARED LIMIT
+        permits``). Give every user of ``name`` the same ``permits``. Every permit has its own
+        token, fence and deadline. Raises :class:`dlock.Unsupported` on entry if the server has
+        no shared leases. Options as for :meth:`hold`."""
+        mode = semaphore_mode(permits)
+        return self._hold(Request(name, ttl, timeout, meta, max_hold, mode))
+
+
 FEATURES_COMMAND: tuple[Arg, ...] = (
     "COMMAND",
     "DOCS",
@@ -133,8 +272,15 @@ def acquire_command(
     wait_ms: int | None = None,
     claim_ms: int | None = None,
     meta: Meta | None = None,
+    mode: Mode = EXCLUSIVE,
 ) -> list[Arg]:
     args: list[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
+    if mode.shared:
+        # No fallback: an exclusive lease instead of a shared one would be another lock.
+        missing = [word for word in mode.keywords() if word not in features.acquire]
+        if missing:
+            raise Unsupported(resource, missing[0])
+        args += mode.options()
     if wait_ms is not None:
         args += ["WAIT", wait_ms]
         if claim_ms is not None and "CLAIM" in features.acquire:
@@ -317,11 +463,13 @@ class LeaseState:
         sent_at: float,
         hold_end: float | None,
         metrics: Metrics,
+        mode: Mode = EXCLUSIVE,
     ) -> None:
         self.resource = resource
         self.token = token
         self.fence = fence
         self.ttl_ms = ttl_ms
+        self.mode = mode
         self.lost = threading.Event()
         self.granted_at = time.monotonic()
         self._lock = threading.Lock()
@@ -465,6 +613,13 @@ class LeaseView:
         return self._state.ttl
 
     @property
+    def mode(self) -> str:
+        """``exclusive`` (:meth:`~dlock.Locks.hold`, :meth:`~dlock.Locks.write`) or ``shared``
+        (:meth:`~dlock.Locks.read`, :meth:`~dlock.Locks.semaphore`), as ``DLOCK.INFO`` shows
+        it."""
+        return self._state.mode.name
+
+    @property
     def lost(self) -> threading.Event:
         """Set once the lease is lost: the work must stop, its writes are no longer protected."""
         return self._state.lost
@@ -488,6 +643,6 @@ class LeaseView:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(resource={self.resource!r}, fence={self.fence}, "
-            f"lost={self.lost.is_set()})"
+            f"{type(self).__name__}(resource={self.resource!r}, mode={self.mode}, "
+            f"fence={self.fence}, lost={self.lost.is_set()})"
         )

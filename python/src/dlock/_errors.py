@@ -3,7 +3,7 @@ exceptions and pass through unchanged."""
 
 from __future__ import annotations
 
-__all__ = ["DlockError", "LeaseLost", "NotAcquired", "Stale"]
+__all__ = ["DlockError", "LeaseLost", "NotAcquired", "Stale", "Unsupported"]
 
 
 class DlockError(Exception):
@@ -46,3 +46,18 @@ class Stale(DlockError):
     def __init__(self, resource: str, fence: int, detail: str) -> None:
         super().__init__(f"dlock: stale fence, write refused: {detail}", resource, fence)
         self.detail = detail
+
+
+class Unsupported(DlockError):
+    """The server that serves ``resource`` does not advertise ``option``, which the request
+    needs (``SHARED`` for :meth:`~dlock.Locks.read`, ``SHARED`` and ``LIMIT`` for
+    :meth:`~dlock.Locks.semaphore`): its dlock module is too old. Nothing was sent."""
+
+    def __init__(self, resource: str, option: str) -> None:
+        super().__init__(
+            f"dlock: the server that serves {resource!r} is too old for this request: its dlock"
+            f" module does not support {option} on DLOCK.ACQUIRE (upgrade the module)",
+            resource,
+            None,
+        )
+        self.option = option

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from . import _common as common
-from ._common import Arg, Features, LeaseState, LeaseView, Meta
+from ._common import Arg, Features, LeaseState, LeaseView, Request
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -42,31 +42,18 @@ class Lease(LeaseView):
 
 
 class Hold:
-    """The context manager :meth:`Locks.hold` returns."""
+    """The context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
+    :meth:`Locks.semaphore` return."""
 
-    def __init__(
-        self,
-        locks: Locks,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> None:
+    def __init__(self, locks: Locks, request: Request) -> None:
         self._locks = locks
-        self._resource = resource
-        self._ttl = ttl
-        self._timeout = timeout
-        self._meta = meta
-        self._max_hold = max_hold
+        self._request = request
         self._lease: Lease | None = None
 
     def __enter__(self) -> Lease:
         if self._lease is not None:
             raise RuntimeError("dlock: a hold is entered once")
-        state = self._locks._acquire(
-            self._resource, self._ttl, self._timeout, self._meta, self._max_hold
-        )
+        state = self._locks._acquire(self._request)
         self._lease = Lease(self._locks, state)
         self._locks._renewer.add(state)
         return self._lease
@@ -86,7 +73,7 @@ class Hold:
             raise LeaseLost(state.resource, state.fence, state.reason or "unknown")
 
 
-class Locks:
+class Locks(common.Handles[Hold]):
     """Lease locks on a Redis (or Valkey) server with the dlock module.
 
     ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster``; dlock makes its own
@@ -112,29 +99,8 @@ class Locks:
         self._features_lock = threading.Lock()
         self._renewer = _Renewer(self)
 
-    def hold(
-        self,
-        resource: str,
-        *,
-        ttl: float = 30.0,
-        timeout: float | None = 10.0,
-        meta: Meta | None = None,
-        max_hold: float | None = None,
-    ) -> Hold:
-        """A context manager that acquires ``resource`` for ``ttl`` seconds, waiting in the
-        server's queue at most ``timeout`` seconds (``0``: no wait; ``None``: no limit), keeps it
-        renewed while the block runs and releases it when the block exits.
-
-        Raises :class:`dlock.NotAcquired` when the timeout passes first. ``max_hold`` (seconds)
-        bounds the whole hold: no renewal goes past it. ``meta`` describes the holder; it is
-        sent to servers that support it (and ignored by older ones)."""
-        if ttl <= 0:
-            raise ValueError("dlock: ttl must be positive")
-        if timeout is not None and timeout < 0:
-            raise ValueError("dlock: timeout must be 0 or more, or None")
-        if max_hold is not None and max_hold <= 0:
-            raise ValueError("dlock: max_hold must be positive")
-        return Hold(self, resource, ttl, timeout, meta, max_hold)
+    def _hold(self, request: Request) -> Hold:
+        return Hold(self, request)
 
     def features(self, resource: str = "dlock") -> Features:
         """The command options advertised by the server that serves ``resource`` (in a Cluster
@@ -164,36 +130,27 @@ class Locks:
                 self._nodes.refresh()
             raise
 
-    def _acquire(
-        self,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> LeaseState:
+    def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
         started = time.monotonic()
         try:
-            state = self._try_acquire(resource, ttl, timeout, meta, max_hold)
+            state = self._try_acquire(request)
         except NotAcquired:
             self.metrics.acquire_failed("not_acquired")
             raise
         except BaseException:
             self.metrics.acquire_failed("error")
             raise
-        self.metrics.acquired(resource, state.token, state.fence, time.monotonic() - started)
+        self.metrics.acquired(
+            request.resource, state.token, state.fence, time.monotonic() - started
+        )
         return state
 
-    def _try_acquire(
-        self,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> LeaseState:
-        plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
+    def _try_acquire(self, request: Request) -> LeaseState:
+        resource = request.resource
+        plan = common.AcquirePlan(
+            request.ttl, request.timeout, request.max_hold, self.request_timeout
+        )
         while True:
             wait_ms = plan.next_wait_ms()
             sent = time.monotonic()
@@ -207,7 +164,8 @@ class Locks:
                     plan.ttl_ms,
                     wait_ms=wait_ms,
                     claim_ms=plan.claim_ms,
-                    meta=meta,
+                    meta=request.meta,
+                    mode=request.mode,
                 )
                 if wait_ms is None:
                     reply = self._call(resource, command, self.request_timeout)
@@ -231,10 +189,17 @@ class Locks:
             if answer == "granted":
                 assert fence is not None
                 return LeaseState(
-                    resource, plan.token, fence, plan.ttl_ms, sent, plan.hold_end, self.metrics
+                    resource,
+                    plan.token,
+                    fence,
+                    plan.ttl_ms,
+                    sent,
+                    plan.hold_end,
+                    self.metrics,
+                    request.mode,
                 )
             if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
-                raise NotAcquired(resource, timeout)
+                raise NotAcquired(resource, request.timeout)
 
     def _forget(self, resource: str, token: str) -> None:
         """After an acquire that failed on this side (its connection is closed by now): a grant

@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from . import _common as common
-from ._common import Arg, Features, LeaseState, LeaseView, Meta
+from ._common import Arg, Features, LeaseState, LeaseView, Request
 from ._connections import connection_settings
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -187,23 +187,12 @@ def _cancelling(task: asyncio.Task[Any]) -> int:
 
 
 class Hold:
-    """The async context manager :meth:`Locks.hold` returns."""
+    """The async context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
+    :meth:`Locks.semaphore` return."""
 
-    def __init__(
-        self,
-        locks: Locks,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> None:
+    def __init__(self, locks: Locks, request: Request) -> None:
         self._locks = locks
-        self._resource = resource
-        self._ttl = ttl
-        self._timeout = timeout
-        self._meta = meta
-        self._max_hold = max_hold
+        self._request = request
         self._lease: Lease | None = None
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,9 +204,7 @@ class Hold:
             raise RuntimeError("dlock: a hold is entered once")
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
-        state = await self._locks._acquire(
-            self._resource, self._ttl, self._timeout, self._meta, self._max_hold
-        )
+        state = await self._locks._acquire(self._request)
         self._lease = Lease(self._locks, state)
         state.on_lost(self._lost)
         self._locks._renewer.add(state)
@@ -272,7 +259,7 @@ class Hold:
         return None
 
 
-class Locks:
+class Locks(common.Handles[Hold]):
     """Lease locks for ``redis.asyncio`` clients; the same API and lifecycle as
     :class:`dlock.Locks`, with one renewal task per ``Locks`` and ``Locks`` used from one event
     loop at a time."""
@@ -292,23 +279,8 @@ class Locks:
         self._nodes = _Nodes(client, request_timeout)
         self._renewer = _Renewer(self)
 
-    def hold(
-        self,
-        resource: str,
-        *,
-        ttl: float = 30.0,
-        timeout: float | None = 10.0,
-        meta: Meta | None = None,
-        max_hold: float | None = None,
-    ) -> Hold:
-        """See :meth:`dlock.Locks.hold`; use it with ``async with``."""
-        if ttl <= 0:
-            raise ValueError("dlock: ttl must be positive")
-        if timeout is not None and timeout < 0:
-            raise ValueError("dlock: timeout must be 0 or more, or None")
-        if max_hold is not None and max_hold <= 0:
-            raise ValueError("dlock: max_hold must be positive")
-        return Hold(self, resource, ttl, timeout, meta, max_hold)
+    def _hold(self, request: Request) -> Hold:
+        return Hold(self, request)
 
     async def features(self, resource: str = "dlock") -> Features:
         """The command options advertised by the server that serves ``resource``, read once per
@@ -335,36 +307,27 @@ class Locks:
                 await self._nodes.refresh()
             raise
 
-    async def _acquire(
-        self,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> LeaseState:
+    async def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
         started = time.monotonic()
         try:
-            state = await self._try_acquire(resource, ttl, timeout, meta, max_hold)
+            state = await self._try_acquire(request)
         except NotAcquired:
             self.metrics.acquire_failed("not_acquired")
             raise
         except BaseException:
             self.metrics.acquire_failed("error")
             raise
-        self.metrics.acquired(resource, state.token, state.fence, time.monotonic() - started)
+        self.metrics.acquired(
+            request.resource, state.token, state.fence, time.monotonic() - started
+        )
         return state
 
-    async def _try_acquire(
-        self,
-        resource: str,
-        ttl: float,
-        timeout: float | None,
-        meta: Meta | None,
-        max_hold: float | None,
-    ) -> LeaseState:
-        plan = common.AcquirePlan(ttl, timeout, max_hold, self.request_timeout)
+    async def _try_acquire(self, request: Request) -> LeaseState:
+        resource = request.resource
+        plan = common.AcquirePlan(
+            request.ttl, request.timeout, request.max_hold, self.request_timeout
+        )
         while True:
             wait_ms = plan.next_wait_ms()
             sent = time.monotonic()
@@ -378,7 +341,8 @@ class Locks:
                     plan.ttl_ms,
                     wait_ms=wait_ms,
                     claim_ms=plan.claim_ms,
-                    meta=meta,
+                    meta=request.meta,
+                    mode=request.mode,
                 )
                 if wait_ms is None:
                     reply = await self._call(resource, command, self.request_timeout)
@@ -401,10 +365,17 @@ class Locks:
             if answer == "granted":
                 assert fence is not None
                 return LeaseState(
-                    resource, plan.token, fence, plan.ttl_ms, sent, plan.hold_end, self.metrics
+                    resource,
+                    plan.token,
+                    fence,
+                    plan.ttl_ms,
+                    sent,
+                    plan.hold_end,
+                    self.metrics,
+                    request.mode,
                 )
             if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
-                raise NotAcquired(resource, timeout)
+                raise NotAcquired(resource, request.timeout)
 
     async def _forget(self, resource: str, token: str) -> None:
         """See :meth:`dlock.Locks._forget`: the attempt's token released from a connection
