@@ -47,6 +47,9 @@
 //! - With [`ClientOptions::replicas`], a grant or renewal counts only once that many replicas
 //!   acknowledged it (`WAIT`); a grant they did not acknowledge is released and reported as
 //!   [`AcquireError::NotReplicated`], a renewal they did not acknowledge counts as failed.
+//! - Read-write locks and semaphores: [`Client::read`], [`Client::write`] and
+//!   [`Client::semaphore`] (or [`Client::acquire_with`] and a [`Mode`]) give the same [`Lease`],
+//!   with the same lifecycle; each shared holder has its own token, fence and deadline.
 //! - Fenced writes: [`Lease::fenced`] for data in the same Redis (`DLOCK.FENCED`), [`sql`] for
 //!   rows elsewhere; a stale worker's refused write is its own error, never a silent no-op.
 //! - Figures go through the `metrics` facade and ownership transitions are `tracing` events
@@ -63,6 +66,7 @@ mod lease;
 pub mod observe;
 pub mod sql;
 
+pub use acquire::{AcquireOptions, Mode};
 pub use connection::Client;
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::Lease;
