@@ -10,6 +10,64 @@ use redis::RedisError;
 use crate::connection::millis;
 use crate::{AcquireError, Client, Lease, observe};
 
+/// The kind of lease an acquire asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The only lease on the resource: a mutex, or the writer of a read-write lock.
+    #[default]
+    Exclusive,
+    /// A reader of a read-write lock (`SHARED`): beside any number of other readers, never
+    /// beside a writer.
+    Shared,
+    /// A permit of a counting semaphore of this many permits (`SHARED LIMIT n`): granted only
+    /// while fewer than `n` permits are out. Give every request on the resource the same `n`.
+    Permit(u32),
+}
+
+impl Mode {
+    /// Whether leases of this mode live beside each other.
+    pub fn is_shared(self) -> bool {
+        !matches!(self, Self::Exclusive)
+    }
+
+    /// A short label for logs: `exclusive`, `shared`, `permit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+            Self::Permit(_) => "permit",
+        }
+    }
+
+    /// The ACQUIRE arguments that ask for this mode.
+    fn add_args(self, cmd: &mut redis::Cmd) {
+        match self {
+            Self::Exclusive => {}
+            Self::Shared => {
+                cmd.arg("SHARED");
+            }
+            Self::Permit(permits) => {
+                cmd.arg("SHARED").arg("LIMIT").arg(permits);
+            }
+        }
+    }
+}
+
+/// What an acquire asks for beside the resource and the ttl: the mode, a wait in the server's
+/// queue, and metadata describing the holder. The default: an exclusive lease, no wait, no
+/// metadata ([`Client::acquire`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// The kind of lease.
+    pub mode: Mode,
+    /// Wait in the server's queue (FIFO across modes, no polling) for at most this long when
+    /// the lease cannot be granted at once; `None` answers [`AcquireError::Held`] at once.
+    pub wait: Option<Duration>,
+    /// `META`: up to 1024 bytes describing the holder (a host, a pid, a leader's address),
+    /// stored with the lease and shown by `DLOCK.INFO`.
+    pub meta: Option<String>,
+}
+
 /// The shortest claim window: twice the request timeout, but never less than this.
 const CLAIM_AT_LEAST: Duration = Duration::from_secs(1);
 
@@ -37,21 +95,73 @@ impl Client {
     }
 
     /// Acquires `resource` for `ttl`, waiting in the server's queue for at most `wait` (FIFO, no
-    /// polling) when someone else holds it. The wait carries a claim window, and a grant is
-    /// claimed with one more ACQUIRE by the same token. If the outcome stays unknown, or this
-    /// future is dropped before it answers, the attempt's token is released from a connection of
-    /// its own ([`AcquireError::Unknown`]).
+    /// polling) when someone else holds it: [`Client::acquire_with`] with an exclusive lease.
     pub async fn acquire_waiting(
         &self,
         resource: &str,
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, AcquireError> {
+        self.acquire_with(resource, ttl, &AcquireOptions { wait, ..AcquireOptions::default() })
+            .await
+    }
+
+    /// Acquires the write side of the read-write lock `resource` for `ttl`: an exclusive lease,
+    /// granted once no reader and no other writer holds it, waiting for at most `wait` (readers
+    /// that come after a waiting writer wait behind it). The same as
+    /// [`Client::acquire_waiting`]: a writer is a mutex's holder.
+    pub async fn write(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Lease, AcquireError> {
+        self.acquire_waiting(resource, ttl, wait).await
+    }
+
+    /// Acquires the read side of the read-write lock `resource` for `ttl`: a shared lease,
+    /// beside other readers, granted once no writer holds it or waits before this reader;
+    /// waiting for at most `wait`. The lease has a mutex's lifecycle and a fence of its own.
+    pub async fn read(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Lease, AcquireError> {
+        let options = AcquireOptions { mode: Mode::Shared, wait, meta: None };
+        self.acquire_with(resource, ttl, &options).await
+    }
+
+    /// Acquires one of the `permits` permits of the semaphore `resource` for `ttl`, waiting for
+    /// at most `wait` while all are out. Every caller of a semaphore must give the same
+    /// `permits`. The lease has a mutex's lifecycle and a fence of its own.
+    pub async fn semaphore(
+        &self,
+        resource: &str,
+        permits: u32,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Lease, AcquireError> {
+        let options = AcquireOptions { mode: Mode::Permit(permits), wait, meta: None };
+        self.acquire_with(resource, ttl, &options).await
+    }
+
+    /// Acquires `resource` for `ttl` as `options` ask (mode, wait, metadata); every other
+    /// acquire is this one. A wait carries a claim window, and a grant is claimed with one more
+    /// ACQUIRE by the same token. If the outcome stays unknown, or this future is dropped before
+    /// it answers, the attempt's token is released from a connection of its own
+    /// ([`AcquireError::Unknown`]).
+    pub async fn acquire_with(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        options: &AcquireOptions,
+    ) -> Result<Lease, AcquireError> {
         observe::acquire_attempt();
         let started = Instant::now();
-        let acquired = self.try_acquire(resource, ttl, wait, started).await;
+        let acquired = self.try_acquire(resource, ttl, options, started).await;
         match &acquired {
-            Ok(lease) => observe::acquired(resource, &lease.token, lease.fence, started.elapsed()),
+            Ok(lease) => observe::acquired(resource, lease, started.elapsed()),
             Err(error) => observe::acquire_failed(error.kind()),
         }
         acquired
@@ -61,14 +171,14 @@ impl Client {
         &self,
         resource: &str,
         ttl: Duration,
-        wait: Option<Duration>,
+        options: &AcquireOptions,
         started: Instant,
     ) -> Result<Lease, AcquireError> {
         let token = uuid::Uuid::new_v4().to_string();
         // Dropped before the attempt has an answer (the caller's own timeout, a cancelled task),
         // it releases the token in the background: a grant may be on its way.
         let mut attempt = Attempt { client: self, resource, token: &token, armed: true };
-        let answer = self.attempts(resource, ttl, wait, started, &token).await;
+        let answer = self.attempts(resource, ttl, options, started, &token).await;
         attempt.armed = false;
         answer
     }
@@ -77,10 +187,11 @@ impl Client {
         &self,
         resource: &str,
         ttl: Duration,
-        wait: Option<Duration>,
+        options: &AcquireOptions,
         started: Instant,
         token: &str,
     ) -> Result<Lease, AcquireError> {
+        let wait = options.wait;
         let wait_ends = wait.map(|wait| started + wait);
         let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
         let ttl_ms = millis(ttl);
@@ -102,6 +213,11 @@ impl Client {
             let with_claim = waiting.is_some() && !self.claim_refused.load(Ordering::Relaxed);
             let mut cmd = redis::cmd("DLOCK.ACQUIRE");
             cmd.arg(resource).arg(token).arg(ttl_ms);
+            // The claim repeats the mode (another mode is a LOCKMODE error) and the metadata.
+            options.mode.add_args(&mut cmd);
+            if let Some(meta) = &options.meta {
+                cmd.arg("META").arg(meta);
+            }
             if let Some(wait) = waiting {
                 cmd.arg("WAIT").arg(millis(wait));
                 if with_claim {
@@ -121,6 +237,7 @@ impl Client {
                         token: token.to_owned(),
                         fence,
                         ttl,
+                        mode: options.mode,
                         local_expiry: sent + Duration::from_millis(ttl_ms),
                         granted: Instant::now(),
                     };

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::aio::{MultiplexedConnection, PubSubStream};
+use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -193,20 +193,29 @@ impl Client {
     pub(crate) async fn subscribe(&self, resource: &str) -> Option<PubSubStream> {
         let db = self.redis.get_connection_info().redis.db;
         let channel = format!("__keyspace@{db}__:{resource}");
-        let subscribed = tokio::time::timeout(self.options.request_timeout, async {
-            let mut pubsub = self.redis.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, RedisError>(pubsub.into_on_message())
-        })
-        .await;
-        match subscribed {
-            Ok(Ok(stream)) => Some(stream),
-            Ok(Err(error)) => {
+        match self.subscribe_to(&channel).await {
+            Ok((_, stream)) => Some(stream),
+            Err(error) => {
                 tracing::debug!(resource, %error, "dlock: cannot watch keyspace events");
                 None
             }
-            Err(_) => None,
         }
+    }
+
+    /// A subscription to `channel` on a connection of its own, within
+    /// [`ClientOptions::request_timeout`]: the sink (to subscribe again, which checks that the
+    /// connection still answers) and the messages, which end when the connection does.
+    pub(crate) async fn subscribe_to(
+        &self,
+        channel: &str,
+    ) -> Result<(PubSubSink, PubSubStream), RedisError> {
+        let subscribed = tokio::time::timeout(self.options.request_timeout, async {
+            let mut pubsub = self.redis.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, RedisError>(pubsub.split())
+        })
+        .await;
+        subscribed.unwrap_or_else(|_| Err(timed_out()))
     }
 }
 

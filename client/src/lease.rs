@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use redis::RedisError;
 
 use crate::connection::millis;
-use crate::{CancellationToken, Client, FencedError, LossReason, RunError, observe};
+use crate::{CancellationToken, Client, FencedError, LossReason, Mode, RunError, observe};
 
 impl Client {
     /// Whether `fence` is still the live lease's fence on `resource` (`DLOCK.FENCECHECK`).
@@ -27,6 +27,7 @@ pub struct Lease {
     pub(crate) token: String,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
+    pub(crate) mode: Mode,
     pub(crate) local_expiry: Instant,
     pub(crate) granted: Instant,
 }
@@ -38,6 +39,7 @@ impl std::fmt::Debug for Lease {
             .field("token", &self.token)
             .field("fence", &self.fence)
             .field("ttl", &self.ttl)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -56,6 +58,12 @@ impl Lease {
     /// The fencing token: send it with every write the lease protects.
     pub fn fence(&self) -> u64 {
         self.fence
+    }
+
+    /// The lease's mode: exclusive (a mutex or a writer), shared (a reader) or a semaphore's
+    /// permit.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// A conservative end of the lease on this machine's clock: never after the server's deadline.
@@ -197,11 +205,12 @@ impl Lease {
     }
 
     /// Whether the keyspace event `name` on this lease's resource means the lease ended:
-    /// `dlock.expired` says so; our own renewals say nothing; anything else (a DEL, a hand-over,
-    /// a rename) is confirmed with FENCECHECK.
+    /// `dlock.expired` says so for an exclusive lease; renewals say nothing; anything else (a
+    /// DEL, a hand-over, a rename, and for a shared lease another holder's expiry or grant) is
+    /// confirmed with FENCECHECK.
     async fn ended_by(&self, name: &str) -> Option<LossReason> {
         match name {
-            "dlock.expired" => Some(LossReason::Ended(name.to_owned())),
+            "dlock.expired" if !self.mode.is_shared() => Some(LossReason::Ended(name.to_owned())),
             "dlock.renewed" => None,
             _ => match self.client.fence_is_live(&self.resource, self.fence).await {
                 Ok(false) => Some(LossReason::Ended(name.to_owned())),

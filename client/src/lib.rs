@@ -47,6 +47,12 @@
 //! - With [`ClientOptions::replicas`], a grant or renewal counts only once that many replicas
 //!   acknowledged it (`WAIT`); a grant they did not acknowledge is released and reported as
 //!   [`AcquireError::NotReplicated`], a renewal they did not acknowledge counts as failed.
+//! - Read-write locks and semaphores: [`Client::read`], [`Client::write`] and
+//!   [`Client::semaphore`] (or [`Client::acquire_with`] and a [`Mode`]) give the same [`Lease`],
+//!   with the same lifecycle; each shared holder has its own token, fence and deadline.
+//! - Leader election: [`Client::campaign`] waits until it leads and gives a [`Leadership`]
+//!   (the lease, its address as `META`, its fence as the term's epoch); [`Client::observe`] is a
+//!   stream of leader changes, `None` when nobody leads, that never misses a change that lasts.
 //! - Fenced writes: [`Lease::fenced`] for data in the same Redis (`DLOCK.FENCED`), [`sql`] for
 //!   rows elsewhere; a stale worker's refused write is its own error, never a silent no-op.
 //! - Figures go through the `metrics` facade and ownership transitions are `tracing` events
@@ -58,12 +64,15 @@ pub use tokio_util::sync::CancellationToken;
 
 mod acquire;
 mod connection;
+mod election;
 mod error;
 mod lease;
 pub mod observe;
 pub mod sql;
 
+pub use acquire::{AcquireOptions, Mode};
 pub use connection::Client;
+pub use election::{Leader, LeaderChanges, Leadership};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::Lease;
 

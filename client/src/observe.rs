@@ -14,6 +14,8 @@
 
 use std::time::Duration;
 
+use crate::Lease;
+
 pub(crate) fn acquire_attempt() {
     metrics::counter!("dlock_client_acquire_attempts_total").increment(1);
 }
@@ -22,9 +24,10 @@ pub(crate) fn acquire_failed(reason: &'static str) {
     metrics::counter!("dlock_client_acquire_failures_total", "reason" => reason).increment(1);
 }
 
-pub(crate) fn acquired(resource: &str, token: &str, fence: u64, took: Duration) {
+pub(crate) fn acquired(resource: &str, lease: &Lease, took: Duration) {
     metrics::histogram!("dlock_client_acquire_seconds").record(took.as_secs_f64());
-    tracing::info!(resource, owner = token, fence, "dlock: lease acquired");
+    let (owner, fence, mode) = (lease.token(), lease.fence(), lease.mode().name());
+    tracing::info!(resource, owner, fence, mode, "dlock: lease acquired");
 }
 
 pub(crate) fn renewal_failed(resource: &str, token: &str, fence: u64, refused: bool) {

@@ -1,0 +1,50 @@
+//! Runs the shared-lease and election examples against a real redis-server with the module and
+//! checks what they report.
+
+#[path = "../examples/election.rs"]
+#[allow(dead_code)] // the example's `main`
+mod election;
+#[path = "../examples/rwlock.rs"]
+#[allow(dead_code)]
+mod rwlock;
+#[path = "../examples/semaphore.rs"]
+#[allow(dead_code)]
+mod semaphore;
+
+use dlock_testkit::Server;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rwlock_example_lets_readers_in_together_and_the_writer_alone_in_turn() {
+    let server = Server::start();
+    let log = rwlock::run_demo(&server.url()).await.expect("the example ran");
+    let who: Vec<&str> = log.iter().map(|(who, ..)| who.as_str()).collect();
+    assert_eq!(who.len(), 5, "{log:?}");
+    assert!(who[..3].iter().all(|who| who.starts_with("reader-")), "readers first: {log:?}");
+    assert_eq!(&who[3..], ["writer", "late-reader"], "then the writer, then the late reader");
+    let writer_fence = log[3].1;
+    assert!(log[..3].iter().all(|(_, fence, _)| *fence < writer_fence), "{log:?}");
+    assert_eq!(log[4].2, format!("reads \"revision {writer_fence}\""), "{log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_semaphore_example_never_has_more_than_three_permits_out() {
+    let server = Server::start();
+    let report = semaphore::run_demo(&server.url(), 3).await.expect("the example ran");
+    assert_eq!(report.jobs, 24);
+    assert_eq!(report.most_at_once, 3, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_example_has_one_leader_at_a_time_each_with_a_larger_fence() {
+    let server = Server::start();
+    let seen = election::run_demo(&server.url()).await.expect("the example ran");
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    assert_eq!((&seen[0], &seen[4]), (&None, &None), "no leader before and after: {seen:?}");
+    let leaders: Vec<&(String, u64)> = seen[1..4].iter().flatten().collect();
+    assert_eq!(leaders.len(), 3, "three terms: {seen:?}");
+    assert_eq!(leaders[0].0, "node-1:7000", "{seen:?}");
+    let mut later: Vec<&str> = leaders[1..].iter().map(|(address, _)| address.as_str()).collect();
+    later.sort_unstable();
+    assert_eq!(later, ["node-2:7000", "node-3:7000"], "{seen:?}");
+    assert!(leaders.windows(2).all(|pair| pair[0].1 < pair[1].1), "epochs increase: {seen:?}");
+}
