@@ -475,6 +475,10 @@ async fn a_hand_over_as_the_request_timeout_fires_is_released_from_a_new_connect
     handed_over_lease_is_gone(&mut con, "late");
     match outcome {
         Err(AcquireError::Unknown { released: true, .. }) => {}
+        // On a loaded machine the claim window (1 s) may end the grant before the release from
+        // a new connection reaches it: gone either way, and the server says which.
+        Err(AcquireError::Unknown { released: false, .. })
+            if info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref() == Some("1") => {}
         other => panic!("expected an unknown outcome, released, got {other:?}"),
     }
 }
