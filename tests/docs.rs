@@ -176,3 +176,42 @@ fn every_command_page_matches_command_docs() {
         assert_eq!(text(&docs["group"]), "module");
     }
 }
+
+/// Every test that docs/guarantees.md names exists (a `*` at the end stands for any ending), so
+/// no row of the guarantee table leans on a test that was renamed or removed.
+#[test]
+fn every_test_the_guarantee_table_names_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/guarantees.md")).expect("guarantees.md");
+    let mut sources = String::new();
+    let mut dirs = vec![root.join("tests"), root.join("src"), root.join("client/tests")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                sources.push_str(&std::fs::read_to_string(&path).expect("read source"));
+            }
+        }
+    }
+    let named: Vec<&str> = page
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|name| {
+            name.matches('_').count() >= 3
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_*".contains(c))
+        })
+        .collect();
+    assert!(named.len() > 20, "the table names its tests: {named:?}");
+    for name in named {
+        let found = match name.strip_suffix('*') {
+            Some(prefix) => sources.contains(&format!("fn {prefix}")),
+            None => sources.contains(&format!("fn {name}(")),
+        };
+        assert!(found, "docs/guarantees.md names `{name}`, which no test defines");
+    }
+}
