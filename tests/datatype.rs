@@ -110,6 +110,54 @@ fn a_lock_moved_to_another_database_loses_its_lease_there_and_after_a_swapdb() {
 }
 
 #[test]
+fn a_moved_lock_answers_its_waiter_nil_and_grants_it_nothing_in_either_database() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "R1", "A", 60_000).expect("granted");
+    let mut waiter = send_wait(&server, "R1", "B", 60_000, &[]);
+    // B waits without a timeout of its own: a nil can only come from the move.
+    waiter.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "R1", "waiters").as_deref() == Some("1")
+    }));
+    // One transaction: db 1 is read before the timer can sweep the moved value.
+    let mut mover = server.client();
+    let (moved, (), moved_info, moved_kind): (i64, (), redis::Value, String) = redis::pipe()
+        .atomic()
+        .cmd("MOVE")
+        .arg("R1")
+        .arg(1)
+        .cmd("SELECT")
+        .arg(1)
+        .cmd("DLOCK.INFO")
+        .arg("R1")
+        .cmd("TYPE")
+        .arg("R1")
+        .query(&mut mover)
+        .expect("EXEC");
+    assert_eq!(moved, 1);
+    assert_eq!(moved_kind, "dlocklock", "the value arrived in db 1");
+    assert_eq!(moved_info, redis::Value::Nil, "no lease and no waiter under the new name");
+    let answer: Option<i64> = redis::from_redis_value(&waiter.recv_response().expect("reply"))
+        .expect("an integer or nil");
+    assert_eq!(answer, None, "B asked for R1 of db 0 and is never granted the moved value");
+    // db 1: nothing of A's or B's, and the empty value goes.
+    assert_eq!(fencecheck(&mut mover, "R1", first), 0);
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut mover) == 0), "moved key swept");
+    assert_eq!(info(&mut mover, "R1"), None);
+    // db 0: the name is free, nobody waits there.
+    assert!(!exists(&mut con, "R1"));
+    assert_eq!(info(&mut con, "R1"), None);
+    let text: String = redis::cmd("INFO").arg("dlock").query(&mut con).expect("INFO");
+    assert_eq!(info_value(&text, "dlock_waits_timed_out"), Some("1"), "{text}");
+    assert_eq!(info_value(&text, "dlock_waits_granted"), Some("0"), "{text}");
+    assert_eq!(info_value(&text, "dlock_waiters"), Some("0"), "{text}");
+    let later = acquire(&mut con, "R1", "C", 60_000).expect("the old name is free");
+    assert!(later > first);
+    assert_eq!(info_field(&mut con, "R1", "owner").as_deref(), Some("C"));
+}
+
+#[test]
 fn a_swapdb_answers_the_waiters_of_both_databases_nil_and_leases_move_with_their_data() {
     let server = Server::start();
     let mut con = server.client();
