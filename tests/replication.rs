@@ -249,3 +249,40 @@ fn a_rename_ends_the_lease_on_the_replica_too_and_both_lose_the_key() {
     assert!(eventually(Duration::from_secs(5), || !exists(&mut p, "lock:new")));
     assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "lock:new")), "DEL replicated");
 }
+
+#[test]
+fn max_hold_and_held_ms_count_from_the_grant_across_a_promotion() {
+    let cap = ["--dlock.max-hold-ms", "3000"];
+    let (mut primary, replica) = primary_and_replica_with(&cap, &cap);
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let before_grant = Instant::now();
+    acquire(&mut p, "r", "w", 1_000).expect("granted");
+    let after_grant = Instant::now();
+    for _ in 0..2 {
+        sleep(Duration::from_millis(600));
+        assert_eq!(renew(&mut p, "r", "w", 1_000), 1);
+    }
+    sync(&mut p); // the grant and both renewals reached the replica
+    primary.kill();
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    assert_eq!(info_line(&mut r, "replication", "role").as_deref(), Some("master"));
+    let checked_from = after_grant.elapsed().as_millis() as u64;
+    let held: u64 = info_field(&mut r, "r", "held-ms").expect("held").parse().expect("integer");
+    let checked_until = before_grant.elapsed().as_millis() as u64;
+    // Whole milliseconds on both sides, and the replica turns the grant's wall-clock time back
+    // into its own monotonic clock: 50 ms of slack either way (a restarted clock is 1.2 s off).
+    assert!(
+        held + 50 >= checked_from && held <= checked_until + 50,
+        "held-ms {held} continues from the grant ({checked_from}..={checked_until} ms ago)"
+    );
+    assert_eq!(info_field(&mut r, "r", "renewals").as_deref(), Some("2"));
+    // Renewing every 300 ms on the new primary: the first renewal that would end past 3 s after
+    // the grant on the old one is refused.
+    while renew(&mut r, "r", "w", 1_000) == 1 {
+        sleep(Duration::from_millis(300));
+        assert!(before_grant.elapsed() < Duration::from_millis(2_900), "renewed past max-hold-ms");
+    }
+    assert!(after_grant.elapsed() >= Duration::from_millis(2_000), "refused only near the cap");
+    assert_eq!(info_line(&mut r, "dlock", "dlock_renew_refused_max_hold").as_deref(), Some("1"));
+    assert_eq!(info_field(&mut r, "r", "owner").as_deref(), Some("w"), "refused, not expired");
+}
