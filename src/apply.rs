@@ -5,7 +5,9 @@
 //! turns them into everything the outside world sees, in one order for every caller: metrics,
 //! keyspace events and log lines, answers to blocked clients, then what replicas and the AOF must
 //! learn (the lock's lease as it now is, or its removal), key deletion and the expiry timer.
-//! Nothing else writes any of these for a lock.
+//! Nothing else writes any of these for a decision of a lock. A wait that ends with no decision
+//! behind it (its timeout, its client gone or unblocked, a `SWAPDB`) is answered and counted by
+//! `waiters.rs`, which then leaves the lock to the timer and this path (docs/architecture.md).
 
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, raw};

@@ -6,6 +6,12 @@
 //! hand-over and a timeout can never both answer one client. A grant whose reply never reached
 //! its client (it disconnected, or was unblocked with an error, between the hand-over and the
 //! reply) is released again by the timer, so no lease is left to a client that cannot know it.
+//!
+//! The ends of a wait that no decision of a lock makes (a timeout, `SWAPDB`, `CLIENT UNBLOCK`, a
+//! disconnection, a lost reply) are answered and counted here, in the callbacks Redis calls for
+//! them, and nothing else happens here: no lease or line changes, nothing is propagated, no
+//! event or log line. The lock's line is pruned, or the lost grant undone, by the timer through
+//! `apply` (`state::prune_later`, `state::release_later`). docs/architecture.md says why.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::raw::{c_int, c_void};

@@ -14,24 +14,60 @@ fn a_copy_carries_no_lease_so_an_old_fence_never_comes_back() {
     let server = Server::start();
     let mut con = server.client();
     let first = acquire(&mut con, "lock:src", "A", 60_000).expect("granted");
-    let copied: i64 =
-        redis::cmd("COPY").arg("lock:src").arg("lock:bak").query(&mut con).expect("COPY");
-    assert_eq!(copied, 1);
-    assert_eq!(info(&mut con, "lock:bak"), None, "the copy holds no lease");
-    assert_eq!(fencecheck(&mut con, "lock:bak", first), 0);
-    assert_eq!(info_field(&mut con, "lock:src", "owner").as_deref(), Some("A"), "original kept");
-    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "lock:bak")), "swept");
-    assert_eq!(release(&mut con, "lock:src", "A"), 1);
-    let second = acquire(&mut con, "lock:src", "B", 60_000).expect("granted");
-    // Copying (an empty copy) back over the resource never makes A's fence current again.
-    let _: i64 = redis::cmd("COPY")
+    // One transaction: the timer cannot sweep the empty copy before it is copied back, so each
+    // step acts on a copy that exists.
+    let (copied, kind, copy_info, original, released, second, copied_back, back_info): (
+        i64,
+        String,
+        redis::Value,
+        i64,
+        i64,
+        Option<i64>,
+        i64,
+        redis::Value,
+    ) = redis::pipe()
+        .atomic()
+        .cmd("COPY")
+        .arg("lock:src")
+        .arg("lock:bak")
+        .cmd("TYPE")
+        .arg("lock:bak")
+        .cmd("DLOCK.INFO")
+        .arg("lock:bak")
+        .cmd("DLOCK.FENCECHECK")
+        .arg("lock:src")
+        .arg(first)
+        .cmd("DLOCK.RELEASE")
+        .arg("lock:src")
+        .arg("A")
+        .cmd("DLOCK.ACQUIRE")
+        .arg("lock:src")
+        .arg("B")
+        .arg(60_000)
+        .cmd("COPY")
         .arg("lock:bak")
         .arg("lock:src")
         .arg("REPLACE")
+        .cmd("DLOCK.INFO")
+        .arg("lock:src")
         .query(&mut con)
-        .expect("COPY REPLACE");
-    assert!(fenced_set(&mut con, "lock:src", first).is_err(), "A's fence stays stale");
+        .expect("EXEC");
+    assert_eq!(copied, 1, "COPY made the copy");
+    assert_eq!(kind, "dlocklock", "the copy is a lock value");
+    assert_eq!(copy_info, redis::Value::Nil, "the copy holds no lease");
+    assert_eq!(original, 1, "the original keeps A's lease");
+    assert_eq!(released, 1);
+    let second = second.expect("B granted");
     assert!(second > first);
+    // Copying the saved copy back over the resource (a forced release of B's lease) never
+    // makes A's fence current again.
+    assert_eq!(copied_back, 1, "the copy still existed when it was copied back");
+    assert_eq!(back_info, redis::Value::Nil, "the copied-back value holds no lease");
+    assert!(fenced_set(&mut con, "lock:src", first).is_err(), "A's fence stays stale");
+    assert_eq!(fencecheck(&mut con, "lock:src", first), 0);
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "both empty keys go");
+    let third = acquire(&mut con, "lock:src", "C", 60_000).expect("the resource is free");
+    assert!(third > second);
 }
 
 #[test]
@@ -71,6 +107,54 @@ fn a_lock_moved_to_another_database_loses_its_lease_there_and_after_a_swapdb() {
     assert_eq!(info(&mut con, "lock:m"), None, "the moved value came back without its lease");
     assert!(fenced_set(&mut con, "lock:m", fence).is_err());
     assert!(eventually(Duration::from_secs(5), || dbsize(&mut con) == 0), "moved key swept");
+}
+
+#[test]
+fn a_moved_lock_answers_its_waiter_nil_and_grants_it_nothing_in_either_database() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "R1", "A", 60_000).expect("granted");
+    let mut waiter = send_wait(&server, "R1", "B", 60_000, &[]);
+    // B waits without a timeout of its own: a nil can only come from the move.
+    waiter.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "R1", "waiters").as_deref() == Some("1")
+    }));
+    // One transaction: db 1 is read before the timer can sweep the moved value.
+    let mut mover = server.client();
+    let (moved, (), moved_info, moved_kind): (i64, (), redis::Value, String) = redis::pipe()
+        .atomic()
+        .cmd("MOVE")
+        .arg("R1")
+        .arg(1)
+        .cmd("SELECT")
+        .arg(1)
+        .cmd("DLOCK.INFO")
+        .arg("R1")
+        .cmd("TYPE")
+        .arg("R1")
+        .query(&mut mover)
+        .expect("EXEC");
+    assert_eq!(moved, 1);
+    assert_eq!(moved_kind, "dlocklock", "the value arrived in db 1");
+    assert_eq!(moved_info, redis::Value::Nil, "no lease and no waiter under the new name");
+    let answer: Option<i64> = redis::from_redis_value(&waiter.recv_response().expect("reply"))
+        .expect("an integer or nil");
+    assert_eq!(answer, None, "B asked for R1 of db 0 and is never granted the moved value");
+    // db 1: nothing of A's or B's, and the empty value goes.
+    assert_eq!(fencecheck(&mut mover, "R1", first), 0);
+    assert!(eventually(Duration::from_secs(5), || dbsize(&mut mover) == 0), "moved key swept");
+    assert_eq!(info(&mut mover, "R1"), None);
+    // db 0: the name is free, nobody waits there.
+    assert!(!exists(&mut con, "R1"));
+    assert_eq!(info(&mut con, "R1"), None);
+    let text: String = redis::cmd("INFO").arg("dlock").query(&mut con).expect("INFO");
+    assert_eq!(info_value(&text, "dlock_waits_timed_out"), Some("1"), "{text}");
+    assert_eq!(info_value(&text, "dlock_waits_granted"), Some("0"), "{text}");
+    assert_eq!(info_value(&text, "dlock_waiters"), Some("0"), "{text}");
+    let later = acquire(&mut con, "R1", "C", 60_000).expect("the old name is free");
+    assert!(later > first);
+    assert_eq!(info_field(&mut con, "R1", "owner").as_deref(), Some("C"));
 }
 
 #[test]

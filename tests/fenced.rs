@@ -165,6 +165,13 @@ fn commands_that_cannot_be_safe_under_a_fence_are_refused_with_a_reason() {
         let text = error_text(fenced(&mut con, "r", fence, command));
         assert!(text.starts_with(&format!("ERR DLOCK.FENCED refuses '{}'", command[0])), "{text}");
     }
+    // MIGRATE names a key of its own (not the lock's), yet is refused: it moves data to
+    // another server, beyond what the fence protects.
+    assert_eq!(
+        error_text(fenced(&mut con, "r", fence, &["MIGRATE", "127.0.0.1", "1", "k", "0", "1000"])),
+        "ERR DLOCK.FENCED refuses 'MIGRATE': connection, replication and server commands cannot \
+         run under a fence"
+    );
     assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("w"), "the lease is untouched");
 }
 
@@ -249,6 +256,7 @@ fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
     ]);
     let mut con = server.client();
     let _: () = redis::cmd("SET").arg("data").arg("kept").query(&mut con).expect("SET");
+    let _: i64 = redis::cmd("RPUSH").arg("list").arg(&[3, 1, 2]).query(&mut con).expect("RPUSH");
     let fence = acquire(&mut con, "r", "w", 60_000).expect("granted");
     for command in [
         &["MODULE", "LOAD", "/nonexistent/other.so"][..],
@@ -265,7 +273,20 @@ fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
         let text = error_text(fenced(&mut con, "r", fence, command));
         assert!(text.starts_with(&format!("ERR DLOCK.FENCED refuses '{}'", command[0])), "{text}");
     }
+    // MOVE names the lock key as its key, SORT as the destination of STORE: both refused.
+    for command in [&["MOVE", "r", "1"][..], &["SORT", "list", "STORE", "r"]] {
+        assert_eq!(
+            error_text(fenced(&mut con, "r", fence, command)),
+            format!(
+                "ERR DLOCK.FENCED refuses '{}': the lock key itself cannot be used under its own \
+                 fence",
+                command[0]
+            )
+        );
+    }
     assert_eq!(get(&mut con, "data").as_deref(), Some("kept"), "nothing was flushed");
+    let kind: String = redis::cmd("TYPE").arg("r").query(&mut con).expect("TYPE");
+    assert_eq!(kind, "dlocklock", "the lock key is neither moved nor overwritten by SORT");
     assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("w"), "the lease is untouched");
     let maxmemory = info_line(&mut con, "memory", "maxmemory");
     assert_eq!(maxmemory.as_deref(), Some("0"), "no config changed");

@@ -213,3 +213,36 @@ fn the_pure_core_imports_nothing_from_the_glue_or_redis() {
         assert!(!code.contains("redis_module"), "{} names redis_module", file.display());
     }
 }
+
+#[test]
+fn the_blocked_client_layer_answers_and_counts_but_changes_no_lock() {
+    // docs/architecture.md, "a waiter's own end": waiters.rs answers blocked clients, counts,
+    // and asks the timer to prune; it reaches neither a lock nor anything that propagates.
+    let graph = import_graph();
+    let reached = &graph["waiters"];
+    assert!(reached.contains("state"), "the parser must see waiters.rs use state.rs: {reached:?}");
+    for target in reached {
+        assert!(
+            ["core", "state", "metrics"].contains(&target.as_str()),
+            "waiters.rs reaches {target}"
+        );
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/waiters.rs");
+    let code = code_of(&std::fs::read_to_string(path).expect("read waiters.rs"));
+    for name in [
+        "Lock",
+        "Step",
+        "Transition",
+        "open_key",
+        "OpenKey",
+        "DeleteKey",
+        "replicate",
+        "Replicate",
+        "NotifyKeyspaceEvent",
+        "PublishMessage",
+        "SignalModifiedKey",
+        "Log",
+    ] {
+        assert!(!code.contains(name), "waiters.rs names {name}");
+    }
+}

@@ -4,7 +4,7 @@
 //! Once writes resume it catches up, and the replica and the AOF hold what the primary holds.
 
 use std::thread::{self, sleep};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_testkit::*;
 
@@ -20,6 +20,28 @@ fn unpause(con: &mut redis::Connection) {
 
 fn ping(con: &mut redis::Connection) -> String {
     redis::cmd("PING").query(con).expect("the server answers PING")
+}
+
+/// Sends `DLOCK.ACQUIRE resource token ttl_ms WAIT wait_ms` on a connection of its own; read the
+/// reply later with `recv_response`.
+fn send_acquire_wait(
+    server: &Server,
+    resource: &str,
+    token: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> redis::Connection {
+    let mut con = server.client();
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg(resource)
+        .arg(token)
+        .arg(ttl_ms)
+        .arg("WAIT")
+        .arg(wait_ms)
+        .get_packed_command();
+    con.send_packed_command(&request).expect("send ACQUIRE WAIT");
+    con.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    con
 }
 
 /// Blocks until the replica acknowledged everything written so far.
@@ -175,4 +197,51 @@ fn a_shutdown_waiting_for_a_lagging_replica_survives_an_expiry_and_saves() {
     assert!(status.success(), "a clean exit, not an abort: {status:?}\n{}", primary.log());
     assert!(primary.log().contains("DB saved on disk"), "the final save happened");
     assert!(primary.dir().join("dump.rdb").exists());
+}
+
+#[test]
+fn a_shutdown_during_a_write_pause_with_an_aof_exits_cleanly_and_the_aof_keeps_what_was_acked() {
+    // appendfsync everysec (the default): a clean shutdown writes and fsyncs the rest.
+    let mut server = Server::start_with(&["--appendonly", "yes", "--save", ""]);
+    let mut con = server.client();
+    let kept = acquire(&mut con, "kept", "A", 600_000).expect("granted");
+    assert_eq!(renew(&mut con, "kept", "A", 600_000), 1);
+    acquire(&mut con, "released", "A", 600_000).expect("granted");
+    assert_eq!(release(&mut con, "released", "A"), 1);
+    let granted_at = Instant::now();
+    let first = acquire(&mut con, "lk", "A", 1_000).expect("granted");
+    // B would be handed lk at its deadline; C gives up half a second after that deadline.
+    let mut b = send_acquire_wait(&server, "lk", "B", 60_000, 0);
+    let mut c = send_acquire_wait(&server, "lk", "C", 60_000, 1_500);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut con, "lk", "waiters").as_deref() == Some("2")
+    }));
+    pause_writes(&mut con, 60_000);
+    assert!(granted_at.elapsed() < Duration::from_millis(1_000), "paused before lk's deadline");
+    // C's nil comes from the module's timer, after lk's deadline, inside the pause.
+    let timed_out: Option<i64> =
+        redis::from_redis_value(&c.recv_response().expect("C's reply")).expect("nil");
+    assert_eq!(timed_out, None);
+    assert!(granted_at.elapsed() >= Duration::from_millis(1_000));
+    assert!(server.is_alive(), "the server survived the expiry during the pause");
+    assert!(exists(&mut con, "lk"), "nothing is deleted while writes are paused");
+    assert_eq!(info_field(&mut con, "lk", "owner").as_deref(), Some("nil"), "nor handed over");
+    assert_eq!(info_field(&mut con, "lk", "waiters").as_deref(), Some("1"), "B still waits");
+
+    let _ = redis::cmd("SHUTDOWN").query::<redis::Value>(&mut con); // the connection closes
+    let status = server.wait_exit(Duration::from_secs(20)).expect("the server exited");
+    assert!(status.success(), "a clean exit, not an abort: {status:?}\n{}", server.log());
+    let told_b = b.recv_response();
+    assert!(!matches!(told_b, Ok(redis::Value::Int(_))), "B was never granted: {told_b:?}");
+
+    server.crash_and_restart(); // the AOF loads, or the server would not start
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "kept", "owner").as_deref(), Some("A"));
+    assert_eq!(info_field(&mut con, "kept", "fence"), Some(kept.to_string()));
+    assert_eq!(info_field(&mut con, "kept", "renewals").as_deref(), Some("1"), "renewal kept");
+    assert!(!exists(&mut con, "released"), "the release is kept");
+    // A's lease on lk ended while the server was paused; nobody was granted it since.
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "lk")), "loads as expired");
+    let next = acquire(&mut con, "lk", "D", 60_000).expect("lk is free");
+    assert!(next > first && next > kept);
 }

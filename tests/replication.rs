@@ -249,3 +249,93 @@ fn a_rename_ends_the_lease_on_the_replica_too_and_both_lose_the_key() {
     assert!(eventually(Duration::from_secs(5), || !exists(&mut p, "lock:new")));
     assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "lock:new")), "DEL replicated");
 }
+
+#[test]
+fn max_hold_and_held_ms_count_from_the_grant_across_a_promotion() {
+    let cap = ["--dlock.max-hold-ms", "3000"];
+    let (mut primary, replica) = primary_and_replica_with(&cap, &cap);
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let before_grant = Instant::now();
+    acquire(&mut p, "r", "w", 1_000).expect("granted");
+    let after_grant = Instant::now();
+    for _ in 0..2 {
+        sleep(Duration::from_millis(600));
+        assert_eq!(renew(&mut p, "r", "w", 1_000), 1);
+    }
+    sync(&mut p); // the grant and both renewals reached the replica
+    primary.kill();
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).expect("promote");
+    assert_eq!(info_line(&mut r, "replication", "role").as_deref(), Some("master"));
+    let checked_from = after_grant.elapsed().as_millis() as u64;
+    let held: u64 = info_field(&mut r, "r", "held-ms").expect("held").parse().expect("integer");
+    let checked_until = before_grant.elapsed().as_millis() as u64;
+    // Whole milliseconds on both sides, and the replica turns the grant's wall-clock time back
+    // into its own monotonic clock: 50 ms of slack either way (a restarted clock is 1.2 s off).
+    assert!(
+        held + 50 >= checked_from && held <= checked_until + 50,
+        "held-ms {held} continues from the grant ({checked_from}..={checked_until} ms ago)"
+    );
+    assert_eq!(info_field(&mut r, "r", "renewals").as_deref(), Some("2"));
+    // Renewing every 300 ms on the new primary: the first renewal that would end past 3 s after
+    // the grant on the old one is refused.
+    while renew(&mut r, "r", "w", 1_000) == 1 {
+        sleep(Duration::from_millis(300));
+        assert!(before_grant.elapsed() < Duration::from_millis(2_900), "renewed past max-hold-ms");
+    }
+    assert!(after_grant.elapsed() >= Duration::from_millis(2_000), "refused only near the cap");
+    assert_eq!(info_line(&mut r, "dlock", "dlock_renew_refused_max_hold").as_deref(), Some("1"));
+    assert_eq!(info_field(&mut r, "r", "owner").as_deref(), Some("w"), "refused, not expired");
+}
+
+/// `DEBUG DIGEST` of the whole data set.
+fn dataset_digest(con: &mut redis::Connection) -> String {
+    redis::cmd("DEBUG").arg("DIGEST").query(con).expect("DEBUG DIGEST")
+}
+
+#[test]
+fn digests_differ_only_while_the_primary_keeps_a_lease_less_key_for_its_waiters() {
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let (mut primary, replica) = primary_and_replica_with(&aof, &[]);
+    let (mut p, mut r) = (primary.client(), replica.client());
+    acquire(&mut p, "kept", "A", 600_000).expect("granted");
+    acquire(&mut p, "lk", "A", 600_000).expect("granted");
+    // Someone waiting behind a live lease: the queue is not part of the value's digest.
+    let behind_a_lease = send_wait(&primary, "kept", "W", 60_000, &[]);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut p, "kept", "waiters").as_deref() == Some("1")
+    }));
+    sync(&mut p);
+    let digest = dataset_digest(&mut p);
+    assert_ne!(digest, "0".repeat(40), "the data set holds the locks");
+    assert_eq!(dataset_digest(&mut r), digest, "equal with a waiter behind a lease");
+    drop(behind_a_lease);
+
+    // After a restart with a grant delay, a lease released with a waiter in line passes to
+    // nobody until the delay ends: the primary keeps the key for its waiter, replicas drop it.
+    let mut restart = vec!["--save", "", "--repl-diskless-sync-delay", "0"];
+    restart.extend_from_slice(&aof);
+    restart.extend_from_slice(&["--dlock.restart-grant-delay-ms", "30000"]);
+    primary.crash_and_restart_with(&restart);
+    let restarted_at = Instant::now();
+    let mut p = primary.client();
+    assert!(eventually(Duration::from_secs(10), || {
+        info_line(&mut p, "replication", "connected_slaves").as_deref() == Some("1")
+    }));
+    let waiter = send_wait(&primary, "lk", "B", 60_000, &[]);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_field(&mut p, "lk", "waiters").as_deref() == Some("1")
+    }));
+    assert_eq!(release(&mut p, "lk", "A"), 1);
+    sync(&mut p);
+    assert!(restarted_at.elapsed() < Duration::from_secs(30), "checked within the grant delay");
+    assert_eq!(info_field(&mut p, "lk", "owner").as_deref(), Some("nil"), "kept for B");
+    assert!(!exists(&mut r, "lk"), "the replica dropped the key");
+    assert_ne!(dataset_digest(&mut p), dataset_digest(&mut r), "differ while B waits");
+
+    // Once nobody waits, the primary removes the key too and the digests agree again.
+    drop(waiter);
+    assert!(eventually(Duration::from_secs(5), || !exists(&mut p, "lk")), "B left the line");
+    sync(&mut p);
+    assert_eq!(dataset_digest(&mut p), dataset_digest(&mut r), "equal once no one waits");
+    assert_eq!((dbsize(&mut p), dbsize(&mut r)), (1, 1), "both hold kept alone");
+}
