@@ -44,6 +44,23 @@ fn send_acquire_wait(
     con
 }
 
+/// A lease's ttl in these tests: long enough that the pause surely begins before it ends, even
+/// on a loaded machine.
+const TTL_MS: u64 = 1_000;
+
+/// When a lease granted just before `granted_at` ends, checked to lie after `paused_at`: the
+/// scenario is a lease that ends inside the pause.
+fn ends_inside_the_pause(granted_at: Instant, paused_at: Instant) -> Instant {
+    let ends = granted_at + Duration::from_millis(TTL_MS);
+    assert!(paused_at < ends, "the setup took longer than the lease's {TTL_MS} ms");
+    ends
+}
+
+/// Sleeps until `deadline` and `extra` more.
+fn sleep_past(deadline: Instant, extra: Duration) {
+    sleep((deadline + extra).saturating_duration_since(Instant::now()));
+}
+
 /// Blocks until the replica acknowledged everything written so far.
 fn sync(primary: &mut redis::Connection) {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(primary).expect("WAIT");
@@ -54,12 +71,14 @@ fn sync(primary: &mut redis::Connection) {
 /// propagated during the pause, the server survives it, and the key goes once writes resume.
 fn expiry_waits_for_the_pause(server: &mut Server, replica: Option<&Server>) {
     let mut con = server.client();
-    acquire(&mut con, "lk", "A", 200).expect("granted");
+    let granted_at = Instant::now();
+    acquire(&mut con, "lk", "A", TTL_MS).expect("granted");
     if replica.is_some() {
         sync(&mut con);
     }
     pause_writes(&mut con, 10_000);
-    sleep(Duration::from_millis(600)); // the lease ended 400 ms ago, inside the pause
+    let ends = ends_inside_the_pause(granted_at, Instant::now());
+    sleep_past(ends, Duration::from_millis(400)); // the lease ended 400 ms ago, inside the pause
     assert_eq!(ping(&mut con), "PONG");
     assert!(server.is_alive(), "the server survived an expiry during the pause");
     assert!(exists(&mut con, "lk"), "nothing is deleted while writes are paused");
@@ -102,7 +121,8 @@ fn without_persistence_or_replicas_a_pause_still_holds_expiry_back() {
 fn a_waiter_is_handed_the_lease_only_after_the_pause_and_every_copy_agrees() {
     let (mut primary, replica) = primary_and_replica_with(&AOF, &[]);
     let mut p = primary.client();
-    let first = acquire(&mut p, "lk", "A", 300).expect("granted");
+    let granted_at = Instant::now();
+    let first = acquire(&mut p, "lk", "A", TTL_MS).expect("granted");
     let mut waiting = primary.client();
     let b = thread::spawn(move || -> Option<i64> {
         redis::cmd("DLOCK.ACQUIRE")
@@ -118,7 +138,8 @@ fn a_waiter_is_handed_the_lease_only_after_the_pause_and_every_copy_agrees() {
         info_field(&mut p, "lk", "waiters").as_deref() == Some("1")
     }));
     pause_writes(&mut p, 20_000);
-    sleep(Duration::from_millis(700)); // A's lease ended inside the pause
+    let ends = ends_inside_the_pause(granted_at, Instant::now());
+    sleep_past(ends, Duration::from_millis(400)); // A's lease ended inside the pause
     assert!(primary.is_alive(), "the server survived the expiry during the pause");
     assert!(!b.is_finished(), "no hand-over while writes are paused");
     assert_eq!(info_field(&mut p, "lk", "owner").as_deref(), Some("nil"), "no owner yet");
@@ -163,11 +184,14 @@ fn a_fork_during_a_write_pause_records_the_fence_counter_after_the_pause() {
 fn a_failover_that_times_out_while_a_lease_expires_leaves_a_working_primary() {
     let (mut primary, replica) = primary_and_replica_with(&AOF, &[]);
     let mut p = primary.client();
-    acquire(&mut p, "lk", "A", 300).expect("granted");
+    let granted_at = Instant::now();
+    acquire(&mut p, "lk", "A", TTL_MS).expect("granted");
     sync(&mut p);
     replica.pause(); // the replica never catches up: the failover pauses writes until it gives up
-    let _: () = redis::cmd("FAILOVER").arg("TIMEOUT").arg(1_500).query(&mut p).expect("FAILOVER");
-    sleep(Duration::from_millis(700)); // the lease ended inside the failover's pause
+    let _: () = redis::cmd("FAILOVER").arg("TIMEOUT").arg(2_500).query(&mut p).expect("FAILOVER");
+    // The pause lasts the failover's 2.5 s; the lease ends at most 1 s into it.
+    let ends = ends_inside_the_pause(granted_at, Instant::now());
+    sleep_past(ends, Duration::from_millis(400)); // the lease ended inside the failover's pause
     assert!(primary.is_alive(), "the server survived the expiry during the failover");
     assert!(exists(&mut p, "lk"), "nothing deleted during the failover's pause");
     let aborted = eventually(Duration::from_secs(10), || {
@@ -188,7 +212,7 @@ fn a_shutdown_waiting_for_a_lagging_replica_survives_an_expiry_and_saves() {
         primary_and_replica_with(&["--save", "3600 1", "--shutdown-timeout", "2"], &[]);
     let mut p = primary.client();
     acquire(&mut p, "kept", "A", 600_000).expect("granted");
-    acquire(&mut p, "lk", "A", 300).expect("granted");
+    acquire(&mut p, "lk", "A", TTL_MS).expect("granted");
     sync(&mut p);
     replica.pause(); // SHUTDOWN pauses writes and waits for it, up to shutdown-timeout
     let _ = redis::cmd("SHUTDOWN").query::<redis::Value>(&mut p); // the connection closes
