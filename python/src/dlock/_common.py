@@ -437,6 +437,14 @@ class AcquirePlan:
         self._wait_next = True
         return "nil"
 
+    def lease(
+        self, resource: str, fence: int, sent_at: float, metrics: Metrics, mode: Mode
+    ) -> LeaseState:
+        """The lease this plan was granted with ``fence`` by an ACQUIRE sent at ``sent_at``."""
+        return LeaseState(
+            resource, self.token, fence, self.ttl_ms, sent_at, self.hold_end, metrics, mode
+        )
+
     def gives_up(self, waited: bool) -> bool:
         """After a nil: whether the caller's timeout has passed (a WAIT that ran to its end
         may leave a few milliseconds of rounding, which must not start another wait)."""

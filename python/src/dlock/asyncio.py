@@ -364,16 +364,7 @@ class Locks(common.Handles[Hold]):
             answer = plan.answered(fence, waited=wait_ms is not None)
             if answer == "granted":
                 assert fence is not None
-                return LeaseState(
-                    resource,
-                    plan.token,
-                    fence,
-                    plan.ttl_ms,
-                    sent,
-                    plan.hold_end,
-                    self.metrics,
-                    request.mode,
-                )
+                return plan.lease(resource, fence, sent, self.metrics, request.mode)
             if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                 raise NotAcquired(resource, request.timeout)
 
