@@ -138,3 +138,57 @@ fn locks_spread_over_shards_route_by_key_fence_with_hash_tags_and_survive_slot_m
     assert_eq!(release(&mut replica, resource, "holder"), 1);
     assert!(acquire(&mut replica, resource, "next", 1_000).expect("granted") > fence);
 }
+
+/// Reads the next `smessage` on a connection that sent `SSUBSCRIBE`: its channel and payload.
+fn next_shard_message(con: &mut redis::Connection) -> (String, String) {
+    loop {
+        let reply = con.recv_response().expect("a shard message");
+        let parts: Vec<redis::Value> = match reply {
+            redis::Value::Array(parts) | redis::Value::Push { data: parts, .. } => parts,
+            other => panic!("unexpected {other:?}"),
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        };
+        if parts.len() == 3 && text(&parts[0]) == "smessage" {
+            return (text(&parts[1]), text(&parts[2]));
+        }
+    }
+}
+
+#[test]
+fn ownership_changes_reach_shard_subscribers_on_the_keys_own_node() {
+    let cluster = Cluster::start();
+    for (resource, channel) in
+        [("invoice:{7}", "dlock:invoice:{7}"), ("plain:9", "dlock:{plain:9}")]
+    {
+        let owner = cluster.owner(resource);
+        assert_eq!(cluster.owner(channel), owner, "{channel} hashes to {resource}'s slot");
+        let node = cluster.node(owner);
+        let mut subscriber = node.client();
+        subscriber.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let request = redis::cmd("SSUBSCRIBE").arg(channel).get_packed_command();
+        subscriber.send_packed_command(&request).expect("SSUBSCRIBE");
+        let _confirmed = subscriber.recv_response().expect("ssubscribe reply");
+        // A plain subscriber on the same node hears nothing: the module publishes to the shard.
+        let mut plain = node.client();
+        plain.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
+        let request = redis::cmd("SUBSCRIBE").arg(channel).get_packed_command();
+        plain.send_packed_command(&request).expect("SUBSCRIBE");
+        let _confirmed = plain.recv_response().expect("subscribe reply");
+
+        let mut con = node.client();
+        let fence = acquire(&mut con, resource, "A", 60_000).expect("granted");
+        assert_eq!(release(&mut con, resource, "A"), 1);
+        assert_eq!(
+            next_shard_message(&mut subscriber),
+            (channel.to_owned(), format!("acquired {fence}"))
+        );
+        assert_eq!(
+            next_shard_message(&mut subscriber),
+            (channel.to_owned(), format!("released {fence}"))
+        );
+        assert!(plain.recv_response().is_err(), "no plain PUBLISH in Cluster");
+    }
+}
