@@ -41,7 +41,15 @@ fn command_args(args: &[ArgMeta]) -> Result<*mut raw::RedisModuleCommandArg, &'s
             ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
             ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
             ArgKind::Flag => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+            ArgKind::Block(_) => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+            ArgKind::OneOf(_) => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
         };
+        if let ArgKind::Block(inner) | ArgKind::OneOf(inner) = arg.kind {
+            c_arg.subargs = command_args(inner)?;
+        }
+        if let Some(since) = arg.since {
+            c_arg.since = leaked(since)?;
+        }
         c_arg.key_spec_index = if matches!(arg.kind, ArgKind::Key) { 0 } else { -1 };
         if let Some(token) = arg.token {
             c_arg.token = leaked(token)?;
@@ -94,7 +102,7 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     info.version = version;
     info.summary = leaked(meta.summary)?;
     info.complexity = leaked(meta.complexity)?;
-    info.since = leaked(env!("CARGO_PKG_VERSION"))?;
+    info.since = leaked(crate::commands::V1)?;
     info.arity = meta.arity;
     if meta.key_flags != 0 {
         info.key_specs = key_specs.as_mut_ptr();

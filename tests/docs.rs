@@ -40,27 +40,68 @@ fn pairs(value: &redis::Value) -> BTreeMap<String, redis::Value> {
 /// The syntax line Redis's own pages would print for these `COMMAND DOCS` arguments.
 fn syntax(name: &str, arguments: Option<&redis::Value>) -> String {
     let mut line = name.to_uppercase();
-    let Some(redis::Value::Array(arguments)) = arguments else { return line };
-    for argument in arguments {
-        let fields = pairs(argument);
-        let arg_name = text(&fields["name"]);
-        let flags = fields.get("flags").map(|f| format!("{f:?}")).unwrap_or_default();
-        let pure_token = fields.get("type").map(text).as_deref() == Some("pure-token");
-        let mut part = match fields.get("token") {
-            Some(token) if pure_token => text(token),
-            Some(token) => format!("{} {arg_name}", text(token)),
-            None => arg_name.clone(),
-        };
-        if flags.contains("multiple") {
-            part = format!("{part} [{arg_name} ...]");
+    if let Some(redis::Value::Array(arguments)) = arguments {
+        for argument in arguments {
+            line.push(' ');
+            line.push_str(&argument_syntax(argument));
         }
-        if flags.contains("optional") {
-            part = format!("[{part}]");
-        }
-        line.push(' ');
-        line.push_str(&part);
     }
     line
+}
+
+/// One argument as a syntax line shows it: `token name`, a block's parts in order, a one-of's
+/// choices joined by ` | `, in brackets when optional.
+fn argument_syntax(argument: &redis::Value) -> String {
+    let fields = pairs(argument);
+    let arg_name = text(&fields["name"]);
+    let flags = fields.get("flags").map(|f| format!("{f:?}")).unwrap_or_default();
+    let kind = fields.get("type").map(text).unwrap_or_default();
+    let inner = |separator: &str| match fields.get("arguments") {
+        Some(redis::Value::Array(parts)) => {
+            parts.iter().map(argument_syntax).collect::<Vec<_>>().join(separator)
+        }
+        other => panic!("{arg_name}: no sub-arguments: {other:?}"),
+    };
+    let body = match kind.as_str() {
+        "block" => inner(" "),
+        "oneof" => inner(" | "),
+        _ => arg_name.clone(),
+    };
+    let mut part = match fields.get("token") {
+        Some(token) if kind == "pure-token" => text(token),
+        Some(token) => format!("{} {body}", text(token)),
+        None => body,
+    };
+    if flags.contains("multiple") {
+        part = format!("{part} [{arg_name} ...]");
+    }
+    if flags.contains("optional") {
+        part = format!("[{part}]");
+    }
+    part
+}
+
+/// Every argument's name as its page documents it (a keyword alone by its keyword), nested
+/// ones included, with the version that added it when it is later than its command's.
+fn documented_names(arguments: &[redis::Value], out: &mut Vec<(String, Option<String>)>) {
+    for argument in arguments {
+        let fields = pairs(argument);
+        match fields.get("arguments") {
+            Some(redis::Value::Array(parts)) => {
+                if fields.contains_key("token") {
+                    out.push((text(&fields["token"]), fields.get("since").map(text)));
+                }
+                documented_names(parts, out);
+            }
+            _ => {
+                let name = match fields.get("type").map(text).as_deref() {
+                    Some("pure-token") => text(&fields["token"]),
+                    _ => text(&fields["name"]),
+                };
+                out.push((name, fields.get("since").map(text)));
+            }
+        }
+    }
 }
 
 /// The flags of a command's one key spec in `COMMAND INFO` (`RW`, `insert`, …); `None`: no key.
@@ -160,17 +201,29 @@ fn every_command_page_matches_command_docs() {
         assert_eq!(first_block, syntax(command, docs.get("arguments")), "{command} syntax");
         let arguments_section = page.split("## Arguments").nth(1).unwrap_or_default();
         if let Some(redis::Value::Array(arguments)) = docs.get("arguments") {
-            for argument in arguments {
-                let fields = pairs(argument);
-                // A keyword alone (`SHARED`) is documented by its keyword.
-                let name = match fields.get("type").map(text).as_deref() {
-                    Some("pure-token") => text(&fields["token"]),
-                    _ => text(&fields["name"]),
-                };
+            let mut names = Vec::new();
+            documented_names(arguments, &mut names);
+            for (name, since) in names {
                 assert!(
                     arguments_section.contains(&format!("`{name}`")),
                     "{command} documents `{name}`"
                 );
+                // An argument a later version added says so where it is documented.
+                if let Some(since) = since {
+                    // Its entry: the bullet whose first backquoted words name it.
+                    let entry = arguments_section
+                        .lines()
+                        .find(|line| {
+                            line.strip_prefix("- `")
+                                .and_then(|rest| rest.split('`').next())
+                                .is_some_and(|head| head.split(' ').any(|word| word == name))
+                        })
+                        .unwrap_or_default();
+                    assert!(
+                        entry.contains(&format!("since {since}")),
+                        "{command}: `{name}` was added in {since}; its entry says so: {entry}"
+                    );
+                }
             }
         }
         assert_eq!(text(&docs["group"]), "module");

@@ -3,12 +3,21 @@
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::core::args;
 use crate::core::{Acquired, DlockError, Lock, Step, Waiter};
 use crate::datatype::LOCK_TYPE;
 use crate::{clock, config, expiry, metrics, waiters};
+
+/// `SHARED [LIMIT n]`.
+const SHARED: &[ArgMeta] = &[ArgMeta::option("n", ArgKind::Integer, "LIMIT")];
+
+/// `WAIT timeout-ms | QUEUE ticket-ms`.
+const WAIT_OR_QUEUE: &[ArgMeta] = &[
+    ArgMeta::option("timeout-ms", ArgKind::Integer, "WAIT").required_here(),
+    ArgMeta::option("ticket-ms", ArgKind::Integer, "QUEUE").required_here().since(V2),
+];
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquire",
@@ -24,12 +33,10 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
-        ArgMeta::option("timeout-ms", ArgKind::Integer, "WAIT"),
-        ArgMeta::option("ticket-ms", ArgKind::Integer, "QUEUE"),
-        ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM"),
-        ArgMeta::flag("shared", "SHARED"),
-        ArgMeta::option("n", ArgKind::Integer, "LIMIT"),
-        ArgMeta::option("value", ArgKind::String, "META"),
+        ArgMeta::option("shared", ArgKind::Block(SHARED), "SHARED").since(V2),
+        ArgMeta::one_of("wait-or-queue", WAIT_OR_QUEUE),
+        ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM").since(V2),
+        ArgMeta::option("value", ArgKind::String, "META").since(V2),
     ],
     acl_categories: "write slow blocking",
 };

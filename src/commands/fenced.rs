@@ -24,7 +24,14 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("fence", ArgKind::Integer),
         ArgMeta::required("command", ArgKind::String),
-        ArgMeta { name: "arg", kind: ArgKind::String, token: None, optional: true, multiple: true },
+        ArgMeta {
+            name: "arg",
+            kind: ArgKind::String,
+            token: None,
+            optional: true,
+            multiple: true,
+            since: None,
+        },
     ],
     acl_categories: "write slow",
 };

@@ -50,7 +50,16 @@ pub struct ArgMeta {
     pub optional: bool,
     /// Whether it may repeat.
     pub multiple: bool,
+    /// The module version that added it, when later than its command.
+    pub since: Option<&'static str>,
 }
+
+/// The module version that added every command.
+pub const V1: &str = "0.1.0";
+
+/// The module version that added the options of version 2 (`SHARED`, `LIMIT`, `QUEUE`, `CLAIM`,
+/// `META`, `FENCE`).
+pub const V2: &str = "0.2.0";
 
 /// The value kinds our commands take.
 #[derive(Clone, Copy)]
@@ -63,22 +72,57 @@ pub enum ArgKind {
     Integer,
     /// A keyword alone, with no value (`pure-token`).
     Flag,
+    /// Arguments that come together, in order (`SHARED [LIMIT n]`).
+    Block(&'static [ArgMeta]),
+    /// Exactly one of these (`WAIT timeout-ms | QUEUE ticket-ms`).
+    OneOf(&'static [ArgMeta]),
 }
 
 impl ArgMeta {
     /// A required argument.
     pub const fn required(name: &'static str, kind: ArgKind) -> Self {
-        Self { name, kind, token: None, optional: false, multiple: false }
+        Self { name, kind, token: None, optional: false, multiple: false, since: None }
     }
 
     /// An optional keyword on its own (`SHARED`).
     pub const fn flag(name: &'static str, token: &'static str) -> Self {
-        Self { name, kind: ArgKind::Flag, token: Some(token), optional: true, multiple: false }
+        Self {
+            name,
+            kind: ArgKind::Flag,
+            token: Some(token),
+            optional: true,
+            multiple: false,
+            since: None,
+        }
     }
 
     /// An optional argument introduced by a keyword (`FENCE fence`).
     pub const fn option(name: &'static str, kind: ArgKind, token: &'static str) -> Self {
-        Self { name, kind, token: Some(token), optional: true, multiple: false }
+        Self { name, kind, token: Some(token), optional: true, multiple: false, since: None }
+    }
+
+    /// An optional group: one of `choices` (`[WAIT timeout-ms | QUEUE ticket-ms]`).
+    pub const fn one_of(name: &'static str, choices: &'static [ArgMeta]) -> Self {
+        Self {
+            name,
+            kind: ArgKind::OneOf(choices),
+            token: None,
+            optional: true,
+            multiple: false,
+            since: None,
+        }
+    }
+
+    /// The same argument, as added by module version `version`.
+    pub const fn since(mut self, version: &'static str) -> Self {
+        self.since = Some(version);
+        self
+    }
+
+    /// The same argument, required within its group (a choice of a one-of).
+    pub const fn required_here(mut self) -> Self {
+        self.optional = false;
+        self
     }
 }
 

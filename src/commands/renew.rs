@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::core::Renewal;
 use crate::core::args;
@@ -20,7 +20,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
         ArgMeta::required("ttl-ms", ArgKind::Integer),
-        ArgMeta::option("fence", ArgKind::Integer, "FENCE"),
+        ArgMeta::option("fence", ArgKind::Integer, "FENCE").since(V2),
     ],
     acl_categories: "write fast",
 };
