@@ -12,15 +12,20 @@ pub const PREFIX: &[u8] = b"dlock:";
 /// The channel of `resource`.
 pub fn name(resource: &[u8]) -> Vec<u8> {
     let mut channel = Vec::with_capacity(PREFIX.len() + resource.len() + 2);
-    channel.extend_from_slice(PREFIX);
-    if has_hash_tag(resource) || resource.contains(&b'}') || resource.contains(&b'{') {
-        channel.extend_from_slice(resource);
-    } else {
-        channel.push(b'{');
-        channel.extend_from_slice(resource);
-        channel.push(b'}');
-    }
+    write_name(resource, &mut channel);
     channel
+}
+
+/// Appends the channel of `resource` to `out` (the publishing path reuses one buffer).
+pub fn write_name(resource: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(PREFIX);
+    if has_hash_tag(resource) || resource.contains(&b'}') || resource.contains(&b'{') {
+        out.extend_from_slice(resource);
+    } else {
+        out.push(b'{');
+        out.extend_from_slice(resource);
+        out.push(b'}');
+    }
 }
 
 /// Whether Redis Cluster would hash `key` by a tag: a `{` followed later by a `}` with at least
@@ -31,10 +36,37 @@ fn has_hash_tag(key: &[u8]) -> bool {
     })
 }
 
+/// Room for any message: an event word of up to 12 bytes, a space and a `u64` (20 digits).
+pub const MAX_MESSAGE: usize = 12 + 1 + 20;
+
 /// The message for one ownership change: the event's name and the fence of the lease it
 /// concerns, e.g. `released 1796207757444058`.
 pub fn message(event: &str, fence: u64) -> Vec<u8> {
-    format!("{event} {fence}").into_bytes()
+    let mut buffer = [0; MAX_MESSAGE];
+    write_message(event, fence, &mut buffer).to_vec()
+}
+
+/// [`message`] written into `buffer`, with no allocation (it runs on every grant). An event
+/// word longer than 12 bytes is cut there (ours are at most 8).
+pub fn write_message<'a>(event: &str, fence: u64, buffer: &'a mut [u8; MAX_MESSAGE]) -> &'a [u8] {
+    let word = &event.as_bytes()[..event.len().min(12)];
+    buffer[..word.len()].copy_from_slice(word);
+    buffer[word.len()] = b' ';
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = fence;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let start = word.len() + 1;
+    let end = start + digits.len() - at;
+    buffer[start..end].copy_from_slice(&digits[at..]);
+    &buffer[..end]
 }
 
 #[cfg(test)]
@@ -57,5 +89,8 @@ mod tests {
         assert_eq!(name(b"invoice:{123}"), b"dlock:invoice:{123}");
         assert_eq!(name(b"odd}name"), b"dlock:odd}name", "no tag possible: plain name");
         assert_eq!(message("handoff", 42), b"handoff 42");
+        assert_eq!(message("released", 0), b"released 0");
+        assert_eq!(message("acquired", u64::MAX), format!("acquired {}", u64::MAX).as_bytes());
+        assert_eq!(message("a-word-longer-than-twelve", 7), b"a-word-longe 7");
     }
 }
