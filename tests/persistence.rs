@@ -362,3 +362,71 @@ fn max_hold_counts_from_the_grant_across_a_restart_from_the_aof() {
     }
     assert!(granted.elapsed() >= Duration::from_millis(2_000), "refused only near the cap");
 }
+
+/// An RDB file saved by an earlier release of the module, and what was in it: encoding 1 by
+/// 0.1.0 before held time and renewals were saved, encoding 2 by 0.1.0 with them. Each holds a
+/// lease on `lock:long` (renewed twice, 26,000,000,000 ms), one on `lock:other` and one of 1 ms
+/// on `lock:short`, saved on 2026-12-04.
+struct OldRdb {
+    file: &'static [u8],
+    long_fence: i64,
+    last_fence: i64,
+    renewals_kept: bool,
+}
+
+const OLD_RDBS: [OldRdb; 2] = [
+    OldRdb {
+        file: include_bytes!("fixtures/encoding-1.rdb"),
+        long_fence: 1_796_351_558_464_540,
+        last_fence: 1_796_351_558_480_547,
+        renewals_kept: false,
+    },
+    OldRdb {
+        file: include_bytes!("fixtures/encoding-2.rdb"),
+        long_fence: 1_796_351_559_522_569,
+        last_fence: 1_796_351_559_556_506,
+        renewals_kept: true,
+    },
+];
+
+#[test]
+fn rdb_files_saved_by_earlier_versions_load_with_their_leases_and_fences() {
+    for old in OLD_RDBS {
+        let args = ["--dlock.max-ttl-ms", "31536000000", "--enable-debug-command", "yes"];
+        let server = Server::start_with_files(&[("dump.rdb", old.file)], &args);
+        let mut con = server.client();
+        // A fence is the grant's wall-clock time in µs: the lease ends 26,000,000,000 ms later.
+        let deadline_us = old.long_fence + 26_000_000_000 * 1_000;
+        if now_us() < deadline_us - 60_000_000 {
+            assert_eq!(info_field(&mut con, "lock:long", "owner").as_deref(), Some("worker-a"));
+            assert_eq!(fencecheck(&mut con, "lock:long", old.long_fence), 1);
+            let expected_ttl = (deadline_us - now_us()) / 1_000;
+            assert!((ttl_ms(&mut con, "lock:long") - expected_ttl).abs() < 60_000, "deadline kept");
+            let renewals = if old.renewals_kept { "2" } else { "0" };
+            assert_eq!(info_field(&mut con, "lock:long", "renewals").as_deref(), Some(renewals));
+            assert_eq!(renew(&mut con, "lock:long", "worker-a", 30_000), 1, "its owner renews it");
+            assert_eq!(acquire(&mut con, "lock:long", "intruder", 30_000), None);
+        } else {
+            // The fixture's lease has run out (after 2027-09-01): the file still loads.
+            assert_eq!(info(&mut con, "lock:long"), None);
+        }
+        assert_eq!(info(&mut con, "lock:short"), None, "the 1 ms lease expired long ago");
+        // `lock:other` was granted a moment after `lock:long`, for 25,000,000,000 ms.
+        let other_held = now_us() < old.long_fence + 25_000_000_000 * 1_000 - 60_000_000;
+        let other = info_field(&mut con, "lock:other", "owner");
+        assert_eq!(other.as_deref(), other_held.then_some("worker-c"));
+        // The counter saved with the data set: no grant repeats or undercuts a saved fence.
+        let fresh = acquire(&mut con, "lock:new", "w", 30_000).expect("granted");
+        assert!(fresh > old.last_fence);
+        // Saved again (in today's encoding) and reloaded: the same leases.
+        let before = info(&mut con, "lock:long");
+        let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
+        let after = info(&mut con, "lock:long");
+        let owner_and_fence = |fields: Option<Vec<(String, String)>>| {
+            fields.map(|f| {
+                f.into_iter().filter(|(k, _)| k == "owner" || k == "fence").collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(owner_and_fence(before), owner_and_fence(after));
+    }
+}
