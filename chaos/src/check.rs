@@ -1,7 +1,7 @@
 //! Checkers over a finished run: the history of every worker, the faults the nemesis injected,
 //! and the final protected state (the Redis registers and the PostgreSQL write log).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{Event, Kind, Op};
 
@@ -52,6 +52,9 @@ pub struct Settings {
     /// `appendfsync always` and no promotion: no acknowledged grant or fenced write may be lost.
     pub durable: bool,
     pub run_end: u64,
+    /// The mixed workers' resources: `Some(n)` for a semaphore of `n` permits, `None` for a
+    /// read-write lock. The exclusive-lease checkers skip them.
+    pub mixed: BTreeMap<String, Option<u32>>,
 }
 
 impl Settings {
@@ -111,8 +114,14 @@ pub struct Operation {
     pub op: Op,
     pub resource: String,
     pub fence: u64,
+    /// The completion's detail (the invoke's while none came).
     pub detail: String,
+    /// The invoke's detail: what was asked (a mixed worker's token first).
+    pub request: String,
     pub invoked: u64,
+    /// When the request that this grant answers was first sent: a ticket's first send (its turn
+    /// may come before the re-send that learns of it), else `invoked`.
+    pub requested: u64,
     /// When it completed; a killed worker's last operation never did (`u64::MAX`).
     pub completed: u64,
     pub outcome: Kind,
@@ -127,7 +136,9 @@ impl Operation {
             resource: event.resource.clone(),
             fence: event.fence,
             detail: event.detail.clone(),
+            request: event.detail.clone(),
             invoked: event.at,
+            requested: event.at,
             completed,
             outcome,
         }
@@ -172,6 +183,38 @@ pub fn operations(events: &[Event]) -> Vec<Operation> {
     done
 }
 
+/// The first word of an invoke's detail: a mixed worker's token.
+pub fn token_of(request: &str) -> &str {
+    request.split(' ').next().unwrap_or_default()
+}
+
+/// Every grant, once: the first acknowledgement of each fence to each token on its resource (a
+/// claim that answers the same fence again is no new grant). A ticket's grant counts as requested at the
+/// ticket's first send.
+pub fn grants(operations: &[Operation]) -> Vec<Operation> {
+    let mut first_send: HashMap<(u32, &str, &str), u64> = HashMap::new();
+    for o in operations.iter().filter(|o| o.op == Op::Queue) {
+        let at =
+            first_send.entry((o.worker, &o.resource, token_of(&o.request))).or_insert(o.invoked);
+        *at = (*at).min(o.invoked);
+    }
+    let mut seen: HashSet<(&str, u64, &str)> = HashSet::new();
+    let mut grants = Vec::new();
+    for o in operations {
+        let acknowledged = matches!(o.op, Op::Acquire | Op::Queue) && o.outcome == Kind::Ok;
+        if !acknowledged || o.fence == 0 || !seen.insert((&o.resource, o.fence, &o.detail)) {
+            continue;
+        }
+        let mut grant = o.clone();
+        if o.op == Op::Queue {
+            let key = (o.worker, o.resource.as_str(), token_of(&o.request));
+            grant.requested = first_send.get(&key).copied().unwrap_or(o.invoked);
+        }
+        grants.push(grant);
+    }
+    grants
+}
+
 fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
     faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)
 }
@@ -179,14 +222,21 @@ fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
 /// Runs every checker.
 pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Settings) -> Report {
     let operations = operations(events);
-    let grants: Vec<&Operation> =
-        operations.iter().filter(|o| o.op == Op::Acquire && o.outcome == Kind::Ok).collect();
+    let acknowledged: Vec<&Operation> = operations
+        .iter()
+        .filter(|o| matches!(o.op, Op::Acquire | Op::Queue) && o.outcome == Kind::Ok && o.fence > 0)
+        .collect();
+    let all_grants = grants(&operations);
+    let grants: Vec<&Operation> = all_grants.iter().collect();
+    // The exclusive-lease checkers, on the resources where every lease is exclusive.
+    let exclusive: Vec<&Operation> =
+        grants.iter().copied().filter(|g| !settings.mixed.contains_key(&g.resource)).collect();
     let mut report =
         Report { operations: operations.len(), grants: grants.len(), ..Report::default() };
-    unique_fences(&grants, &mut report);
+    unique_fences(&acknowledged, &mut report);
     fence_order(&grants, &mut report);
-    no_overlap(&operations, &grants, faults, &mut report);
-    grants_kept(&operations, &grants, faults, settings, &mut report);
+    no_overlap(&operations, &exclusive, faults, &mut report);
+    grants_kept(&operations, &exclusive, faults, settings, &mut report);
     state_order(state, &mut report);
     durability(&operations, state, faults, settings, &mut report);
     liveness(&grants, faults, settings, &mut report);
@@ -227,11 +277,11 @@ fn fence_order(grants: &[&Operation], report: &mut Report) {
     for (resource, mut list) in by_resource(grants) {
         let mut by_completion = list.clone();
         by_completion.sort_by_key(|g| g.completed);
-        list.sort_by_key(|g| g.invoked);
+        list.sort_by_key(|g| g.requested);
         let mut before: Option<&Operation> = None; // the largest fence completed so far
         let mut next = 0;
         for grant in list {
-            while next < by_completion.len() && by_completion[next].completed < grant.invoked {
+            while next < by_completion.len() && by_completion[next].completed < grant.requested {
                 let candidate = by_completion[next];
                 if before.is_none_or(|b| candidate.fence > b.fence) {
                     before = Some(candidate);
@@ -248,7 +298,7 @@ fn fence_order(grants: &[&Operation], report: &mut Report) {
                         grant.fence, grant.worker, earlier.fence, earlier.worker
                     ),
                     resource: resource.to_owned(),
-                    from: earlier.invoked,
+                    from: earlier.requested,
                     to: grant.completed,
                 });
             }
@@ -456,6 +506,7 @@ mod tests {
             slack_ns: 100 * MS,
             durable: true,
             run_end: 10_000 * MS,
+            mixed: BTreeMap::new(),
         }
     }
 

@@ -277,6 +277,7 @@ pub fn run(config: &Config) -> Outcome {
         slack_ns: 2_000_000_000,
         durable: config.profile == Profile::Always,
         run_end: u64::MAX,
+        mixed: BTreeMap::new(),
     };
     let mut rng = Rng::new(config.seed);
     let mut pauses = Rng::new(config.seed ^ PAUSE_STREAM);
