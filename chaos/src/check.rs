@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{Event, Kind, Op};
+use crate::observer::OBSERVER;
 
 /// A fault as the nemesis logged it.
 #[derive(Clone, Debug)]
@@ -221,7 +222,9 @@ fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
 
 /// Runs every checker.
 pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Settings) -> Report {
-    let operations = operations(events);
+    // The observer's readings are not operations of the workers.
+    let events: Vec<Event> = events.iter().filter(|e| e.worker != OBSERVER).cloned().collect();
+    let operations = operations(&events);
     let acknowledged: Vec<&Operation> = operations
         .iter()
         .filter(|o| matches!(o.op, Op::Acquire | Op::Queue) && o.outcome == Kind::Ok && o.fence > 0)
