@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::check_modes::{self, ModeReport};
 use crate::history::{Event, Kind, Op};
 use crate::observer::OBSERVER;
 
@@ -99,11 +100,13 @@ pub struct Report {
     pub grants: usize,
     pub lost_updates: usize,
     pub liveness_checked: usize,
+    /// The mixed workers' leases: what the checkers of modes saw.
+    pub modes: ModeReport,
 }
 
 impl Report {
     /// Files a finding as a violation, or apart when a fault excuses it.
-    fn file(&mut self, finding: Finding, excused: bool) {
+    pub(crate) fn file(&mut self, finding: Finding, excused: bool) {
         if excused { self.excused.push(finding) } else { self.violations.push(finding) }
     }
 }
@@ -189,6 +192,11 @@ pub fn token_of(request: &str) -> &str {
     request.split(' ').next().unwrap_or_default()
 }
 
+/// The value of `name=value` among the words of a detail.
+pub fn field<'a>(detail: &'a str, name: &str) -> Option<&'a str> {
+    detail.split(' ').find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+}
+
 /// Every grant, once: the first acknowledgement of each fence to each token on its resource (a
 /// claim that answers the same fence again is no new grant). A ticket's grant counts as requested at the
 /// ticket's first send.
@@ -216,7 +224,7 @@ pub fn grants(operations: &[Operation]) -> Vec<Operation> {
     grants
 }
 
-fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
+pub(crate) fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
     faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)
 }
 
@@ -243,6 +251,7 @@ pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Setti
     state_order(state, &mut report);
     durability(&operations, state, faults, settings, &mut report);
     liveness(&grants, faults, settings, &mut report);
+    check_modes::check(&operations, &grants, faults, settings, &mut report);
     report
 }
 

@@ -18,6 +18,7 @@
 //! and refresh tickets under new tokens).
 
 mod check;
+mod check_modes;
 mod history;
 mod info;
 mod mixed;
@@ -120,6 +121,24 @@ fn main() {
         report.lost_updates,
         report.liveness_checked,
         report.excused.len()
+    );
+    let modes = &report.modes;
+    let counts = |map: &BTreeMap<String, usize>| {
+        map.iter().map(|(resource, n)| format!("{resource} {n}")).collect::<Vec<_>>().join(", ")
+    };
+    println!(
+        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {}, plain {}; {} claimed), {} stale fences refused; most permits at once {}, most readers {}",
+        modes.readers + modes.writers + modes.permits,
+        modes.readers,
+        modes.writers,
+        modes.permits,
+        modes.waits,
+        modes.tickets,
+        modes.plain,
+        modes.claims,
+        modes.refused,
+        counts(&modes.most_permits),
+        modes.most_readers,
     );
     let kinds: Vec<String> = kinds.iter().map(|(kind, n)| format!("{kind}={n}")).collect();
     println!(
