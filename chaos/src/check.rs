@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::check_lines::{self, LineReport};
 use crate::check_modes::{self, ModeReport};
 use crate::history::{Event, Kind, Op};
 use crate::observer::OBSERVER;
@@ -102,6 +103,8 @@ pub struct Report {
     pub liveness_checked: usize,
     /// The mixed workers' leases: what the checkers of modes saw.
     pub modes: ModeReport,
+    /// Tickets, claim windows and the observer's readings.
+    pub lines: LineReport,
 }
 
 impl Report {
@@ -230,8 +233,9 @@ pub(crate) fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fa
 
 /// Runs every checker.
 pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Settings) -> Report {
-    // The observer's readings are not operations of the workers.
-    let events: Vec<Event> = events.iter().filter(|e| e.worker != OBSERVER).cloned().collect();
+    let (samples, events): (Vec<Event>, Vec<Event>) =
+        events.iter().cloned().partition(|event| event.worker == OBSERVER);
+    let samples = operations(&samples);
     let operations = operations(&events);
     let acknowledged: Vec<&Operation> = operations
         .iter()
@@ -252,6 +256,7 @@ pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Setti
     durability(&operations, state, faults, settings, &mut report);
     liveness(&grants, faults, settings, &mut report);
     check_modes::check(&operations, &grants, faults, settings, &mut report);
+    check_lines::check(&operations, &grants, &samples, faults, settings, &mut report);
     report
 }
 

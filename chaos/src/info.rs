@@ -1,5 +1,6 @@
 //! `DLOCK.INFO` as the harness reads it: the live holders of a resource and its line, parsed from
-//! the reply and written to the history as one compact field (`Sample::encode`).
+//! the reply and written to the history as one compact field (`Sample::encode`), read back by the
+//! checkers (`Sample::decode`).
 
 /// What one `DLOCK.INFO` showed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -114,6 +115,34 @@ impl Sample {
             self.next.join(",")
         )
     }
+
+    /// Reads [`Sample::encode`] back.
+    pub fn decode(field: &str) -> Option<Self> {
+        let mut sample = Self::default();
+        for part in field.split(' ') {
+            let (name, value) = part.split_once('=')?;
+            let items = || value.split(',').filter(|item| !item.is_empty());
+            match name {
+                "h" => {
+                    for holder in items() {
+                        let mut parts = holder.split('/');
+                        sample.holders.push(Holder {
+                            token: parts.next()?.to_owned(),
+                            fence: parts.next()?.parse().ok()?,
+                            ttl_ms: parts.next()?.parse().ok()?,
+                        });
+                    }
+                }
+                "m" => sample.exclusive = (value != "-").then_some(value == "x"),
+                "n" => sample.live = value.parse().ok()?,
+                "w" => sample.waiters = value.parse().ok()?,
+                "t" => sample.tickets = value.parse().ok()?,
+                "q" => sample.next = items().map(str::to_owned).collect(),
+                _ => return None,
+            }
+        }
+        Some(sample)
+    }
 }
 
 #[cfg(test)]
@@ -125,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_lock_with_a_line_parses_and_encodes() {
+    fn a_shared_lock_with_a_line_parses_and_round_trips() {
         let lease = |token: &str, fence: i64, ttl: i64| {
             redis::Value::Array(vec![
                 bulk(token),
@@ -162,8 +191,8 @@ mod tests {
             (Some(false), 2, 1, 1)
         );
         assert_eq!(sample.next, ["w-3", "r-4"]);
-        assert_eq!(sample.encode(), "h=r-1/7/300,r-2/8/900 m=s n=2 w=1 t=1 q=w-3,r-4");
+        assert_eq!(Sample::decode(&sample.encode()), Some(sample));
         let empty = Sample::parse(&redis::Value::Nil).expect("nil parses");
-        assert_eq!(empty.encode(), "h= m=- n=0 w=0 t=0 q=");
+        assert_eq!(Sample::decode(&empty.encode()), Some(empty));
     }
 }

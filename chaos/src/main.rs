@@ -18,6 +18,7 @@
 //! and refresh tickets under new tokens).
 
 mod check;
+mod check_lines;
 mod check_modes;
 mod history;
 mod info;
@@ -122,12 +123,12 @@ fn main() {
         report.liveness_checked,
         report.excused.len()
     );
-    let modes = &report.modes;
+    let (modes, lines) = (&report.modes, &report.lines);
     let counts = |map: &BTreeMap<String, usize>| {
         map.iter().map(|(resource, n)| format!("{resource} {n}")).collect::<Vec<_>>().join(", ")
     };
     println!(
-        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {}, plain {}; {} claimed), {} stale fences refused; most permits at once {}, most readers {}",
+        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {}, plain {}; {} claimed), {} stale fences refused; most permits at once {} (observed {}), most readers {} (observed {})",
         modes.readers + modes.writers + modes.permits,
         modes.readers,
         modes.writers,
@@ -138,7 +139,22 @@ fn main() {
         modes.claims,
         modes.refused,
         counts(&modes.most_permits),
+        counts(&lines.most_permits_seen),
         modes.most_readers,
+        lines.most_readers_seen,
+    );
+    println!(
+        "chaos: lines: {} abandoned waiters ({} seen in line, {} seen holding, longest {} ms of a {} ms claim window), {} tickets stopped ({} seen granted after), {} tickets kept in line until granted, {} FIFO pairs checked, {} readings",
+        lines.abandoned,
+        lines.abandoned_queued,
+        lines.abandoned_held,
+        lines.longest_abandoned.0,
+        lines.longest_abandoned.1,
+        lines.stopped,
+        lines.stopped_held,
+        lines.tickets_kept,
+        lines.fifo_pairs,
+        lines.samples,
     );
     let kinds: Vec<String> = kinds.iter().map(|(kind, n)| format!("{kind}={n}")).collect();
     println!(
