@@ -661,19 +661,15 @@ impl Worker {
     /// `RELEASE … FENCE`.
     async fn release(&mut self, held: &Held, why: &str) {
         let (resource, fence) = (held.resource.as_str(), held.fence);
-        self.log.record(Op::Release, Kind::Invoke, resource, fence, why);
+        self.record(Op::Release, Kind::Invoke, resource, fence, why);
         let mut cmd = redis::cmd("DLOCK.RELEASE");
         cmd.arg(resource).arg(&held.token).arg("FENCE").arg(fence);
         match self.link.query::<i64>(&cmd, Duration::ZERO).await {
-            Reply::Ok(1) => self.log.record(Op::Release, Kind::Ok, resource, fence, why),
-            Reply::Ok(_) => {
-                self.log.record(Op::Release, Kind::Fail, resource, fence, "no longer held")
-            }
-            Reply::Refused(error) => {
-                self.log.record(Op::Release, Kind::Fail, resource, fence, &error)
-            }
+            Reply::Ok(1) => self.record(Op::Release, Kind::Ok, resource, fence, why),
+            Reply::Ok(_) => self.record(Op::Release, Kind::Fail, resource, fence, "no longer held"),
+            Reply::Refused(error) => self.record(Op::Release, Kind::Fail, resource, fence, &error),
             Reply::Unknown(error) => {
-                self.log.record(Op::Release, Kind::Unknown, resource, fence, &error)
+                self.record(Op::Release, Kind::Unknown, resource, fence, &error)
             }
         }
     }
@@ -698,17 +694,15 @@ impl Worker {
                 self.writes += 1;
                 let entry =
                     Accepted { fence, worker: self.args.id, seq: self.writes, value }.entry();
-                self.log.record(Op::RedisWrite, Kind::Invoke, resource, fence, &entry);
+                self.record(Op::RedisWrite, Kind::Invoke, resource, fence, &entry);
                 fenced.arg("RPUSH").arg(&register).arg(&entry);
                 return match self.link.query::<i64>(&fenced, Duration::ZERO).await {
-                    Reply::Ok(_) => {
-                        self.log.record(Op::RedisWrite, Kind::Ok, resource, fence, &entry)
-                    }
+                    Reply::Ok(_) => self.record(Op::RedisWrite, Kind::Ok, resource, fence, &entry),
                     Reply::Refused(why) => {
-                        self.log.record(Op::RedisWrite, Kind::Fail, resource, fence, &why)
+                        self.record(Op::RedisWrite, Kind::Fail, resource, fence, &why)
                     }
                     Reply::Unknown(why) => {
-                        self.log.record(Op::RedisWrite, Kind::Unknown, resource, fence, &why)
+                        self.record(Op::RedisWrite, Kind::Unknown, resource, fence, &why)
                     }
                 };
             }
@@ -721,11 +715,11 @@ impl Worker {
                 Op::Use
             }
         };
-        self.log.record(op, Kind::Invoke, resource, fence, &held.token);
+        self.record(op, Kind::Invoke, resource, fence, &held.token);
         match self.link.query::<i64>(&fenced, Duration::ZERO).await {
-            Reply::Ok(_) => self.log.record(op, Kind::Ok, resource, fence, ""),
-            Reply::Refused(why) => self.log.record(op, Kind::Fail, resource, fence, &why),
-            Reply::Unknown(why) => self.log.record(op, Kind::Unknown, resource, fence, &why),
+            Reply::Ok(_) => self.record(op, Kind::Ok, resource, fence, ""),
+            Reply::Refused(why) => self.record(op, Kind::Fail, resource, fence, &why),
+            Reply::Unknown(why) => self.record(op, Kind::Unknown, resource, fence, &why),
         }
     }
 
@@ -740,7 +734,7 @@ impl Worker {
         let ttl = millis(self.args.ttl);
         let detail = format!("{token} claim={claim} ttl={ttl}");
         let resource = held.resource.as_str();
-        self.log.record(Op::Abandon, Kind::Invoke, resource, 0, &detail);
+        self.record(Op::Abandon, Kind::Invoke, resource, 0, &detail);
         let mut cmd = redis::cmd("DLOCK.ACQUIRE");
         cmd.arg(resource).arg(&token).arg(ttl);
         if !self.args.broken && self.rng.below(3) == 0 {
@@ -754,7 +748,7 @@ impl Worker {
             Ok(stream) => stream,
             Err(why) => {
                 let detail = format!("{detail} not sent: {why}");
-                return self.log.record(Op::Abandon, Kind::Fail, resource, 0, &detail);
+                return self.record(Op::Abandon, Kind::Fail, resource, 0, &detail);
             }
         };
         self.abandoned.push((stream, Instant::now() + ABANDONED_FOR));
@@ -766,11 +760,11 @@ impl Worker {
                 && Sample::parse(&reply).is_some_and(|sample| sample.next.contains(&token))
             {
                 let detail = format!("{detail} queued");
-                return self.log.record(Op::Abandon, Kind::Ok, resource, 0, &detail);
+                return self.record(Op::Abandon, Kind::Ok, resource, 0, &detail);
             }
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
-        self.log.record(Op::Abandon, Kind::Fail, resource, 0, &format!("{detail} unseen"));
+        self.record(Op::Abandon, Kind::Fail, resource, 0, &format!("{detail} unseen"));
     }
 
     /// Sends `cmd` on a new connection and returns it without reading anything.
