@@ -201,27 +201,28 @@ pub fn field<'a>(detail: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Every grant, once: the first acknowledgement of each fence to each token on its resource (a
-/// claim that answers the same fence again is no new grant). A ticket's grant counts as requested at the
-/// ticket's first send.
+/// claim that answers the same fence again is no new grant). A grant to a token named in its
+/// requests (the mixed workers') counts as requested at the token's first request: a ticket's
+/// turn may come before the re-send that learns of it, and a retry after an unknown outcome may
+/// only learn of the grant an earlier attempt made.
 pub fn grants(operations: &[Operation]) -> Vec<Operation> {
-    let mut first_send: HashMap<(u32, &str, &str), u64> = HashMap::new();
-    for o in operations.iter().filter(|o| o.op == Op::Queue) {
-        let at =
-            first_send.entry((o.worker, &o.resource, token_of(&o.request))).or_insert(o.invoked);
+    let asks = |o: &&Operation| matches!(o.op, Op::Acquire | Op::Queue);
+    let mut first_request: HashMap<(u32, &str, &str), u64> = HashMap::new();
+    for o in operations.iter().filter(asks).filter(|o| !token_of(&o.request).is_empty()) {
+        let key = (o.worker, o.resource.as_str(), token_of(&o.request));
+        let at = first_request.entry(key).or_insert(o.invoked);
         *at = (*at).min(o.invoked);
     }
     let mut seen: HashSet<(&str, u64, &str)> = HashSet::new();
     let mut grants = Vec::new();
-    for o in operations {
-        let acknowledged = matches!(o.op, Op::Acquire | Op::Queue) && o.outcome == Kind::Ok;
-        if !acknowledged || o.fence == 0 || !seen.insert((&o.resource, o.fence, &o.detail)) {
+    for o in operations.iter().filter(asks) {
+        if o.outcome != Kind::Ok || o.fence == 0 || !seen.insert((&o.resource, o.fence, &o.detail))
+        {
             continue;
         }
         let mut grant = o.clone();
-        if o.op == Op::Queue {
-            let key = (o.worker, o.resource.as_str(), token_of(&o.request));
-            grant.requested = first_send.get(&key).copied().unwrap_or(o.invoked);
-        }
+        let key = (o.worker, o.resource.as_str(), token_of(&o.request));
+        grant.requested = first_request.get(&key).copied().unwrap_or(o.invoked).min(o.invoked);
         grants.push(grant);
     }
     grants

@@ -510,6 +510,18 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_that_learns_of_an_earlier_attempts_grant_counts_as_requested_by_that_attempt() {
+        let mut history = Vec::new();
+        // p-2's first attempt (granted, its reply lost) came before p-1 took its place.
+        history.push(event(0, 2, Op::Acquire, Kind::Invoke, 0, "p-2"));
+        history.push(event(4, 2, Op::Acquire, Kind::Unknown, 0, "timed out"));
+        ticket(&mut history, 1, "p-1", &[5, 100, 200], None);
+        history.push(event(50, 2, Op::Acquire, Kind::Invoke, 0, "p-2"));
+        history.push(event(51, 2, Op::Acquire, Kind::Ok, 10, "p-2"));
+        assert!(checkers(&history).is_empty());
+    }
+
+    #[test]
     fn an_abandoned_grant_seen_past_its_claim_window_is_caught() {
         let detail = "a-1 claim=200 ttl=1000";
         let mut history = vec![
