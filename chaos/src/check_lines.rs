@@ -129,19 +129,23 @@ fn claim_windows(
             (claim.min(ttl), None)
         };
         let list = readings.get(abandon.resource.as_str()).map_or(&[][..], Vec::as_slice);
-        let held: Vec<(&Reading, u64)> = list
-            .iter()
-            .filter_map(|r| {
-                let holder = r.sample.holders.iter().find(|h| h.token == token)?;
-                Some((r, holder.ttl_ms))
-            })
-            .collect();
-        if let (Some((first, _)), Some((last, _))) = (held.first(), held.last()) {
+        // Each grant of the token on its own: a ticket whose turn lapsed unclaimed (its worker
+        // was stopped) and that a late refresh put back in line is granted again, anew.
+        let mut grants: BTreeMap<u64, Vec<(&Reading, u64)>> = BTreeMap::new();
+        for r in list {
+            if let Some(holder) = r.sample.holders.iter().find(|h| h.token == token) {
+                grants.entry(holder.fence).or_default().push((r, holder.ttl_ms));
+            }
+        }
+        if !grants.is_empty() {
             if stopped {
                 report.lines.stopped_held += 1;
             } else {
                 report.lines.abandoned_held += 1;
             }
+        }
+        for (fence, held) in &grants {
+            let (Some((first, _)), Some((last, _))) = (held.first(), held.last()) else { continue };
             // Live at both readings: at least this long.
             let span = last.at.invoked.saturating_sub(first.at.completed);
             if !stopped && span / 1_000_000 > report.lines.longest_abandoned.0 {
@@ -152,11 +156,11 @@ fn claim_windows(
                 report.violations.push(Finding {
                     checker: "claim-window",
                     message: format!(
-                        "the grant of {token}, never claimed, held the resource for at least {} ms with up to {most_left} ms left; its claim window is {window_ms} ms",
+                        "the grant of {token} (fence {fence}), never claimed, held the resource for at least {} ms with up to {most_left} ms left; its claim window is {window_ms} ms",
                         span / 1_000_000
                     ),
                     resource: abandon.resource.clone(),
-                    from: abandon.invoked,
+                    from: first.at.invoked.min(abandon.invoked),
                     to: last.at.completed,
                 });
             }
@@ -532,6 +536,48 @@ mod tests {
         reading(&mut history, 150, &holding("a-1", 60));
         assert!(checkers(&history).is_empty());
         reading(&mut history, 400, &holding("a-1", 900));
+        assert_eq!(checkers(&history), ["claim-window"]);
+    }
+
+    #[test]
+    fn a_stopped_tickets_two_grants_are_each_held_to_the_window() {
+        let mut history = Vec::new();
+        ticket(&mut history, 1, "p-1", &[0, 100, 1_000], None);
+        history.push(event(1_005, 1, Op::Abandon, Kind::Ok, 0, "p-1 ticket=300 stopped"));
+        // Its turn came while its worker was stopped, lapsed, and came again after the stop.
+        reading(
+            &mut history,
+            150,
+            &Sample {
+                holders: vec![Holder { token: "p-1".into(), fence: 5, ttl_ms: 290 }],
+                ..holding("p-1", 0)
+            },
+        );
+        reading(
+            &mut history,
+            400,
+            &Sample {
+                holders: vec![Holder { token: "p-1".into(), fence: 5, ttl_ms: 40 }],
+                ..holding("p-1", 0)
+            },
+        );
+        reading(
+            &mut history,
+            1_100,
+            &Sample {
+                holders: vec![Holder { token: "p-1".into(), fence: 9, ttl_ms: 280 }],
+                ..holding("p-1", 0)
+            },
+        );
+        assert!(checkers(&history).is_empty());
+        reading(
+            &mut history,
+            1_500,
+            &Sample {
+                holders: vec![Holder { token: "p-1".into(), fence: 9, ttl_ms: 10 }],
+                ..holding("p-1", 0)
+            },
+        );
         assert_eq!(checkers(&history), ["claim-window"]);
     }
 
