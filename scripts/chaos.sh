@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the fault-injection harness: the `always` profile, then the `failover` profile, each for
 # SECONDS (default: $CHAOS_SECONDS, else 60; CHAOS_ALWAYS_SECONDS / CHAOS_FAILOVER_SECONDS set
-# one profile's), seeded from $CHAOS_SEED (default 1). With
-# `--self-check` it first runs the harness against deliberately unfenced SQL writes and fails
-# unless the checkers catch them. CHAOS_BUILD=release builds optimised (the default is debug,
-# which shares the test build).
+# one profile's), seeded from $CHAOS_SEED (default 1). With `--self-check` it first runs the
+# harness against deliberately broken workers (unfenced SQL writes; mixed workers that ignore the
+# semaphore limit, take shared leases as writers, abandon waiters without a claim window and
+# refresh tickets under new tokens) and fails unless every checker meant to catch them does.
+# CHAOS_BUILD=release builds optimised (the default is debug, which shares the test build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${CHAOS_SECONDS:-60}
@@ -26,15 +27,23 @@ export DLOCK_MODULE="$PWD/target/$build/libdlock.so"
 chaos="target/$build/dlock-chaos"
 
 if [ "$self_check" = yes ]; then
-  echo "chaos: self-check (unfenced SQL writes must be caught)"
-  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql > target/chaos-self-check.log 2>&1 || true
-  caught=$(grep -c 'VIOLATION (state-order)' target/chaos-self-check.log || true)
-  if [ "$caught" -eq 0 ]; then
-    cat target/chaos-self-check.log
-    echo "chaos: the self-check caught no stale SQL write: the checkers (or the run) are broken" >&2
-    exit 1
-  fi
-  echo "chaos: self-check caught $caught stale SQL writes"
+  echo "chaos: self-check (broken workers must be caught)"
+  # One resource of each kind for the mixed workers: more of them meet there.
+  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql --broken-mixed --rw 1 --sem 1 \
+    > target/chaos-self-check.log 2>&1 || true
+  caught=""
+  for finding in 'state-order): sql' permit-limit writer-overlap reader-overlap claim-window ticket-fifo; do
+    n=$(grep -c "^VIOLATION ($finding" target/chaos-self-check.log || true)
+    if [ "$n" -eq 0 ]; then
+      cat target/chaos-self-check.log
+      echo "chaos: the self-check found no '$finding' violation: that checker (or the run) is broken" >&2
+      exit 1
+    fi
+    label=${finding%%)*}
+    [ "$label" = "$finding" ] || label="$label (sql)"
+    caught="$caught${caught:+, }$label $n"
+  done
+  echo "chaos: self-check caught $caught"
 fi
 "$chaos" --seconds "${CHAOS_ALWAYS_SECONDS:-$seconds}" --seed "$seed" --profile always
 "$chaos" --seconds "${CHAOS_FAILOVER_SECONDS:-$seconds}" --seed "$seed" --profile failover

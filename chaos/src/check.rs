@@ -1,9 +1,12 @@
 //! Checkers over a finished run: the history of every worker, the faults the nemesis injected,
 //! and the final protected state (the Redis registers and the PostgreSQL write log).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::check_lines::{self, LineReport};
+use crate::check_modes::{self, ModeReport};
 use crate::history::{Event, Kind, Op};
+use crate::observer::OBSERVER;
 
 /// A fault as the nemesis logged it.
 #[derive(Clone, Debug)]
@@ -52,6 +55,9 @@ pub struct Settings {
     /// `appendfsync always` and no promotion: no acknowledged grant or fenced write may be lost.
     pub durable: bool,
     pub run_end: u64,
+    /// The mixed workers' resources: `Some(n)` for a semaphore of `n` permits, `None` for a
+    /// read-write lock. The exclusive-lease checkers skip them.
+    pub mixed: BTreeMap<String, Option<u32>>,
 }
 
 impl Settings {
@@ -95,11 +101,15 @@ pub struct Report {
     pub grants: usize,
     pub lost_updates: usize,
     pub liveness_checked: usize,
+    /// The mixed workers' leases: what the checkers of modes saw.
+    pub modes: ModeReport,
+    /// Tickets, claim windows and the observer's readings.
+    pub lines: LineReport,
 }
 
 impl Report {
     /// Files a finding as a violation, or apart when a fault excuses it.
-    fn file(&mut self, finding: Finding, excused: bool) {
+    pub(crate) fn file(&mut self, finding: Finding, excused: bool) {
         if excused { self.excused.push(finding) } else { self.violations.push(finding) }
     }
 }
@@ -111,8 +121,14 @@ pub struct Operation {
     pub op: Op,
     pub resource: String,
     pub fence: u64,
+    /// The completion's detail (the invoke's while none came).
     pub detail: String,
+    /// The invoke's detail: what was asked (a mixed worker's token first).
+    pub request: String,
     pub invoked: u64,
+    /// When the request that this grant answers was first sent: a ticket's first send (its turn
+    /// may come before the re-send that learns of it), else `invoked`.
+    pub requested: u64,
     /// When it completed; a killed worker's last operation never did (`u64::MAX`).
     pub completed: u64,
     pub outcome: Kind,
@@ -127,7 +143,9 @@ impl Operation {
             resource: event.resource.clone(),
             fence: event.fence,
             detail: event.detail.clone(),
+            request: event.detail.clone(),
             invoked: event.at,
+            requested: event.at,
             completed,
             outcome,
         }
@@ -172,24 +190,74 @@ pub fn operations(events: &[Event]) -> Vec<Operation> {
     done
 }
 
-fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
+/// The first word of an invoke's detail: a mixed worker's token.
+pub fn token_of(request: &str) -> &str {
+    request.split(' ').next().unwrap_or_default()
+}
+
+/// The value of `name=value` among the words of a detail.
+pub fn field<'a>(detail: &'a str, name: &str) -> Option<&'a str> {
+    detail.split(' ').find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Every grant, once: the first acknowledgement of each fence to each token on its resource (a
+/// claim that answers the same fence again is no new grant). A grant to a token named in its
+/// requests (the mixed workers') counts as requested at the token's first request: a ticket's
+/// turn may come before the re-send that learns of it, and a retry after an unknown outcome may
+/// only learn of the grant an earlier attempt made.
+pub fn grants(operations: &[Operation]) -> Vec<Operation> {
+    let asks = |o: &&Operation| matches!(o.op, Op::Acquire | Op::Queue);
+    let mut first_request: HashMap<(u32, &str, &str), u64> = HashMap::new();
+    for o in operations.iter().filter(asks).filter(|o| !token_of(&o.request).is_empty()) {
+        let key = (o.worker, o.resource.as_str(), token_of(&o.request));
+        let at = first_request.entry(key).or_insert(o.invoked);
+        *at = (*at).min(o.invoked);
+    }
+    let mut seen: HashSet<(&str, u64, &str)> = HashSet::new();
+    let mut grants = Vec::new();
+    for o in operations.iter().filter(asks) {
+        if o.outcome != Kind::Ok || o.fence == 0 || !seen.insert((&o.resource, o.fence, &o.detail))
+        {
+            continue;
+        }
+        let mut grant = o.clone();
+        let key = (o.worker, o.resource.as_str(), token_of(&o.request));
+        grant.requested = first_request.get(&key).copied().unwrap_or(o.invoked).min(o.invoked);
+        grants.push(grant);
+    }
+    grants
+}
+
+pub(crate) fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
     faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)
 }
 
 /// Runs every checker.
 pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Settings) -> Report {
-    let operations = operations(events);
-    let grants: Vec<&Operation> =
-        operations.iter().filter(|o| o.op == Op::Acquire && o.outcome == Kind::Ok).collect();
+    let (samples, events): (Vec<Event>, Vec<Event>) =
+        events.iter().cloned().partition(|event| event.worker == OBSERVER);
+    let samples = operations(&samples);
+    let operations = operations(&events);
+    let acknowledged: Vec<&Operation> = operations
+        .iter()
+        .filter(|o| matches!(o.op, Op::Acquire | Op::Queue) && o.outcome == Kind::Ok && o.fence > 0)
+        .collect();
+    let all_grants = grants(&operations);
+    let grants: Vec<&Operation> = all_grants.iter().collect();
+    // The exclusive-lease checkers, on the resources where every lease is exclusive.
+    let exclusive: Vec<&Operation> =
+        grants.iter().copied().filter(|g| !settings.mixed.contains_key(&g.resource)).collect();
     let mut report =
         Report { operations: operations.len(), grants: grants.len(), ..Report::default() };
-    unique_fences(&grants, &mut report);
+    unique_fences(&acknowledged, &mut report);
     fence_order(&grants, &mut report);
-    no_overlap(&operations, &grants, faults, &mut report);
-    grants_kept(&operations, &grants, faults, settings, &mut report);
+    no_overlap(&operations, &exclusive, faults, &mut report);
+    grants_kept(&operations, &exclusive, faults, settings, &mut report);
     state_order(state, &mut report);
     durability(&operations, state, faults, settings, &mut report);
     liveness(&grants, faults, settings, &mut report);
+    check_modes::check(&operations, &grants, faults, settings, &mut report);
+    check_lines::check(&operations, &grants, &samples, faults, settings, &mut report);
     report
 }
 
@@ -227,11 +295,11 @@ fn fence_order(grants: &[&Operation], report: &mut Report) {
     for (resource, mut list) in by_resource(grants) {
         let mut by_completion = list.clone();
         by_completion.sort_by_key(|g| g.completed);
-        list.sort_by_key(|g| g.invoked);
+        list.sort_by_key(|g| g.requested);
         let mut before: Option<&Operation> = None; // the largest fence completed so far
         let mut next = 0;
         for grant in list {
-            while next < by_completion.len() && by_completion[next].completed < grant.invoked {
+            while next < by_completion.len() && by_completion[next].completed < grant.requested {
                 let candidate = by_completion[next];
                 if before.is_none_or(|b| candidate.fence > b.fence) {
                     before = Some(candidate);
@@ -248,7 +316,7 @@ fn fence_order(grants: &[&Operation], report: &mut Report) {
                         grant.fence, grant.worker, earlier.fence, earlier.worker
                     ),
                     resource: resource.to_owned(),
-                    from: earlier.invoked,
+                    from: earlier.requested,
                     to: grant.completed,
                 });
             }
@@ -456,6 +524,7 @@ mod tests {
             slack_ns: 100 * MS,
             durable: true,
             run_end: 10_000 * MS,
+            mixed: BTreeMap::new(),
         }
     }
 

@@ -14,16 +14,32 @@ pub fn now_ns() -> u64 {
 /// What an operation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// DLOCK.ACQUIRE (with WAIT), through the client.
+    /// DLOCK.ACQUIRE (with WAIT), through the client; for the mixed workers also a plain
+    /// ACQUIRE and the re-sent ACQUIRE that claims a hand-over (its fence is the grant's).
     Acquire,
     /// A DLOCK.FENCED RPUSH to the resource's Redis register.
     RedisWrite,
     /// A fenced read-modify-write of the resource's PostgreSQL row.
     SqlWrite,
-    /// The owner-checked RELEASE at the end of `run`.
+    /// The owner-checked RELEASE at the end of `run` (fence 0: a token released after an
+    /// acquire whose outcome stayed unknown).
     Release,
     /// `run` reported the lease lost (no invoke; `Ok` only).
     Lost,
+    /// `DLOCK.RENEW … FENCE` of a mixed worker: `Ok` renewed, `Fail` refused (the lease is over).
+    Renew,
+    /// A mixed worker's use of its lease that is not a register write: `DLOCK.FENCED` around a
+    /// read (a reader) or an `INCR` (a permit); `Fail` is `STALE`.
+    Use,
+    /// `DLOCK.ACQUIRE … QUEUE`: a ticket taken or refreshed (`Fail`: nil, still in line) or
+    /// granted (`Ok` with the fence).
+    Queue,
+    /// A waiter abandoned on purpose: `ACQUIRE … WAIT … CLAIM` sent on a connection that is never
+    /// read (`Ok` once it is seen in line, `Fail` when it is not), or a ticket no longer
+    /// refreshed (`Ok` only, no invoke).
+    Abandon,
+    /// The observer's `DLOCK.INFO` of one resource, read on the primary itself.
+    Observe,
 }
 
 /// How an operation ended; `Invoke` opens it.
@@ -58,8 +74,26 @@ fn op_name(op: Op) -> &'static str {
         Op::SqlWrite => "sql-write",
         Op::Release => "release",
         Op::Lost => "lost",
+        Op::Renew => "renew",
+        Op::Use => "use",
+        Op::Queue => "queue",
+        Op::Abandon => "abandon",
+        Op::Observe => "observe",
     }
 }
+
+const OPS: [Op; 10] = [
+    Op::Acquire,
+    Op::RedisWrite,
+    Op::SqlWrite,
+    Op::Release,
+    Op::Lost,
+    Op::Renew,
+    Op::Use,
+    Op::Queue,
+    Op::Abandon,
+    Op::Observe,
+];
 
 fn kind_name(kind: Kind) -> &'static str {
     match kind {
@@ -92,14 +126,8 @@ impl Event {
         let mut fields = line.splitn(7, '\t');
         let at = fields.next()?.parse().ok()?;
         let worker = fields.next()?.parse().ok()?;
-        let op = match fields.next()? {
-            "acquire" => Op::Acquire,
-            "redis-write" => Op::RedisWrite,
-            "sql-write" => Op::SqlWrite,
-            "release" => Op::Release,
-            "lost" => Op::Lost,
-            _ => return None,
-        };
+        let name = fields.next()?;
+        let op = OPS.into_iter().find(|&op| op_name(op) == name)?;
         let kind = match fields.next()? {
             "invoke" => Kind::Invoke,
             "ok" => Kind::Ok,
@@ -163,5 +191,21 @@ mod tests {
         let parsed = Event::parse(&event.line()).expect("parses");
         assert_eq!(parsed, Event { detail: "timed out".into(), ..event });
         assert_eq!(Event::parse("12\t3\tacq"), None, "a torn line is skipped");
+    }
+
+    #[test]
+    fn every_op_parses_back() {
+        for op in OPS {
+            let event = Event {
+                at: 1,
+                worker: 2,
+                op,
+                kind: Kind::Ok,
+                resource: "rw:{0}".into(),
+                fence: 3,
+                detail: "w-2-ab-1 claim=300".into(),
+            };
+            assert_eq!(Event::parse(&event.line()), Some(event));
+        }
     }
 }

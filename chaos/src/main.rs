@@ -6,17 +6,25 @@
 //! `chaos: <ops> ops, <faults> faults (<kind>=<n>, …), <violations> violations`; exits 1 when
 //! there is a violation.
 //!
-//! `dlock-chaos [--seconds N] [--seed S] [--profile always|failover] [--workers N] [--resources N]`
-//! (`CHAOS_SECONDS` and `CHAOS_SEED` are the defaults of the first two). The module is
-//! `$DLOCK_MODULE`, else the `libdlock.so` next to this binary. `dlock-chaos worker …` is how the
-//! harness starts its worker processes.
+//! `dlock-chaos [--seconds N] [--seed S] [--profile always|failover] [--workers N] [--resources N]
+//! [--mixed-workers N] [--rw N] [--sem N]` (`CHAOS_SECONDS` and `CHAOS_SEED` are the defaults of
+//! the first two). The module is `$DLOCK_MODULE`, else the `libdlock.so` next to this binary.
+//! `dlock-chaos worker …` and `dlock-chaos mixed-worker …` are how the harness starts its worker
+//! processes.
 //!
-//! `--unfenced-sql` is the harness's self-check: workers drop the SQL fence condition and stall
-//! past their lease now and then, and the run must end with violations.
+//! Self-checks, runs that must end with violations: `--unfenced-sql` (workers drop the SQL fence
+//! condition and stall past their lease now and then), `--broken-mixed` (mixed workers ignore
+//! the semaphore limit, take shared leases as writers, abandon waiters without a claim window
+//! and refresh tickets under new tokens).
 
 mod check;
+mod check_lines;
+mod check_modes;
 mod history;
+mod info;
+mod mixed;
 mod nemesis;
+mod observer;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -53,6 +61,19 @@ fn main() {
             unfenced: args.iter().any(|a| a == "--unfenced-sql"),
         });
     }
+    if args.first().map(String::as_str) == Some("mixed-worker") {
+        mixed::run(mixed::Args {
+            id: number(&args, "--id", None, 0),
+            redis_url: arg_value(&args, "--redis").expect("--redis"),
+            rw: number(&args, "--rw", None, 1),
+            sem: number(&args, "--sem", None, 1),
+            ttl: Duration::from_millis(number(&args, "--ttl-ms", None, 1_000)),
+            replicas: number(&args, "--replicas", None, 0),
+            seed: number(&args, "--seed", None, 1),
+            log: PathBuf::from(arg_value(&args, "--log").expect("--log")),
+            broken: args.iter().any(|a| a == "--broken-mixed"),
+        });
+    }
     let profile = match arg_value(&args, "--profile").as_deref() {
         None | Some("always") => nemesis::Profile::Always,
         Some("failover") => nemesis::Profile::Failover,
@@ -61,19 +82,26 @@ fn main() {
             std::process::exit(2)
         }
     };
+    let broken_mixed = args.iter().any(|a| a == "--broken-mixed");
     let config = nemesis::Config {
         seconds: number(&args, "--seconds", Some("CHAOS_SECONDS"), 60),
         seed: number(&args, "--seed", Some("CHAOS_SEED"), 1),
         profile,
         workers: number(&args, "--workers", None, 6),
         resources: number(&args, "--resources", None, 3),
+        mixed_workers: number(&args, "--mixed-workers", None, 6),
+        rw: number(&args, "--rw", None, 2),
+        sem: number(&args, "--sem", None, 2),
         ttl: Duration::from_millis(1_000),
         unfenced: args.iter().any(|a| a == "--unfenced-sql"),
+        broken_mixed,
+        // A self-check has little time: client faults come more often.
+        client_faults_every: if broken_mixed { (400, 900) } else { (1_000, 3_000) },
     };
     let outcome = nemesis::run(&config);
     let report = &outcome.report;
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for fault in &outcome.faults {
+    for fault in outcome.faults.iter().chain(&outcome.client_faults) {
         *kinds.entry(fault.kind).or_default() += 1;
     }
     for finding in &report.excused {
@@ -95,11 +123,44 @@ fn main() {
         report.liveness_checked,
         report.excused.len()
     );
+    let (modes, lines) = (&report.modes, &report.lines);
+    let counts = |map: &BTreeMap<String, usize>| {
+        map.iter().map(|(resource, n)| format!("{resource} {n}")).collect::<Vec<_>>().join(", ")
+    };
+    println!(
+        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {}, plain {}; {} claimed), {} stale fences refused; most permits at once {} (observed {}), most readers {} (observed {})",
+        modes.readers + modes.writers + modes.permits,
+        modes.readers,
+        modes.writers,
+        modes.permits,
+        modes.waits,
+        modes.tickets,
+        modes.plain,
+        modes.claims,
+        modes.refused,
+        counts(&modes.most_permits),
+        counts(&lines.most_permits_seen),
+        modes.most_readers,
+        lines.most_readers_seen,
+    );
+    println!(
+        "chaos: lines: {} abandoned waiters ({} seen in line, {} seen holding, longest {} ms of a {} ms claim window), {} tickets stopped ({} seen granted after), {} tickets kept in line until granted, {} FIFO pairs checked, {} readings",
+        lines.abandoned,
+        lines.abandoned_queued,
+        lines.abandoned_held,
+        lines.longest_abandoned.0,
+        lines.longest_abandoned.1,
+        lines.stopped,
+        lines.stopped_held,
+        lines.tickets_kept,
+        lines.fifo_pairs,
+        lines.samples,
+    );
     let kinds: Vec<String> = kinds.iter().map(|(kind, n)| format!("{kind}={n}")).collect();
     println!(
         "chaos: {} ops, {} faults ({}), {} violations",
         report.operations,
-        outcome.faults.len(),
+        outcome.faults.len() + outcome.client_faults.len(),
         kinds.join(", "),
         report.violations.len()
     );

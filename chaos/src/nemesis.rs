@@ -4,13 +4,17 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::thread::{JoinHandle, sleep, spawn};
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{LinkProxy, Postgres, Rng, Server, wait_until_replica_streams};
 
 use crate::check::{self, Accepted, Fault, Finding, Report, Settings, State};
-use crate::history::{Event, now_ns};
+use crate::history::{Event, Kind, now_ns};
+use crate::mixed;
+use crate::observer::{OBSERVER, Observer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -26,40 +30,61 @@ pub struct Config {
     pub profile: Profile,
     pub workers: u32,
     pub resources: u32,
+    /// Mixed workers (readers, writers, permits; waits, tickets), after the exclusive ones.
+    pub mixed_workers: u32,
+    /// Their read-write resources and semaphores.
+    pub rw: u32,
+    pub sem: u32,
     pub ttl: Duration,
     /// Workers write SQL without the fence condition (the self-check).
     pub unfenced: bool,
+    /// Mixed workers misbehave (the self-check of the checkers of modes and lines).
+    pub broken_mixed: bool,
+    /// How often (ms, from, to) the client nemesis asks a mixed worker for a client fault.
+    pub client_faults_every: (u64, u64),
 }
 
 pub struct Outcome {
     pub report: Report,
+    /// Faults of the servers and the links, and of worker processes.
     pub faults: Vec<Fault>,
+    /// Faults of the mixed workers as clients: abandoned waiters, tickets no longer refreshed.
+    pub client_faults: Vec<Fault>,
     pub events: Vec<Event>,
 }
 
 impl Outcome {
     /// The history lines around a finding: its resource (or all), in its time range.
     pub fn slice(&self, finding: &Finding) -> Vec<String> {
-        let mut lines: Vec<String> = self
-            .events
-            .iter()
-            .filter(|e| finding.resource.is_empty() || e.resource == finding.resource)
-            .filter(|e| e.at >= finding.from && e.at <= finding.to)
-            .map(Event::line)
-            .collect();
-        if lines.len() > 60 {
-            let tail = lines.split_off(lines.len() - 30);
-            lines.truncate(30);
-            lines.push("…".into());
-            lines.extend(tail);
-        }
-        for fault in &self.faults {
+        let in_range = |e: &&Event| {
+            (finding.resource.is_empty() || e.resource == finding.resource)
+                && e.at >= finding.from
+                && e.at <= finding.to
+        };
+        let (observed, worked): (Vec<&Event>, Vec<&Event>) =
+            self.events.iter().filter(in_range).partition(|e| e.worker == OBSERVER);
+        let mut lines = shorten(worked.into_iter().map(Event::line).collect(), 60);
+        // The observer's readings, fewer: what the primary showed meanwhile.
+        let readings = observed.into_iter().filter(|e| e.kind != Kind::Invoke).map(Event::line);
+        lines.extend(shorten(readings.collect(), 16));
+        for fault in self.faults.iter().chain(&self.client_faults) {
             if fault.start <= finding.to && fault.end >= finding.from {
                 lines.push(format!("fault {} from {} to {}", fault.kind, fault.start, fault.end));
             }
         }
         lines
     }
+}
+
+/// At most `most` lines: the first and the last halves.
+fn shorten(mut lines: Vec<String>, most: usize) -> Vec<String> {
+    if lines.len() > most {
+        let tail = lines.split_off(lines.len() - most / 2);
+        lines.truncate(most / 2);
+        lines.push("…".into());
+        lines.extend(tail);
+    }
+    lines
 }
 
 struct Node {
@@ -74,6 +99,8 @@ struct Cluster {
     /// The replica's replication link to the primary.
     replication: LinkProxy,
     args: Vec<String>,
+    /// The primary's port now, for the observer (it changes with a promotion).
+    primary_port: Arc<AtomicU16>,
 }
 
 impl Cluster {
@@ -88,7 +115,8 @@ impl Cluster {
     }
 }
 
-/// Starts worker `id`; `generation` counts its restarts, so that a run is reproducible from its seed.
+/// Starts worker `id` (exclusive below `config.workers`, mixed from there); `generation` counts
+/// its restarts, so that a run is reproducible from its seed.
 fn spawn_worker(
     config: &Config,
     dir: &Path,
@@ -104,23 +132,76 @@ fn spawn_worker(
         .append(true)
         .open(dir.join(format!("worker-{id}.stderr")))
         .expect("worker stderr");
-    Command::new(exe)
-        .arg("worker")
-        .args(["--id", &id.to_string(), "--redis", redis_url, "--pg", pg])
-        .args(["--resources", &config.resources.to_string()])
+    let mut command = Command::new(exe);
+    if id < config.workers {
+        command
+            .arg("worker")
+            .args(["--id", &id.to_string(), "--redis", redis_url, "--pg", pg])
+            .args(["--resources", &config.resources.to_string()])
+            .args(config.unfenced.then_some("--unfenced-sql"));
+    } else {
+        command
+            .arg("mixed-worker")
+            .args(["--id", &id.to_string(), "--redis", redis_url])
+            .args(["--rw", &config.rw.to_string(), "--sem", &config.sem.to_string()])
+            .args(config.broken_mixed.then_some("--broken-mixed"));
+    }
+    command
         .args(["--ttl-ms", &config.ttl.as_millis().to_string()])
         .args(["--replicas", &replicas.to_string()])
         .args([
             "--seed",
             &(config.seed.wrapping_mul(1_000_003) ^ (u64::from(id) << 20) ^ generation).to_string(),
         ])
-        .args(config.unfenced.then_some("--unfenced-sql"))
         .arg("--log")
         .arg(dir.join(format!("worker-{id}.history")))
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
         .expect("spawn worker")
+}
+
+/// The mixed workers' resources, and for each semaphore its number of permits.
+pub fn mixed_resources(config: &Config) -> BTreeMap<String, Option<u32>> {
+    let rw = (0..config.rw).map(|i| (mixed::rw_resource(i), None));
+    let sem = (0..config.sem).map(|i| (mixed::sem_resource(i), Some(mixed::permits(i))));
+    rw.chain(sem).collect()
+}
+
+/// Client faults, drawn from a stream of their own (seed ^ this) on a thread of their own, so
+/// that the schedule of the other faults stays what a seed gave before they existed.
+const CLIENT_STREAM: u64 = 0xc11e_47fa_0175_5eed;
+
+/// The client nemesis: every so often it asks a mixed worker (a trigger file) to abandon a
+/// waiter or to stop refreshing its ticket, until `stop`.
+fn client_nemesis(config: &Config, dir: &Path, stop: Arc<AtomicBool>) -> JoinHandle<Vec<Fault>> {
+    let mut rng = Rng::new(config.seed ^ CLIENT_STREAM);
+    let ids: Vec<u32> = (config.workers..config.workers + config.mixed_workers).collect();
+    let (every_from, every_to) = config.client_faults_every;
+    let dir = dir.to_path_buf();
+    spawn(move || {
+        let mut faults = Vec::new();
+        if ids.is_empty() {
+            return faults;
+        }
+        let rest = |ms: u64| {
+            let until = Instant::now() + Duration::from_millis(ms);
+            while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                sleep(Duration::from_millis(20));
+            }
+        };
+        rest(rng.between(every_from / 2, every_to / 2));
+        while !stop.load(Ordering::SeqCst) {
+            let kind = *rng.pick(&["abandon-waiter", "stop-refreshing"]);
+            let id = *rng.pick(&ids);
+            let start = now_ns();
+            if std::fs::write(mixed::trigger(&dir, id, kind), b"").is_ok() {
+                faults.push(Fault { kind, start, end: start, may_lose_leases: false });
+            }
+            rest(rng.between(every_from, every_to));
+        }
+        faults
+    })
 }
 
 /// The worker processes; killed when dropped, so that a failed run leaves none behind.
@@ -247,12 +328,14 @@ pub fn run(config: &Config) -> Outcome {
     let primary = Server::start_with(&arg_refs);
     let replication = LinkProxy::start(primary.port);
     let clients = LinkProxy::start(primary.port);
+    let primary_port = Arc::new(AtomicU16::new(primary.port));
     let mut cluster = Cluster {
         primary: Node { server: primary },
         replica: Node { server: Server::start_with(&["--save", ""]) },
         clients,
         replication,
         args,
+        primary_port: primary_port.clone(),
     };
     let replica_args = cluster.replica_args();
     cluster
@@ -265,10 +348,19 @@ pub fn run(config: &Config) -> Outcome {
     setup_sql(&pg.config(), config.resources);
     let redis_url = format!("redis://127.0.0.1:{}/", cluster.clients.port);
     let mut workers = Workers(
-        (0..config.workers)
+        (0..config.workers + config.mixed_workers)
             .map(|id| spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config()))
             .collect(),
     );
+    let mixed = mixed_resources(config);
+    let observer = Observer::start(
+        primary_port,
+        mixed.keys().cloned().collect(),
+        &dir.path().join("observer.history"),
+    )
+    .expect("observer history");
+    let stop_clients = Arc::new(AtomicBool::new(false));
+    let client_faults = client_nemesis(config, dir.path(), stop_clients.clone());
 
     let ttl = config.ttl;
     let mut settings = Settings {
@@ -277,6 +369,7 @@ pub fn run(config: &Config) -> Outcome {
         slack_ns: 2_000_000_000,
         durable: config.profile == Profile::Always,
         run_end: u64::MAX,
+        mixed,
     };
     let mut rng = Rng::new(config.seed);
     let mut pauses = Rng::new(config.seed ^ PAUSE_STREAM);
@@ -366,9 +459,12 @@ pub fn run(config: &Config) -> Outcome {
     let remaining = end.saturating_duration_since(Instant::now());
     sleep(remaining);
     settings.run_end = now_ns();
+    stop_clients.store(true, Ordering::SeqCst);
     drop(workers);
+    observer.stop();
+    let client_faults = client_faults.join().unwrap_or_default();
 
-    let events = read_history(dir.path(), config.workers);
+    let events = read_history(dir.path(), config.workers + config.mixed_workers);
     let mut con = cluster.primary.server.client();
     let mut state = State { sql: read_sql(&pg.config()), ..State::default() };
     for r in 0..config.resources {
@@ -383,12 +479,24 @@ pub fn run(config: &Config) -> Outcome {
             entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
         );
     }
+    for i in 0..config.rw {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(mixed::rw_register(i))
+            .arg(0)
+            .arg(-1)
+            .query(&mut con)
+            .expect("LRANGE");
+        state.redis.insert(
+            mixed::rw_resource(i),
+            entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
+        );
+    }
     let report = check::check(&events, &faults, &state, &settings);
     if !report.violations.is_empty() {
         let kept = dir.keep();
         eprintln!("dlock-chaos: histories and logs kept in {}", kept.display());
     }
-    Outcome { report, faults, events }
+    Outcome { report, faults, client_faults, events }
 }
 
 /// `FAILOVER` under load: the primary pauses writes until the replica has caught up, then the
@@ -443,6 +551,7 @@ fn promote(cluster: &mut Cluster) {
 fn swap_roles(cluster: &mut Cluster) {
     cluster.clients.retarget(cluster.replica.server.port);
     cluster.replication.retarget(cluster.replica.server.port);
+    cluster.primary_port.store(cluster.replica.server.port, Ordering::SeqCst);
     std::mem::swap(&mut cluster.primary, &mut cluster.replica);
     let args = cluster.replica_args();
     cluster
@@ -458,6 +567,8 @@ fn read_history(dir: &Path, workers: u32) -> Vec<Event> {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         events.extend(text.lines().filter_map(Event::parse));
     }
+    let observed = std::fs::read_to_string(dir.join("observer.history")).unwrap_or_default();
+    events.extend(observed.lines().filter_map(Event::parse));
     events.sort_by_key(|e| e.at);
     events
 }
