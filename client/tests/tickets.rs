@@ -3,6 +3,7 @@
 //! the resource's channel, and leave no place in line and no grant when they give up or are
 //! dropped.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,17 @@ async fn a_thousand_ticket_waiters_share_two_connections_and_are_granted_in_line
         "one subscriber beside the shared connection: {before} → {during}"
     );
 
+    // The most connections seen while the line is handed down (the sampler's own not counted).
+    let most = Arc::new(AtomicUsize::new(0));
+    let sampler = {
+        let (mut con, most) = (watcher(&server).await, most.clone());
+        tokio::spawn(async move {
+            loop {
+                most.fetch_max(connections(&mut con).await - 1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let started = Instant::now();
     assert!(held.release().await.expect("holder released"));
     for task in tasks {
@@ -116,7 +128,11 @@ async fn a_thousand_ticket_waiters_share_two_connections_and_are_granted_in_line
     println!("{WAITERS} grants handed down the line in {:?}", started.elapsed());
     let granted = granted.lock().expect("order").clone();
     assert_eq!(granted, (0..WAITERS).collect::<Vec<_>>(), "first in, first out");
-    assert!(connections(&mut con).await <= before + 1);
+    sampler.abort();
+    let most = most.load(Ordering::Relaxed);
+    println!("at most {most} connections while the line was handed down ({before} before)");
+    // A request that timed out on a loaded machine opens a new shared connection: a handful.
+    assert!(most <= before + 3, "{before} before, {most} at most");
     assert_eq!(field(&mut con, "batch", "owner").await, None, "every grant was released");
 }
 
@@ -275,4 +291,51 @@ async fn ticket_readers_hold_together_and_a_ticket_writer_waits_behind_them() {
     assert_eq!(second.mode(), Mode::Exclusive);
     assert_eq!(field(&mut con, "report", "tickets").await.as_deref(), Some("0"));
     assert!(second.release().await.expect("released"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
+    let server = Server::start();
+    let mut con = watcher(&server).await;
+    let holder = client(&server).await;
+    // Refreshed every 3 s: a grant well before that came through a (new) subscription.
+    let dlock = ticket_client(&server, Duration::from_secs(9)).await;
+    let held = holder.acquire("valve", Duration::from_secs(30)).await.expect("holder");
+    let waiter = {
+        let dlock = dlock.clone();
+        tokio::spawn(async move {
+            dlock.acquire_with("valve", Duration::from_secs(30), &waiting(SLACK * 4)).await
+        })
+    };
+    until_tickets(&mut con, "valve", 1).await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con)
+        .await
+        .expect("KILL");
+    assert_eq!(killed, 1, "the one subscriber connection");
+    // Woken by the end of its subscription, the waiter subscribes again.
+    let started = Instant::now();
+    loop {
+        let subscribers: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("dlock:{valve}")
+            .query_async(&mut con)
+            .await
+            .expect("NUMSUB");
+        if subscribers.first().is_some_and(|(_, n)| *n == 1) {
+            break;
+        }
+        assert!(started.elapsed() < SLACK, "subscribed again: {subscribers:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released = Instant::now();
+    assert!(held.release().await.expect("released"));
+    let lease = waiter.await.expect("task").expect("granted");
+    let woke = released.elapsed();
+    println!("after the subscriber was killed: granted {woke:?} after the release");
+    assert!(woke < Duration::from_secs(1), "by the channel, not the refresh: {woke:?}");
+    assert!(lease.release().await.expect("released"));
 }
