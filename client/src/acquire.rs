@@ -363,8 +363,10 @@ impl Client {
         let ticket_ms = millis(ticket);
         let refresh = Duration::from_millis(ticket_ms / 3).max(Duration::from_millis(1));
         // A turn this client never claims (it gave up, its connection went silent, and the
-        // RELEASE could not reach the server) lapses after this, as a wait's hand-over does.
-        let claim_ms = millis(ttl.min((2 * self.options.request_timeout).max(CLAIM_AT_LEAST)));
+        // RELEASE could not reach the server) lapses after this, as a wait's hand-over does; at
+        // least the ticket's length, so that a refresh claims a turn whose message was missed.
+        let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
+        let claim_ms = millis(ttl.min(claim));
         let mut waiter = self.tickets.join(self, &channel_of(resource)).await;
         let mut reached_server = false;
         loop {
