@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use redis::RedisError;
 
 use crate::connection::millis;
+use crate::election::channel_of;
 use crate::{AcquireError, Client, Lease, observe};
 
 /// The kind of lease an acquire asks for.
@@ -53,6 +54,36 @@ impl Mode {
     }
 }
 
+/// How a wait in the server's queue is carried out. Both wait in the same first-in, first-out
+/// line, across modes, and both bound the wait by the caller's `wait`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaitStrategy {
+    /// `WAIT` with `CLAIM`: the server blocks the request and answers the hand-over itself, at
+    /// once and with no traffic while waiting. Each waiter uses a connection of its own for the
+    /// length of its wait (a blocked request would hold up everything else on a shared one).
+    /// The default: the quickest hand-over, no subscription, and no load on the server while
+    /// waiting; right for a few waiters per client.
+    #[default]
+    Blocking,
+    /// `QUEUE` tickets: the waiter takes a place in line with an ACQUIRE on the client's shared
+    /// connection, and re-sends it on every message of the resource's channel (one subscriber
+    /// connection per client, for all its waiters) and at least every third of `ticket`; the
+    /// reply with a fence is the grant, claimed. Any number of waiters cost two connections per
+    /// client, for one more round trip per hand-over and one ACQUIRE per waiter every
+    /// `ticket / 3` (and per channel message). A waiter that gives up or is dropped leaves the
+    /// line, and a grant that may have reached it is released.
+    Tickets {
+        /// How long the place stands without a refresh (`QUEUE ticket-ms`); a waiter that
+        /// vanishes blocks nobody for longer than this (its turn lapses after the claim window).
+        ticket: Duration,
+    },
+}
+
+impl WaitStrategy {
+    /// Tickets of six seconds (refreshed every two).
+    pub const TICKETS: Self = Self::Tickets { ticket: Duration::from_secs(6) };
+}
+
 /// What an acquire asks for beside the resource and the ttl: the mode, a wait in the server's
 /// queue, and metadata describing the holder. The default: an exclusive lease, no wait, no
 /// metadata ([`Client::acquire`]).
@@ -66,6 +97,8 @@ pub struct AcquireOptions {
     /// `META`: up to 1024 bytes describing the holder (a host, a pid, a leader's address),
     /// stored with the lease and shown by `DLOCK.INFO`.
     pub meta: Option<String>,
+    /// How to wait: `None` takes [`ClientOptions::wait_strategy`](crate::ClientOptions::wait_strategy).
+    pub strategy: Option<WaitStrategy>,
 }
 
 /// The shortest claim window: twice the request timeout, but never less than this.
@@ -128,7 +161,7 @@ impl Client {
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, AcquireError> {
-        let options = AcquireOptions { mode: Mode::Shared, wait, meta: None };
+        let options = AcquireOptions { mode: Mode::Shared, wait, ..AcquireOptions::default() };
         self.acquire_with(resource, ttl, &options).await
     }
 
@@ -142,7 +175,8 @@ impl Client {
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, AcquireError> {
-        let options = AcquireOptions { mode: Mode::Permit(permits), wait, meta: None };
+        let options =
+            AcquireOptions { mode: Mode::Permit(permits), wait, ..AcquireOptions::default() };
         self.acquire_with(resource, ttl, &options).await
     }
 
@@ -177,7 +211,10 @@ impl Client {
         let token = uuid::Uuid::new_v4().to_string();
         // Dropped before the attempt has an answer (the caller's own timeout, a cancelled task),
         // it releases the token in the background: a grant may be on its way.
-        let mut attempt = Attempt { client: self, resource, token: &token, armed: true };
+        let strategy = options.strategy.unwrap_or(self.options.wait_strategy);
+        let ticket = (options.wait.is_some() && matches!(strategy, WaitStrategy::Tickets { .. }))
+            .then_some(options);
+        let mut attempt = Attempt { client: self, resource, token: &token, ticket, armed: true };
         let answer = self.attempts(resource, ttl, options, started, &token).await;
         attempt.armed = false;
         answer
@@ -192,6 +229,12 @@ impl Client {
         token: &str,
     ) -> Result<Lease, AcquireError> {
         let wait = options.wait;
+        let strategy = options.strategy.unwrap_or(self.options.wait_strategy);
+        if let (Some(wait), WaitStrategy::Tickets { ticket }) = (wait, strategy) {
+            return self
+                .ticket_attempts(resource, ttl, options, started + wait, token, ticket)
+                .await;
+        }
         let wait_ends = wait.map(|wait| started + wait);
         let deadline = started + self.options.acquire_deadline + wait.unwrap_or_default();
         let ttl_ms = millis(ttl);
@@ -231,33 +274,8 @@ impl Client {
                 // own send (so the local expiry is known).
                 Ok((Some(_), _)) if with_claim => claiming = true,
                 Ok((Some(fence), acked)) => {
-                    let lease = Lease {
-                        client: self.clone(),
-                        resource: resource.to_owned(),
-                        token: token.to_owned(),
-                        fence,
-                        ttl,
-                        mode: options.mode,
-                        local_expiry: sent + Duration::from_millis(ttl_ms),
-                        granted: Instant::now(),
-                    };
-                    return match (self.options.replicas, acked) {
-                        (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
-                            // Never reported as granted: released without a hold to record.
-                            let token = lease.token.clone();
-                            let released = matches!(
-                                self.release_grant(resource, &token, Some(fence)).await,
-                                Ok(true)
-                            );
-                            Err(AcquireError::NotReplicated {
-                                token,
-                                acked,
-                                wanted: replicas.count,
-                                released,
-                            })
-                        }
-                        _ => Ok(lease),
-                    };
+                    let grant = Grant { fence, acked, sent };
+                    return self.granted(resource, token, ttl, options.mode, grant).await;
                 }
                 Ok((None, _)) if claiming => {
                     // The claim came after the window: the grant lapsed and passed on.
@@ -293,6 +311,140 @@ impl Client {
                 Err(failure) => return Err(AcquireError::Server(failure.into())),
             }
         }
+    }
+
+    /// The lease of a grant, or, if too few replicas acknowledged it, its release and
+    /// [`AcquireError::NotReplicated`].
+    async fn granted(
+        &self,
+        resource: &str,
+        token: &str,
+        ttl: Duration,
+        mode: Mode,
+        grant: Grant,
+    ) -> Result<Lease, AcquireError> {
+        let Grant { fence, acked, sent } = grant;
+        let lease = Lease {
+            client: self.clone(),
+            resource: resource.to_owned(),
+            token: token.to_owned(),
+            fence,
+            ttl,
+            mode,
+            local_expiry: sent + Duration::from_millis(millis(ttl)),
+            granted: Instant::now(),
+        };
+        match (self.options.replicas, acked) {
+            (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
+                // Never reported as granted: released without a hold to record.
+                let token = lease.token.clone();
+                let released =
+                    matches!(self.release_grant(resource, &token, Some(fence)).await, Ok(true));
+                Err(AcquireError::NotReplicated { token, acked, wanted: replicas.count, released })
+            }
+            _ => Ok(lease),
+        }
+    }
+
+    /// A wait with a `QUEUE` ticket until `wait_ends`: the ACQUIRE goes on the shared
+    /// connection, and is sent again on every message of the resource's channel and at least
+    /// every third of `ticket`. The subscription comes first, so no message after the first
+    /// ACQUIRE is missed. Giving up leaves the line and releases whatever grant the token has.
+    async fn ticket_attempts(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        options: &AcquireOptions,
+        wait_ends: Instant,
+        token: &str,
+        ticket: Duration,
+    ) -> Result<Lease, AcquireError> {
+        let deadline = wait_ends + self.options.acquire_deadline;
+        let ticket_ms = millis(ticket);
+        let refresh = Duration::from_millis(ticket_ms / 3).max(Duration::from_millis(1));
+        // A turn this client never claims (it gave up, its connection went silent, and the
+        // RELEASE could not reach the server) lapses after this, as a wait's hand-over does; at
+        // least the ticket's length, so that a refresh claims a turn whose message was missed.
+        let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
+        let claim_ms = millis(ttl.min(claim));
+        let mut waiter = self.tickets.join(self, &channel_of(resource)).await;
+        let mut reached_server = false;
+        loop {
+            let claim = (!self.claim_refused.load(Ordering::Relaxed)).then_some(claim_ms);
+            let cmd = ticket_cmd(resource, token, ttl, options, ticket_ms, claim);
+            waiter.seen();
+            let mut sent = Instant::now();
+            let reply = match self.send::<Option<u64>>(&cmd, Duration::ZERO).await {
+                // Granted and claimed. With replicas to wait for, the same ACQUIRE once more (it
+                // answers the same fence and renews) on a connection that can WAIT after it.
+                Ok(Some(_)) if self.options.replicas.is_some() => {
+                    sent = Instant::now();
+                    self.send_write::<Option<u64>>(&cmd, Duration::ZERO).await
+                }
+                reply => reply.map(|fence| (fence, None)),
+            };
+            match reply {
+                Ok((Some(fence), acked)) => {
+                    let grant = Grant { fence, acked, sent };
+                    return self.granted(resource, token, ttl, options.mode, grant).await;
+                }
+                Ok((None, _)) => reached_server = true, // in line
+                Err(failure) if claim.is_some() && refuses_claim(failure.error()) => {
+                    self.claim_refused.store(true, Ordering::Relaxed);
+                    continue;
+                }
+                Err(failure) if is_ambiguous(failure.error()) => {
+                    reached_server |= failure.was_sent();
+                    let error = RedisError::from(failure);
+                    if Instant::now() >= deadline {
+                        return Err(if reached_server {
+                            let released = self.leave(resource, token, options).await;
+                            AcquireError::Unknown {
+                                token: token.to_owned(),
+                                source: error,
+                                released,
+                            }
+                        } else {
+                            AcquireError::Unreachable(error)
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(failure) if reached_server => {
+                    let released = self.leave(resource, token, options).await;
+                    let source = failure.into();
+                    return Err(AcquireError::Unknown {
+                        token: token.to_owned(),
+                        source,
+                        released,
+                    });
+                }
+                Err(failure) => return Err(AcquireError::Server(failure.into())),
+            }
+            let now = Instant::now();
+            if now >= wait_ends {
+                self.leave(resource, token, options).await;
+                return Err(AcquireError::Held);
+            }
+            let nap = refresh.min(wait_ends - now);
+            tokio::select! {
+                () = waiter.woken() => {}
+                () = tokio::time::sleep(nap) => {}
+            }
+            self.tickets.ensure(self).await;
+        }
+    }
+
+    /// Leaves the line of `resource`: the same ACQUIRE with a ticket of 1 ms (it keeps the place
+    /// for that long only, and a turn it is given lapses as soon), then the release of whatever
+    /// grant `token` has ([`Client::forget`]): `true` if one was found and released.
+    async fn leave(&self, resource: &str, token: &str, options: &AcquireOptions) -> bool {
+        let cmd = ticket_cmd(resource, token, Duration::from_millis(1), options, 1, Some(1));
+        if let Err(failure) = self.send::<Option<u64>>(&cmd, Duration::ZERO).await {
+            tracing::debug!(resource, owner = token, error = %failure.error(), "dlock: ticket not shortened");
+        }
+        self.forget(resource, token).await
     }
 
     /// The error of an attempt whose outcome stayed unknown, after releasing whatever grant its
@@ -362,12 +514,44 @@ impl Client {
     }
 }
 
+/// What a grant answered: its fence, the replicas that acknowledged it (if asked), and when the
+/// request that answered it was sent (the conservative start of its ttl).
+struct Grant {
+    fence: u64,
+    acked: Option<u64>,
+    sent: Instant,
+}
+
+/// `DLOCK.ACQUIRE resource token ttl QUEUE ticket-ms [CLAIM claim-ms]` with the mode and the
+/// metadata `options` ask for.
+fn ticket_cmd(
+    resource: &str,
+    token: &str,
+    ttl: Duration,
+    options: &AcquireOptions,
+    ticket_ms: u64,
+    claim_ms: Option<u64>,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("DLOCK.ACQUIRE");
+    cmd.arg(resource).arg(token).arg(millis(ttl)).arg("QUEUE").arg(ticket_ms);
+    if let Some(claim_ms) = claim_ms {
+        cmd.arg("CLAIM").arg(claim_ms);
+    }
+    options.mode.add_args(&mut cmd);
+    if let Some(meta) = &options.meta {
+        cmd.arg("META").arg(meta);
+    }
+    cmd
+}
+
 /// An acquire attempt in progress; dropped while armed, it releases the attempt's token in a
 /// background task (on the runtime it ran on).
 struct Attempt<'a> {
     client: &'a Client,
     resource: &'a str,
     token: &'a str,
+    /// The options of a wait with a ticket, whose place in line is left first.
+    ticket: Option<&'a AcquireOptions>,
     armed: bool,
 }
 
@@ -379,8 +563,12 @@ impl Drop for Attempt<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (client, resource, token) =
             (self.client.clone(), self.resource.to_owned(), self.token.to_owned());
+        let ticket = self.ticket.cloned();
         runtime.spawn(async move {
-            client.forget(&resource, &token).await;
+            match ticket {
+                Some(options) => client.leave(&resource, &token, &options).await,
+                None => client.forget(&resource, &token).await,
+            };
         });
     }
 }

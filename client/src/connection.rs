@@ -29,6 +29,8 @@ pub struct Client {
     pub(crate) options: ClientOptions,
     /// The server refused `CLAIM` (it is older than claim windows): waits go without it.
     pub(crate) claim_refused: Arc<AtomicBool>,
+    /// The subscriber that wakes the waiters holding tickets (`QUEUE`), shared by the clones.
+    pub(crate) tickets: Arc<crate::tickets::Hub>,
 }
 
 /// A request that failed, and whether it left this machine.
@@ -91,7 +93,7 @@ impl Client {
         let link =
             Link::open(&redis, options.connect_timeout).await.map_err(ConnectError::classify)?;
         let shared = Arc::new(tokio::sync::Mutex::new(Some(Arc::new(link))));
-        Ok(Self { shared, redis, options, claim_refused: Arc::default() })
+        Ok(Self { shared, redis, options, claim_refused: Arc::default(), tickets: Arc::default() })
     }
 
     /// The shared connection, opened anew if the last one broke.
@@ -200,6 +202,11 @@ impl Client {
                 None
             }
         }
+    }
+
+    /// A new subscriber connection (not yet subscribed to anything).
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
+        self.redis.get_async_pubsub().await
     }
 
     /// A subscription to `channel` on a connection of its own, within

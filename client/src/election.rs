@@ -251,7 +251,7 @@ impl Watch {
 /// The channel the server publishes `resource`'s ownership changes on: `dlock:{resource}`, or
 /// `dlock:resource` when the name has braces of its own (it keeps its hash tag, or has none
 /// that could be added without changing its Cluster slot).
-fn channel_of(resource: &str) -> String {
+pub(crate) fn channel_of(resource: &str) -> String {
     if resource.contains(['{', '}']) {
         format!("dlock:{resource}")
     } else {

@@ -30,6 +30,10 @@
 //! - A wait ([`Client::acquire_waiting`]) sends `CLAIM` (twice
 //!   [`ClientOptions::request_timeout`], at least 1 s, at most the ttl) and claims the grant with
 //!   the same ACQUIRE without `WAIT`: a hand-over this client never reads lapses after that window.
+//!   Such a wait holds a connection of its own; with [`WaitStrategy::Tickets`] waiters take a
+//!   place in line with `QUEUE` on the shared connection instead and wake on the resource's
+//!   channel (one subscriber connection per client), so any number of them cost two
+//!   connections; one that gives up or is dropped leaves the line and releases its token.
 //! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
 //!   renewal cannot outlive `run`); a refused renewal, renewals failing until the lease's
 //!   conservative local expiry, or the server announcing the lease's end
@@ -69,8 +73,9 @@ mod error;
 mod lease;
 pub mod observe;
 pub mod sql;
+mod tickets;
 
-pub use acquire::{AcquireOptions, Mode};
+pub use acquire::{AcquireOptions, Mode, WaitStrategy};
 pub use connection::Client;
 pub use election::{Leader, LeaderChanges, Leadership};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
@@ -99,6 +104,11 @@ pub struct ClientOptions {
     /// server, and one more connection per running lease. Off by default; renewals alone still
     /// detect the loss within a third of the ttl.
     pub watch_events: bool,
+    /// How acquires wait when their [`AcquireOptions`] do not say
+    /// ([`AcquireOptions::strategy`]): [`WaitStrategy::Blocking`] (`WAIT`, a connection per
+    /// waiter) by default, or [`WaitStrategy::Tickets`] (`QUEUE`, two connections per client
+    /// however many wait).
+    pub wait_strategy: WaitStrategy,
 }
 
 /// How many replicas must acknowledge a grant or renewal, and how long to wait for them.
@@ -119,6 +129,7 @@ impl Default for ClientOptions {
             cancel_grace: Duration::from_millis(100),
             replicas: None,
             watch_events: false,
+            wait_strategy: WaitStrategy::Blocking,
         }
     }
 }

@@ -264,7 +264,11 @@ async fn meta_describes_the_holder_in_dlock_info() {
     assert_eq!(info_field(&mut con, "job", "meta").as_deref(), Some("host=a pid=7"));
     assert!(lease.release().await.expect("released"));
 
-    let shared = AcquireOptions { mode: Mode::Shared, meta: Some("host=b".into()), wait: None };
+    let shared = AcquireOptions {
+        mode: Mode::Shared,
+        meta: Some("host=b".into()),
+        ..AcquireOptions::default()
+    };
     let reader = dlock.acquire_with("doc", Duration::from_secs(10), &shared).await.expect("reader");
     let value: redis::Value = redis::cmd("DLOCK.INFO").arg("doc").query(&mut con).expect("INFO");
     assert!(format!("{value:?}").contains("host=b"), "{value:?}");
