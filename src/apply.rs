@@ -141,6 +141,13 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
                 });
             }
         }
+        Transition::TicketWithdrawn { token } => notify::verbose(ctx, || {
+            format!(
+                "ticket withdrawn resource={} token={}",
+                printable(name.as_slice()),
+                printable(token)
+            )
+        }),
         Transition::TicketLapsed { token } => notify::anomaly(ctx, now, || {
             format!(
                 "ticket lapsed (not refreshed in time) resource={} token={}",

@@ -242,3 +242,31 @@ fn a_lapsed_ticket_a_lapsed_claim_and_a_claimed_grant_are_each_logged_by_name() 
     let log = server.log();
     assert!(!log.contains("lease expired under its holder resource=r owner=B"), "{log}");
 }
+
+#[test]
+fn a_release_without_fence_withdraws_the_tokens_ticket_and_one_with_a_fence_never_does() {
+    let server = Server::start();
+    let mut con = server.client();
+    let first = acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue(&mut con, "r", "B", 60_000), None);
+    assert_eq!(queue(&mut con, "r", "C", 60_000), None);
+    // A late RELEASE … FENCE of an earlier grant of C's token leaves C's ticket alone.
+    let fenced: i64 = redis::cmd("DLOCK.RELEASE")
+        .arg("r")
+        .arg("C")
+        .arg("FENCE")
+        .arg(first)
+        .query(&mut con)
+        .expect("RELEASE FENCE");
+    assert_eq!(fenced, 0);
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("2"));
+    // B gives up: its RELEASE answers 0 (no lease was released) and takes its ticket out.
+    assert_eq!(release(&mut con, "r", "B"), 0);
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("1"));
+    assert_eq!(info_line(&mut con, "dlock", "dlock_tickets_withdrawn").as_deref(), Some("1"));
+    assert_eq!(info_line(&mut con, "dlock", "dlock_release_not_owner").as_deref(), Some("1"));
+    // A's release passes the lease to C, the next in line, not to B.
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("C"));
+    assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
+}

@@ -211,10 +211,7 @@ impl Client {
         let token = uuid::Uuid::new_v4().to_string();
         // Dropped before the attempt has an answer (the caller's own timeout, a cancelled task),
         // it releases the token in the background: a grant may be on its way.
-        let strategy = options.strategy.unwrap_or(self.options.wait_strategy);
-        let ticket = (options.wait.is_some() && matches!(strategy, WaitStrategy::Tickets { .. }))
-            .then_some(options);
-        let mut attempt = Attempt { client: self, resource, token: &token, ticket, armed: true };
+        let mut attempt = Attempt { client: self, resource, token: &token, armed: true };
         let answer = self.attempts(resource, ttl, options, started, &token).await;
         attempt.armed = false;
         answer
@@ -398,7 +395,7 @@ impl Client {
                     let error = RedisError::from(failure);
                     if Instant::now() >= deadline {
                         return Err(if reached_server {
-                            let released = self.leave(resource, token, options).await;
+                            let released = self.forget(resource, token).await;
                             AcquireError::Unknown {
                                 token: token.to_owned(),
                                 source: error,
@@ -412,7 +409,7 @@ impl Client {
                     continue;
                 }
                 Err(failure) if reached_server => {
-                    let released = self.leave(resource, token, options).await;
+                    let released = self.forget(resource, token).await;
                     let source = failure.into();
                     return Err(AcquireError::Unknown {
                         token: token.to_owned(),
@@ -424,7 +421,7 @@ impl Client {
             }
             let now = Instant::now();
             if now >= wait_ends {
-                self.leave(resource, token, options).await;
+                self.forget(resource, token).await;
                 return Err(AcquireError::Held);
             }
             let nap = refresh.min(wait_ends - now);
@@ -434,17 +431,6 @@ impl Client {
             }
             self.tickets.ensure(self).await;
         }
-    }
-
-    /// Leaves the line of `resource`: the same ACQUIRE with a ticket of 1 ms (it keeps the place
-    /// for that long only, and a turn it is given lapses as soon), then the release of whatever
-    /// grant `token` has ([`Client::forget`]): `true` if one was found and released.
-    async fn leave(&self, resource: &str, token: &str, options: &AcquireOptions) -> bool {
-        let cmd = ticket_cmd(resource, token, Duration::from_millis(1), options, 1, Some(1));
-        if let Err(failure) = self.send::<Option<u64>>(&cmd, Duration::ZERO).await {
-            tracing::debug!(resource, owner = token, error = %failure.error(), "dlock: ticket not shortened");
-        }
-        self.forget(resource, token).await
     }
 
     /// The error of an attempt whose outcome stayed unknown, after releasing whatever grant its
@@ -550,8 +536,6 @@ struct Attempt<'a> {
     client: &'a Client,
     resource: &'a str,
     token: &'a str,
-    /// The options of a wait with a ticket, whose place in line is left first.
-    ticket: Option<&'a AcquireOptions>,
     armed: bool,
 }
 
@@ -563,12 +547,8 @@ impl Drop for Attempt<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (client, resource, token) =
             (self.client.clone(), self.resource.to_owned(), self.token.to_owned());
-        let ticket = self.ticket.cloned();
         runtime.spawn(async move {
-            match ticket {
-                Some(options) => client.leave(&resource, &token, &options).await,
-                None => client.forget(&resource, &token).await,
-            };
+            client.forget(&resource, &token).await;
         });
     }
 }

@@ -416,6 +416,16 @@ impl Queue {
         waiter
     }
 
+    /// Takes `token`'s ticket out of line, if it holds one (a blocked waiter stays).
+    fn withdraw_ticket(&mut self, token: &[u8]) -> Option<Waiter> {
+        let line = self.0.as_mut()?;
+        let &place = line.place_of_token.get(token)?;
+        line.places.get(&place)?.ticket_until?;
+        let waiter = line.take(place);
+        self.shrink();
+        waiter
+    }
+
     /// Takes waiter `id` out of line; whether it was there.
     fn remove(&mut self, id: u64) -> bool {
         let Some(line) = self.0.as_mut() else { return false };
@@ -623,6 +633,11 @@ impl Lock {
     /// How many tickets (`QUEUE`) stand in line.
     pub fn tickets(&self) -> usize {
         self.waiters.tickets()
+    }
+
+    /// Takes `token`'s ticket (`QUEUE`) out of line: its holder gave up waiting.
+    pub fn withdraw_ticket(&mut self, token: &[u8]) -> Option<Waiter> {
+        self.waiters.withdraw_ticket(token)
     }
 
     /// Takes the tickets that lapsed by `now` out of line.

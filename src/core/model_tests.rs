@@ -431,6 +431,10 @@ proptest! {
                     if want {
                         model.leases.remove(&resource);
                         model.settle(resource, now, &store.handed);
+                    } else if let Some(queue) = model.queues.get_mut(&resource) {
+                        // A token that only holds a ticket gives it up.
+                        queue.retain(|w| w.token != token || w.ticket_until.is_none());
+                        model.settle(resource, now, &store.handed);
                     }
                     prop_assert_eq!(got, want);
                 }

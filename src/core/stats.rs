@@ -120,6 +120,8 @@ pub struct Stats {
     pub tickets_granted: u64,
     /// Tickets not refreshed in time: they left their queue.
     pub tickets_lapsed: u64,
+    /// Tickets their holders gave up (a RELEASE without FENCE while in line).
+    pub tickets_withdrawn: u64,
     /// Leases handed over with a claim window that their holder claimed.
     pub grants_claimed: u64,
     /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
@@ -171,6 +173,7 @@ impl Stats {
             Transition::Ticketed { refreshed: false } => self.tickets_queued += 1,
             Transition::Ticketed { refreshed: true } => {}
             Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
+            Transition::TicketWithdrawn { .. } => self.tickets_withdrawn += 1,
             // Its waiter was counted as abandoned when its client went away.
             Transition::GrantUndone(_) => {}
             Transition::Queued { .. } => self.waits_started += 1,
@@ -214,6 +217,7 @@ impl Stats {
             ("tickets_queued", self.tickets_queued),
             ("tickets_granted", self.tickets_granted),
             ("tickets_lapsed", self.tickets_lapsed),
+            ("tickets_withdrawn", self.tickets_withdrawn),
             ("grants_claimed", self.grants_claimed),
             ("claims_lapsed", self.claims_lapsed),
             ("lock_keys", lock_keys),

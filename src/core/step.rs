@@ -75,6 +75,12 @@ pub enum Transition {
         /// The token whose ticket lapsed.
         token: Box<[u8]>,
     },
+    /// A RELEASE without `FENCE` by a token that held no lease but a ticket: the ticket left
+    /// the queue (its holder gave up waiting).
+    TicketWithdrawn {
+        /// The token whose ticket left.
+        token: Box<[u8]>,
+    },
     /// A waiter's place was taken by a newer wait of the same token: it is answered nil.
     Superseded {
         /// The blocked client to answer.
@@ -101,6 +107,7 @@ impl Transition {
             Self::Queued { .. }
                 | Self::Ticketed { .. }
                 | Self::TicketLapsed { .. }
+                | Self::TicketWithdrawn { .. }
                 | Self::Claimed { .. }
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
@@ -331,9 +338,15 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         let holder = lock.live_lease(self.now).map(|lease| lease.token.clone());
         let released = lock.release_grant(token, fence, self.now);
         let done = released.is_some();
-        self.changes.push(match released {
-            Some(lease) => Transition::Released(lease),
-            None => Transition::Refused(Refusal::ReleaseNotOwner { token: token.into(), holder }),
+        // Without FENCE, a token that only stands in line gives up its ticket; with FENCE the
+        // call names a grant, and a late duplicate must not touch a later ticket of the token.
+        let withdrawn = if done || fence.is_some() { None } else { lock.withdraw_ticket(token) };
+        self.changes.push(match (released, withdrawn) {
+            (Some(lease), _) => Transition::Released(lease),
+            (None, Some(ticket)) => Transition::TicketWithdrawn { token: ticket.token },
+            (None, None) => {
+                Transition::Refused(Refusal::ReleaseNotOwner { token: token.into(), holder })
+            }
         });
         self.settle_after(lock);
         done
@@ -524,5 +537,24 @@ mod tests {
         step.undo_grant(&mut lock, b"A", fence);
         assert!(matches!(&step.into_changes()[..], [Transition::GrantUndone(_)]));
         assert!(lock.is_vacant(at(1)));
+    }
+
+    #[test]
+    fn a_release_without_fence_withdraws_a_ticket_and_with_a_fence_does_not() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.acquire(&mut lock, b"A", 10_000).expect("granted");
+        let ticket = Waiter { ticket_until: Some(at(60).mono), ..waiter(1, b"B") };
+        step.enqueue_ticket(&mut lock, ticket);
+        let _ = step.into_changes();
+        let mut step = step_at(at(1), &mut fences, &host);
+        assert!(!step.release_grant(&mut lock, b"B", Some(1)));
+        assert_eq!(lock.tickets(), 1, "a fenced release names a grant, never a ticket");
+        assert!(!step.release(&mut lock, b"B"));
+        assert_eq!(lock.tickets(), 0);
+        let changes = step.into_changes();
+        assert!(
+            matches!(changes.last(), Some(Transition::TicketWithdrawn { token }) if &**token == b"B")
+        );
     }
 }
