@@ -280,6 +280,52 @@ class Handles(Generic[HoldT]):
         mode = semaphore_mode(permits)
         return self._hold(Request(name, ttl, timeout, meta, max_hold, mode))
 
+    def campaign(
+        self,
+        name: str,
+        *,
+        address: Meta,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """Leader election: waits until this candidate leads ``name`` (at most ``timeout``
+        seconds; ``None``, the default: without limit), then holds the leadership while the
+        block runs, as an exclusive lease whose ``META`` is ``address`` (what
+        :meth:`observe` shows of the leader). ``lease.fence`` is the term's epoch: larger for
+        every newer term; send it with the leader's writes. Leaving the block resigns; a
+        leader that crashed is replaced once its ``ttl`` runs out."""
+        return self._hold(Request(name, ttl, timeout, address, max_hold))
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election (:meth:`dlock.Locks.observe`): the address its candidate gave
+    (the lease's ``META``; ``None`` without one), its term's fence (larger for every newer
+    term) and its lease's token."""
+
+    address: str | None
+    fence: int
+    token: str
+
+
+def leader_from_info(reply: object) -> Leader | None:
+    """The leader ``DLOCK.INFO name`` shows: the holder of a live exclusive lease, or ``None``."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    elif isinstance(reply, (list, tuple)):
+        items = list(reply)
+        pairs = list(zip(items[::2], items[1::2]))
+    else:
+        raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
+    info = {_text(key): value for key, value in pairs}
+    owner, fence = _text(info.get("owner")), info.get("fence")
+    if owner is None or fence is None or _text(info.get("mode")) != "exclusive":
+        return None
+    return Leader(_text(info.get("meta")), int(fence), owner)
+
 
 FEATURES_COMMAND: tuple[Arg, ...] = (
     "COMMAND",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -11,7 +12,7 @@ import redis
 
 from . import _common as common
 from ._channels import Watch
-from ._common import Arg, Features, LeaseState, LeaseView, Request
+from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -125,6 +126,38 @@ class Locks(common.Handles[Hold]):
     def close(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
         self._nodes.close()
+
+    def observe(self, name: str, *, interval: float = 2.0) -> Iterator[Leader | None]:
+        """The leaders of the election ``name`` (see :meth:`campaign`), as they change: first
+        the one leading now, then each new one, ``None`` while nobody leads. Read with
+        ``DLOCK.INFO`` on every message of the resource's channel, on every (re)subscription
+        and every ``interval`` seconds (a ``DEL`` or ``RENAME`` of the key publishes nothing).
+        A read that fails is tried again at the next of these. The subscription is made on
+        the first ``next()`` and ends when the iterator is closed (``close()``, or leaving a
+        ``for`` loop over it)."""
+        if interval <= 0:
+            raise ValueError("dlock: interval must be positive")
+        return self._observe(name, interval)
+
+    def _observe(self, name: str, interval: float) -> Iterator[Leader | None]:
+        channels = self._nodes.channels(name)
+        watch = channels.join(name)
+        try:
+            last: Leader | bool | None = False  # nothing yielded yet
+            while True:
+                watch.event.clear()
+                try:
+                    reply = self._call(name, ("DLOCK.INFO", name), self.request_timeout)
+                    leader = common.leader_from_info(reply)
+                except redis.RedisError as error:
+                    log.debug("dlock: reading the leader of %s failed: %s", name, error)
+                else:
+                    if leader != last:
+                        last = leader
+                        yield leader
+                watch.event.wait(interval)
+        finally:
+            channels.leave(watch)
 
     # The commands.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 
 from . import _common as common
 from ._async_channels import Channels, Watch
-from ._common import Arg, Features, LeaseState, LeaseView, Request
+from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
 from ._connections import connection_settings
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -318,6 +318,36 @@ class Locks(common.Handles[Hold]):
     async def aclose(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
         await self._nodes.close()
+
+    def observe(self, name: str, *, interval: float = 2.0) -> AsyncIterator[Leader | None]:
+        """The leaders of the election ``name`` as they change (see
+        :meth:`dlock.Locks.observe`), as an async iterator: ``async for leader in
+        locks.observe(name)``. The subscription ends when it is closed (``aclose()``, e.g.
+        with ``contextlib.aclosing``)."""
+        if interval <= 0:
+            raise ValueError("dlock: interval must be positive")
+        return self._observe(name, interval)
+
+    async def _observe(self, name: str, interval: float) -> AsyncIterator[Leader | None]:
+        channels = await self._nodes.channels(name)
+        watch = await channels.join(name)
+        try:
+            last: Leader | bool | None = False  # nothing yielded yet
+            while True:
+                watch.event.clear()
+                try:
+                    reply = await self._call(name, ("DLOCK.INFO", name), self.request_timeout)
+                    leader = common.leader_from_info(reply)
+                except redis.RedisError as error:
+                    log.debug("dlock: reading the leader of %s failed: %s", name, error)
+                else:
+                    if leader != last:
+                        last = leader
+                        yield leader
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(watch.event.wait(), interval)
+        finally:
+            await channels.leave(watch)
 
     async def _call(self, resource: str, args: Any, timeout: float) -> Any:
         connections = await self._nodes.for_resource(resource)
