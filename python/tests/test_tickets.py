@@ -346,3 +346,55 @@ def test_asyncio_a_timed_out_or_cancelled_ticket_leaves_no_grant(
 
     run(test)
     assert server.info()["dlock_tickets_granted"] == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"protocol": 3}, {"decode_responses": True}, {"protocol": 3, "decode_responses": True}],
+)
+def test_tickets_and_observe_with_resp3_and_decoded_replies(
+    server: Server, r: redis.Redis, options: dict[str, Any]
+) -> None:
+    locks = dlock.Locks(server.client(**options), wait="tickets", ticket_ttl=30)
+    observer = locks.observe("resp", interval=30)
+    assert next(observer) is None
+    granted, leave = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with locks.campaign("resp", address="b:2", ttl=5):
+            granted.set()
+            leave.wait(5)
+
+    with locks.campaign("resp", address="a:1", ttl=5) as term:
+        leader = next(observer)
+        assert leader == dlock.Leader("a:1", term.fence, term.token)
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        assert wait_until(lambda: info(r, "resp").get("tickets") == 1, 5)
+        released = time.monotonic()
+    assert granted.wait(5)
+    assert time.monotonic() - released < 0.5
+    # The generator reads when it is asked: B leads now.
+    seen = next(observer)
+    assert seen is not None
+    assert seen.address == "b:2"
+    leave.set()
+    thread.join(5)
+    assert next(observer) is None
+    observer.close()
+    locks.close()
+
+    async def test() -> None:
+        client = redis.asyncio.Redis(port=server.port, **options)
+        alocks = dlock.asyncio.Locks(client, wait="tickets", ticket_ttl=30)
+        aobserver = alocks.observe("aresp", interval=30)
+        assert await aobserver.__anext__() is None
+        async with alocks.campaign("aresp", address="c:3", ttl=5) as term:
+            leader = await aobserver.__anext__()
+            assert leader == dlock.Leader("c:3", term.fence, term.token)
+        assert await aobserver.__anext__() is None
+        await aobserver.aclose()
+        await alocks.aclose()
+        await client.aclose()
+
+    run(test)

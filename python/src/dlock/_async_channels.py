@@ -55,12 +55,17 @@ class Channels:
             async with self._lock:
                 try:
                     await self._subscribe(self._pubsub, [channel])
-                except (redis.RedisError, OSError) as error:
+                except Exception as error:  # a broken or closing connection: it is made again
                     log.debug("dlock: subscribing to %s failed: %s", channel, error)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="dlock-channels")
-        with contextlib.suppress(asyncio.TimeoutError):
+        try:
             await asyncio.wait_for(ready.wait(), self._timeout)
+        except asyncio.TimeoutError:
+            pass  # the watcher's own refreshes cover it
+        except BaseException:  # cancelled: nobody will leave for this watch
+            await self.leave(watch)
+            raise
         return watch
 
     async def leave(self, watch: Watch) -> None:
@@ -79,7 +84,7 @@ class Channels:
                         await self._pubsub.sunsubscribe(watch.channel)
                     else:
                         await self._pubsub.unsubscribe(watch.channel)
-                except (redis.RedisError, OSError) as error:
+                except Exception as error:  # a broken or closing connection: it is made again
                     log.debug("dlock: unsubscribing from %s failed: %s", watch.channel, error)
 
     def subscribed(self) -> int:

@@ -66,7 +66,7 @@ class Channels:
             if len(watchers) == 1 and self._pubsub is not None:
                 try:
                     self._subscribe(self._pubsub, [channel])
-                except (redis.RedisError, OSError) as error:
+                except Exception as error:  # a broken or closing connection: it is made again
                     # The reading thread finds the connection broken and makes a new one.
                     log.debug("dlock: subscribing to %s failed: %s", channel, error)
             if self._thread is None:
@@ -75,7 +75,11 @@ class Channels:
                     target=self._run, name="dlock-channels", daemon=True
                 )
                 self._thread.start()
-        ready.wait(self._timeout)
+        try:
+            ready.wait(self._timeout)
+        except BaseException:  # interrupted: nobody will leave for this watch
+            self.leave(watch)
+            raise
         return watch
 
     def leave(self, watch: Watch) -> None:
@@ -94,7 +98,7 @@ class Channels:
                         self._pubsub.sunsubscribe(watch.channel)
                     else:
                         self._pubsub.unsubscribe(watch.channel)
-                except (redis.RedisError, OSError) as error:
+                except Exception as error:  # a broken or closing connection: it is made again
                     log.debug("dlock: unsubscribing from %s failed: %s", watch.channel, error)
 
     def subscribed(self) -> int:
@@ -150,7 +154,7 @@ class Channels:
                     if self._pubsub is None:
                         self._pubsub = self._connect()
                     pubsub = self._pubsub
-                except (redis.RedisError, OSError) as error:
+                except Exception as error:  # a broken or closing connection: it is made again
                     log.debug("dlock: the pub/sub connection failed: %s", error)
                     pubsub = None
             try:

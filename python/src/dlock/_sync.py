@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
@@ -127,7 +127,7 @@ class Locks(common.Handles[Hold]):
         """Closes dlock's own connections (the caller's client stays open)."""
         self._nodes.close()
 
-    def observe(self, name: str, *, interval: float = 2.0) -> Iterator[Leader | None]:
+    def observe(self, name: str, *, interval: float = 2.0) -> Generator[Leader | None, None, None]:
         """The leaders of the election ``name`` (see :meth:`campaign`), as they change: first
         the one leading now, then each new one, ``None`` while nobody leads. Read with
         ``DLOCK.INFO`` on every message of the resource's channel, on every (re)subscription
@@ -139,7 +139,7 @@ class Locks(common.Handles[Hold]):
             raise ValueError("dlock: interval must be positive")
         return self._observe(name, interval)
 
-    def _observe(self, name: str, interval: float) -> Iterator[Leader | None]:
+    def _observe(self, name: str, interval: float) -> Generator[Leader | None, None, None]:
         channels = self._nodes.channels(name)
         watch = channels.join(name)
         try:
@@ -252,7 +252,11 @@ class Locks(common.Handles[Hold]):
                     return plan.lease(resource, fence, sent, self.metrics, request.mode)
                 if queue_ms is not None and watch is not None:
                     # In line: until a message for the resource, or the ticket's refresh.
-                    watch.event.wait(plan.refresh_in())
+                    try:
+                        watch.event.wait(plan.refresh_in())
+                    except BaseException:  # interrupted: the ticket stands
+                        self._forget(resource, plan.token, request)
+                        raise
                 elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                     raise NotAcquired(resource, request.timeout)
         finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -319,7 +319,7 @@ class Locks(common.Handles[Hold]):
         """Closes dlock's own connections (the caller's client stays open)."""
         await self._nodes.close()
 
-    def observe(self, name: str, *, interval: float = 2.0) -> AsyncIterator[Leader | None]:
+    def observe(self, name: str, *, interval: float = 2.0) -> AsyncGenerator[Leader | None, None]:
         """The leaders of the election ``name`` as they change (see
         :meth:`dlock.Locks.observe`), as an async iterator: ``async for leader in
         locks.observe(name)``. The subscription ends when it is closed (``aclose()``, e.g.
@@ -328,7 +328,7 @@ class Locks(common.Handles[Hold]):
             raise ValueError("dlock: interval must be positive")
         return self._observe(name, interval)
 
-    async def _observe(self, name: str, interval: float) -> AsyncIterator[Leader | None]:
+    async def _observe(self, name: str, interval: float) -> AsyncGenerator[Leader | None, None]:
         channels = await self._nodes.channels(name)
         watch = await channels.join(name)
         try:
