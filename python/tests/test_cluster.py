@@ -168,3 +168,68 @@ def test_asyncio_in_a_cluster(cluster: Cluster) -> None:
         await client.aclose()
 
     asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def ticket_waiters_on_every_shard(cluster: Cluster, prefix: str) -> list[str]:
+    resources = [f"{prefix}:{{{n}}}" for n in range(6)]
+    assert len({cluster.owner(resource).port for resource in resources}) == 3
+    for resource in resources:
+        with cluster.owner(resource).client() as admin:
+            cmd(admin, "DLOCK.ACQUIRE", resource, "holder", 30000)
+    return resources
+
+
+def release_when_in_line(cluster: Cluster, resource: str) -> float:
+    """Releases ``holder``'s lease once one ticket stands; returns when (monotonic)."""
+    with cluster.owner(resource).client() as admin:
+
+        def in_line() -> bool:
+            return bool(fields(cmd(admin, "DLOCK.INFO", resource))[b"tickets"] == 1)
+
+        assert wait_until(in_line, 5)
+        # The shard channel on the owner: what the module publishes to in a Cluster.
+        assert cmd(admin, "PUBSUB", "SHARDNUMSUB", f"dlock:{resource}")[1] == 1
+        released = time.monotonic()
+        assert cmd(admin, "DLOCK.RELEASE", resource, "holder") == 1
+        return released
+
+
+def test_tickets_in_a_cluster_are_woken_by_the_shard_channel(cluster: Cluster) -> None:
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    # A 30 s ticket is refreshed every 10 s: only the shard channel explains a prompt grant.
+    locks = dlock.Locks(client, wait="tickets", ticket_ttl=30)
+    for resource in ticket_waiters_on_every_shard(cluster, "ticket"):
+        granted: list[float] = []
+
+        def waiter(resource: str = resource, granted: list[float] = granted) -> None:
+            with locks.hold(resource, ttl=5, timeout=10):
+                granted.append(time.monotonic())
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        released = release_when_in_line(cluster, resource)
+        thread.join(10)
+        assert granted
+        assert granted[0] - released < 0.5
+    client.close()
+    locks.close()
+
+
+def test_asyncio_tickets_in_a_cluster(cluster: Cluster) -> None:
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        locks = dlock.asyncio.Locks(client, wait="tickets", ticket_ttl=30)
+        for resource in ticket_waiters_on_every_shard(cluster, "aticket"):
+            started = time.monotonic()
+            release = asyncio.get_running_loop().run_in_executor(
+                None, release_when_in_line, cluster, resource
+            )
+            async with locks.hold(resource, ttl=5, timeout=10):
+                granted = time.monotonic()
+            released = await release
+            assert granted - released < 0.5
+            assert granted - started < 5
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 60))

@@ -12,7 +12,7 @@ counting semaphore; each yields the same ``Lease``.
 ``dlock.asyncio.Locks`` is the same for ``redis.asyncio``.
 """
 
-from ._common import Features
+from ._common import Features, Leader
 from ._errors import DlockError, LeaseLost, NotAcquired, Stale, Unsupported
 from ._metrics import Metrics
 from ._sync import Hold, Lease, Locks
@@ -21,6 +21,7 @@ __all__ = [
     "DlockError",
     "Features",
     "Hold",
+    "Leader",
     "Lease",
     "LeaseLost",
     "Locks",

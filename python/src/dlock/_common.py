@@ -30,9 +30,29 @@ UNLIMITED_WAIT_SLICE = 3600.0
 # The server's refusal of a wait longer than its dlock.max-ttl-ms, which names the limit.
 _WAIT_LIMIT = re.compile(r"timeout-ms must be an integer between 0 and (\d+)")
 
+# How a Locks waits for a held lock: "block" (one ACQUIRE … WAIT on a connection of its own per
+# waiter) or "tickets" (ACQUIRE … QUEUE on the pooled connections, woken by the resource's channel).
+WAIT_MODES = ("block", "tickets")
+
+# At most this many ticket ACQUIREs of one Locks are in flight at once (per server), so that many
+# waiters woken by one message share a handful of pooled connections.
+TICKET_REQUESTS = 4
+
+# A withdrawn ticket: re-sent with a ticket, a claim window and a ttl of 1 ms, it leaves the line
+# (and whatever it was granted lapses) within a millisecond; a RELEASE then frees a claimed grant.
+WITHDRAW_MS = 1
+
 # A WAIT that answered nil earlier than this before the caller's deadline was cut short (a newer
 # wait by the same token, CLIENT UNBLOCK): the caller waits again for what is left.
 CUT_SHORT = 0.05
+
+
+def check_wait(wait: str, ticket_ttl: float) -> None:
+    """A ``Locks``' waiting options, checked when it is made."""
+    if wait not in WAIT_MODES:
+        raise ValueError(f"dlock: wait must be one of {WAIT_MODES}, not {wait!r}")
+    if ticket_ttl <= 0:
+        raise ValueError("dlock: ticket_ttl must be positive")
 
 
 def new_token() -> str:
@@ -49,6 +69,15 @@ def millis(seconds: float) -> int:
 def millis_up(seconds: float) -> int:
     """A wait as the server is told it: whole milliseconds rounded up, at least 1."""
     return max(1, math.ceil(seconds * 1000))
+
+
+def channel_name(resource: str) -> str:
+    """The channel where the server publishes ``resource``'s changes of ownership: the
+    resource's hash tag kept (``invoice:{7}`` → ``dlock:invoice:{7}``), any other resource
+    wrapped in one (``invoice:7`` → ``dlock:{invoice:7}``), so it lives in the key's slot."""
+    if "{" in resource or "}" in resource:
+        return "dlock:" + resource
+    return "dlock:{" + resource + "}"
 
 
 def _text(value: object) -> str | None:
@@ -251,6 +280,52 @@ class Handles(Generic[HoldT]):
         mode = semaphore_mode(permits)
         return self._hold(Request(name, ttl, timeout, meta, max_hold, mode))
 
+    def campaign(
+        self,
+        name: str,
+        *,
+        address: Meta,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        max_hold: float | None = None,
+    ) -> HoldT:
+        """Leader election: waits until this candidate leads ``name`` (at most ``timeout``
+        seconds; ``None``, the default: without limit), then holds the leadership while the
+        block runs, as an exclusive lease whose ``META`` is ``address`` (what
+        :meth:`observe` shows of the leader). ``lease.fence`` is the term's epoch: larger for
+        every newer term; send it with the leader's writes. Leaving the block resigns; a
+        leader that crashed is replaced once its ``ttl`` runs out."""
+        return self._hold(Request(name, ttl, timeout, address, max_hold))
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election (:meth:`dlock.Locks.observe`): the address its candidate gave
+    (the lease's ``META``; ``None`` without one), its term's fence (larger for every newer
+    term) and its lease's token."""
+
+    address: str | None
+    fence: int
+    token: str
+
+
+def leader_from_info(reply: object) -> Leader | None:
+    """The leader ``DLOCK.INFO name`` shows: the holder of a live exclusive lease, or ``None``."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    elif isinstance(reply, (list, tuple)):
+        items = list(reply)
+        pairs = list(zip(items[::2], items[1::2]))
+    else:
+        raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
+    info = {_text(key): value for key, value in pairs}
+    owner, fence = _text(info.get("owner")), info.get("fence")
+    if owner is None or fence is None or _text(info.get("mode")) != "exclusive":
+        return None
+    return Leader(_text(info.get("meta")), int(fence), owner)
+
 
 FEATURES_COMMAND: tuple[Arg, ...] = (
     "COMMAND",
@@ -273,6 +348,7 @@ def acquire_command(
     claim_ms: int | None = None,
     meta: Meta | None = None,
     mode: Mode = EXCLUSIVE,
+    queue_ms: int | None = None,
 ) -> list[Arg]:
     args: list[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
     if mode.shared:
@@ -281,8 +357,11 @@ def acquire_command(
         if missing:
             raise Unsupported(resource, missing[0])
         args += mode.options()
-    if wait_ms is not None:
-        args += ["WAIT", wait_ms]
+    if wait_ms is not None or queue_ms is not None:
+        if queue_ms is not None:
+            args += ["QUEUE", queue_ms]
+        elif wait_ms is not None:
+            args += ["WAIT", wait_ms]
         if claim_ms is not None and "CLAIM" in features.acquire:
             # A window longer than the lease changes nothing, and the lease's own ttl is
             # within the server's dlock.max-ttl-ms, which bounds claim-ms too.
@@ -352,6 +431,20 @@ RETRY_PAUSE = 0.05
 FORGET_AGAIN_AFTER = 0.1
 
 
+def withdraw_command(features: Features, resource: str, token: str, mode: Mode) -> list[Arg]:
+    """The ACQUIRE that takes a ticket out of line: the same token with a ticket, a claim window
+    and a ttl of 1 ms (a RELEASE does not touch a ticket, only a lease)."""
+    return acquire_command(
+        features,
+        resource,
+        token,
+        WITHDRAW_MS,
+        claim_ms=WITHDRAW_MS,
+        mode=mode,
+        queue_ms=WITHDRAW_MS,
+    )
+
+
 def forget_command(resource: str, token: str) -> list[Arg]:
     """The RELEASE of an attempt's token after its outcome stayed unknown: without ``FENCE``
     (the fence is unknown); the token is that attempt's alone, so it frees no other grant."""
@@ -370,8 +463,12 @@ class AcquirePlan:
         timeout: float | None,
         max_hold: float | None,
         request_timeout: float,
+        ticket: float | None = None,
     ) -> None:
         self.token = new_token()
+        # With tickets: the ticket's life (seconds), refreshed every third of it.
+        self.ticket_ms = None if ticket is None else millis(ticket)
+        self.queued = False
         self.started = time.monotonic()
         self.hold_end = None if max_hold is None else self.started + max_hold
         self.ttl_ms = millis(ttl if max_hold is None else min(ttl, max_hold))
@@ -401,6 +498,23 @@ class AcquirePlan:
             return None
         wait_ms = millis_up(min(left, UNLIMITED_WAIT_SLICE))
         return wait_ms if self.max_wait_ms is None else min(wait_ms, self.max_wait_ms)
+
+    def next_queue_ms(self, features: Features) -> int | None:
+        """With tickets, the ``QUEUE`` of the next ACQUIRE (every ACQUIRE of a wait sends it:
+        the first takes a place in line, the later ones refresh it and claim a grant), or
+        ``None``: no tickets (``wait="block"``, a server without ``QUEUE``, or no time to
+        wait)."""
+        if self.ticket_ms is None or "QUEUE" not in features.acquire:
+            return None
+        if not self.queued and self.left() <= 0:
+            return None  # timeout=0: one plain ACQUIRE, no place in line
+        return self.ticket_ms
+
+    def refresh_in(self) -> float:
+        """How long a ticket waits for its channel before it is re-sent: a third of its life,
+        and no later than the caller's deadline."""
+        assert self.ticket_ms is not None
+        return max(0.0, min(self.ticket_ms / 3000, self.left()))
 
     def retry_after(self, error: BaseException) -> bool:
         """Whether to retry after ``error`` (with the same token)."""

@@ -13,7 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._common import Features
+from ._channels import Channels
+from ._common import TICKET_REQUESTS, Features
 
 # Settings of the caller's connections that dlock's own must not copy.
 _NOT_COPIED = ("retry", "retry_on_timeout", "retry_on_error", "cache", "cache_config")
@@ -53,6 +54,16 @@ class Connections:
         self._lock = threading.Lock()
         # The server's command options, read once (see Locks.features).
         self.features: Features | None = None
+        # Ticket ACQUIREs in flight at once: waiters woken together share a few connections.
+        self.ticket_requests = threading.BoundedSemaphore(TICKET_REQUESTS)
+        self._channels: Channels | None = None
+
+    def channels(self, sharded: bool) -> Channels:
+        """The server's pub/sub connection of this ``Locks`` (made on first use)."""
+        with self._lock:
+            if self._channels is None:
+                self._channels = Channels(self._class, self._settings, sharded, self._timeout)
+            return self._channels
 
     def _take(self) -> Any:
         with self._lock:
@@ -125,6 +136,8 @@ class Connections:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.disconnect()
+        if self._channels is not None:
+            self._channels.close()
 
 
 class Nodes:
@@ -146,6 +159,12 @@ class Nodes:
                 connections = Connections(pool.connection_class, kwargs, self._timeout)
                 self._by_address[address] = connections
             return connections
+
+    def channels(self, resource: str) -> Channels:
+        """The pub/sub connection to the server of ``resource`` (in a Cluster, to its shard:
+        the module publishes there, and ``SSUBSCRIBE`` is used)."""
+        sharded = isinstance(self._client, redis.RedisCluster)
+        return self.for_resource(resource).channels(sharded)
 
     def refresh(self) -> None:
         """After MOVED/ASK: the caller's Cluster client learns the new slot map."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
 import redis
 
 from . import _common as common
-from ._common import Arg, Features, LeaseState, LeaseView, Request
+from ._channels import Watch
+from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -90,8 +92,13 @@ class Locks(common.Handles[Hold]):
         request_timeout: float = 2.0,
         release_timeout: float | None = None,
         metrics: Metrics | None = None,
+        wait: str = "block",
+        ticket_ttl: float = 6.0,
     ) -> None:
+        common.check_wait(wait, ticket_ttl)
         self.client = client
+        self.wait = wait
+        self.ticket_ttl = ticket_ttl
         self.request_timeout = request_timeout
         self.release_timeout = request_timeout if release_timeout is None else release_timeout
         self.metrics = metrics if metrics is not None else Metrics()
@@ -119,6 +126,38 @@ class Locks(common.Handles[Hold]):
     def close(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
         self._nodes.close()
+
+    def observe(self, name: str, *, interval: float = 2.0) -> Generator[Leader | None, None, None]:
+        """The leaders of the election ``name`` (see :meth:`campaign`), as they change: first
+        the one leading now, then each new one, ``None`` while nobody leads. Read with
+        ``DLOCK.INFO`` on every message of the resource's channel, on every (re)subscription
+        and every ``interval`` seconds (a ``DEL`` or ``RENAME`` of the key publishes nothing).
+        A read that fails is tried again at the next of these. The subscription is made on
+        the first ``next()`` and ends when the iterator is closed (``close()``, or leaving a
+        ``for`` loop over it)."""
+        if interval <= 0:
+            raise ValueError("dlock: interval must be positive")
+        return self._observe(name, interval)
+
+    def _observe(self, name: str, interval: float) -> Generator[Leader | None, None, None]:
+        channels = self._nodes.channels(name)
+        watch = channels.join(name)
+        try:
+            last: Leader | bool | None = False  # nothing yielded yet
+            while True:
+                watch.event.clear()
+                try:
+                    reply = self._call(name, ("DLOCK.INFO", name), self.request_timeout)
+                    leader = common.leader_from_info(reply)
+                except redis.RedisError as error:
+                    log.debug("dlock: reading the leader of %s failed: %s", name, error)
+                else:
+                    if leader != last:
+                        last = leader
+                        yield leader
+                watch.event.wait(interval)
+        finally:
+            channels.leave(watch)
 
     # The commands.
 
@@ -149,56 +188,114 @@ class Locks(common.Handles[Hold]):
     def _try_acquire(self, request: Request) -> LeaseState:
         resource = request.resource
         plan = common.AcquirePlan(
-            request.ttl, request.timeout, request.max_hold, self.request_timeout
+            request.ttl,
+            request.timeout,
+            request.max_hold,
+            self.request_timeout,
+            ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
-        while True:
-            wait_ms = plan.next_wait_ms()
-            sent = time.monotonic()
-            try:
-                # Read once per Locks; a failure to read them is retried like the ACQUIRE.
-                features = self.features(resource)
-                command = common.acquire_command(
-                    features,
-                    resource,
-                    plan.token,
-                    plan.ttl_ms,
-                    wait_ms=wait_ms,
-                    claim_ms=plan.claim_ms,
-                    meta=request.meta,
-                    mode=request.mode,
-                )
-                if wait_ms is None:
-                    reply = self._call(resource, command, self.request_timeout)
-                else:
-                    connections = self._nodes.for_resource(resource)
-                    reply = connections.call_blocking(command, wait_ms / 1000)
-                fence = common.as_int(reply)
-            except Exception as error:
-                if plan.retry_after(error):
-                    time.sleep(common.RETRY_PAUSE)
-                    continue
-                if plan.reached_server:
-                    self._forget(resource, plan.token)
-                raise
-            except BaseException:
-                # Interrupted (KeyboardInterrupt …) with a request out: a grant under our token
-                # may exist.
-                self._forget(resource, plan.token)
-                raise
-            answer = plan.answered(fence, waited=wait_ms is not None)
-            if answer == "granted":
-                assert fence is not None
-                return plan.lease(resource, fence, sent, self.metrics, request.mode)
-            if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
-                raise NotAcquired(resource, request.timeout)
+        watch: Watch | None = None
+        try:
+            while True:
+                if plan.queued and plan.left() <= 0:
+                    self._withdraw(request, plan.token)
+                    raise NotAcquired(resource, request.timeout)
+                if watch is not None:
+                    watch.event.clear()  # a message from now on means: send again
+                sent = time.monotonic()
+                try:
+                    # Read once per Locks; a failure to read them is retried like the ACQUIRE.
+                    features = self.features(resource)
+                    queue_ms = plan.next_queue_ms(features)
+                    wait_ms = None if queue_ms is not None else plan.next_wait_ms()
+                    command = common.acquire_command(
+                        features,
+                        resource,
+                        plan.token,
+                        plan.ttl_ms,
+                        wait_ms=wait_ms,
+                        claim_ms=plan.claim_ms,
+                        meta=request.meta,
+                        mode=request.mode,
+                        queue_ms=queue_ms,
+                    )
+                    if queue_ms is not None:
+                        if watch is None:
+                            # Subscribed before the first ticket: no hand-over goes unheard.
+                            watch = self._nodes.channels(resource).join(resource)
+                            sent = time.monotonic()
+                        plan.queued = True
+                        connections = self._nodes.for_resource(resource)
+                        with connections.ticket_requests:
+                            reply = self._call(resource, command, self.request_timeout)
+                    elif wait_ms is None:
+                        reply = self._call(resource, command, self.request_timeout)
+                    else:
+                        connections = self._nodes.for_resource(resource)
+                        reply = connections.call_blocking(command, wait_ms / 1000)
+                    fence = common.as_int(reply)
+                except Exception as error:
+                    if plan.retry_after(error):
+                        time.sleep(common.RETRY_PAUSE)
+                        continue
+                    if plan.reached_server:
+                        self._forget(resource, plan.token, request if plan.queued else None)
+                    raise
+                except BaseException:
+                    # Interrupted (KeyboardInterrupt …) with a request out: a grant under our
+                    # token may exist.
+                    self._forget(resource, plan.token, request if plan.queued else None)
+                    raise
+                answer = plan.answered(fence, waited=wait_ms is not None)
+                if answer == "granted":
+                    assert fence is not None
+                    return plan.lease(resource, fence, sent, self.metrics, request.mode)
+                if queue_ms is not None and watch is not None:
+                    # In line: until a message for the resource, or the ticket's refresh.
+                    try:
+                        watch.event.wait(plan.refresh_in())
+                    except BaseException:  # interrupted: the ticket stands
+                        self._forget(resource, plan.token, request)
+                        raise
+                elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
+                    raise NotAcquired(resource, request.timeout)
+        finally:
+            if watch is not None:
+                self._nodes.channels(resource).leave(watch)
 
-    def _forget(self, resource: str, token: str) -> None:
+    def _withdraw(self, request: Request, token: str) -> None:
+        """At the caller's deadline: takes the ticket out of line (a RELEASE does not), and
+        releases whatever it was granted meanwhile. The connection answered every earlier
+        request, so nothing of ours is still on its way."""
+        resource = request.resource
+        try:
+            command = common.withdraw_command(
+                self.features(resource), resource, token, request.mode
+            )
+            with self._nodes.for_resource(resource).ticket_requests:
+                fence = common.as_int(self._call(resource, command, self.release_timeout))
+            if fence is not None:
+                self._call(resource, common.forget_command(resource, token), self.release_timeout)
+        except redis.RedisError as error:
+            log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
+            self._forget(resource, token, request)
+
+    def _forget(self, resource: str, token: str, ticket: Request | None = None) -> None:
         """After an acquire that failed on this side (its connection is closed by now): a grant
         under ``token`` may exist; release it from a connection opened for it, within
         ``release_timeout`` per RELEASE, and once more after a short pause if the first found
         nothing (see ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim
-        window or its ttl."""
+        window or its ttl. With ``ticket`` (the request of a ticket that may stand), the
+        ticket is first taken out of line (see ``withdraw_command``)."""
         command = common.forget_command(resource, token)
+        if ticket is not None:
+            try:
+                withdraw = common.withdraw_command(
+                    self.features(resource), resource, token, ticket.mode
+                )
+                self._nodes.for_resource(resource).call_alone(withdraw, self.release_timeout)
+            except redis.RedisError as error:
+                log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
         for attempt in range(2):
             if attempt:
                 time.sleep(common.FORGET_AGAIN_AFTER)

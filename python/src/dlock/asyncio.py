@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +24,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from . import _common as common
-from ._common import Arg, Features, LeaseState, LeaseView, Request
+from ._async_channels import Channels, Watch
+from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
 from ._connections import connection_settings
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
@@ -44,6 +45,15 @@ class _Connections:
         self._loop: asyncio.AbstractEventLoop | None = None
         # The server's command options, read once (see Locks.features).
         self.features: Features | None = None
+        # Ticket ACQUIREs in flight at once (see dlock._connections).
+        self.ticket_requests = asyncio.BoundedSemaphore(common.TICKET_REQUESTS)
+        self._channels: Channels | None = None
+
+    def channels(self, sharded: bool) -> Channels:
+        """The server's pub/sub connection of this ``Locks`` (made on first use)."""
+        if self._channels is None:
+            self._channels = Channels(self._class, self._settings, sharded, self._timeout)
+        return self._channels
 
     async def _take(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -117,6 +127,8 @@ class _Connections:
         idle, self._idle = self._idle, []
         for connection in idle:
             await self._drop(connection)
+        if self._channels is not None:
+            await self._channels.close()
 
 
 class _Nodes:
@@ -141,6 +153,10 @@ class _Nodes:
             connections = _Connections(connection_class, kwargs, self._timeout)
             self._by_address[address] = connections
         return connections
+
+    async def channels(self, resource: str) -> Channels:
+        sharded = isinstance(self._client, redis.asyncio.cluster.RedisCluster)
+        return (await self.for_resource(resource)).channels(sharded)
 
     async def refresh(self) -> None:
         if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
@@ -271,8 +287,13 @@ class Locks(common.Handles[Hold]):
         request_timeout: float = 2.0,
         release_timeout: float | None = None,
         metrics: Metrics | None = None,
+        wait: str = "block",
+        ticket_ttl: float = 6.0,
     ) -> None:
+        common.check_wait(wait, ticket_ttl)
         self.client = client
+        self.wait = wait
+        self.ticket_ttl = ticket_ttl
         self.request_timeout = request_timeout
         self.release_timeout = request_timeout if release_timeout is None else release_timeout
         self.metrics = metrics if metrics is not None else Metrics()
@@ -297,6 +318,36 @@ class Locks(common.Handles[Hold]):
     async def aclose(self) -> None:
         """Closes dlock's own connections (the caller's client stays open)."""
         await self._nodes.close()
+
+    def observe(self, name: str, *, interval: float = 2.0) -> AsyncGenerator[Leader | None, None]:
+        """The leaders of the election ``name`` as they change (see
+        :meth:`dlock.Locks.observe`), as an async iterator: ``async for leader in
+        locks.observe(name)``. The subscription ends when it is closed (``aclose()``, e.g.
+        with ``contextlib.aclosing``)."""
+        if interval <= 0:
+            raise ValueError("dlock: interval must be positive")
+        return self._observe(name, interval)
+
+    async def _observe(self, name: str, interval: float) -> AsyncGenerator[Leader | None, None]:
+        channels = await self._nodes.channels(name)
+        watch = await channels.join(name)
+        try:
+            last: Leader | bool | None = False  # nothing yielded yet
+            while True:
+                watch.event.clear()
+                try:
+                    reply = await self._call(name, ("DLOCK.INFO", name), self.request_timeout)
+                    leader = common.leader_from_info(reply)
+                except redis.RedisError as error:
+                    log.debug("dlock: reading the leader of %s failed: %s", name, error)
+                else:
+                    if leader != last:
+                        last = leader
+                        yield leader
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(watch.event.wait(), interval)
+        finally:
+            await channels.leave(watch)
 
     async def _call(self, resource: str, args: Any, timeout: float) -> Any:
         connections = await self._nodes.for_resource(resource)
@@ -326,52 +377,115 @@ class Locks(common.Handles[Hold]):
     async def _try_acquire(self, request: Request) -> LeaseState:
         resource = request.resource
         plan = common.AcquirePlan(
-            request.ttl, request.timeout, request.max_hold, self.request_timeout
+            request.ttl,
+            request.timeout,
+            request.max_hold,
+            self.request_timeout,
+            ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
-        while True:
-            wait_ms = plan.next_wait_ms()
-            sent = time.monotonic()
-            try:
-                # Read once per Locks; a failure to read them is retried like the ACQUIRE.
-                features = await self.features(resource)
-                command = common.acquire_command(
-                    features,
-                    resource,
-                    plan.token,
-                    plan.ttl_ms,
-                    wait_ms=wait_ms,
-                    claim_ms=plan.claim_ms,
-                    meta=request.meta,
-                    mode=request.mode,
-                )
-                if wait_ms is None:
-                    reply = await self._call(resource, command, self.request_timeout)
-                else:
-                    connections = await self._nodes.for_resource(resource)
-                    reply = await connections.call_blocking(command, wait_ms / 1000)
-                fence = common.as_int(reply)
-            except asyncio.CancelledError:
-                # The caller gave up: a grant under our token may exist.
-                await asyncio.shield(self._forget(resource, plan.token))
-                raise
-            except Exception as error:
-                if plan.retry_after(error):
-                    await asyncio.sleep(common.RETRY_PAUSE)
-                    continue
-                if plan.reached_server:
-                    await self._forget(resource, plan.token)
-                raise
-            answer = plan.answered(fence, waited=wait_ms is not None)
-            if answer == "granted":
-                assert fence is not None
-                return plan.lease(resource, fence, sent, self.metrics, request.mode)
-            if answer == "nil" and plan.gives_up(waited=wait_ms is not None):
-                raise NotAcquired(resource, request.timeout)
+        watch: Watch | None = None
+        try:
+            while True:
+                if plan.queued and plan.left() <= 0:
+                    await self._withdraw(request, plan.token)
+                    raise NotAcquired(resource, request.timeout)
+                if watch is not None:
+                    watch.event.clear()  # a message from now on means: send again
+                sent = time.monotonic()
+                try:
+                    # Read once per Locks; a failure to read them is retried like the ACQUIRE.
+                    features = await self.features(resource)
+                    queue_ms = plan.next_queue_ms(features)
+                    wait_ms = None if queue_ms is not None else plan.next_wait_ms()
+                    command = common.acquire_command(
+                        features,
+                        resource,
+                        plan.token,
+                        plan.ttl_ms,
+                        wait_ms=wait_ms,
+                        claim_ms=plan.claim_ms,
+                        meta=request.meta,
+                        mode=request.mode,
+                        queue_ms=queue_ms,
+                    )
+                    if queue_ms is not None:
+                        if watch is None:
+                            # Subscribed before the first ticket: no hand-over goes unheard.
+                            watch = await (await self._nodes.channels(resource)).join(resource)
+                            sent = time.monotonic()
+                        plan.queued = True
+                        connections = await self._nodes.for_resource(resource)
+                        async with connections.ticket_requests:
+                            reply = await self._call(resource, command, self.request_timeout)
+                    elif wait_ms is None:
+                        reply = await self._call(resource, command, self.request_timeout)
+                    else:
+                        connections = await self._nodes.for_resource(resource)
+                        reply = await connections.call_blocking(command, wait_ms / 1000)
+                    fence = common.as_int(reply)
+                except asyncio.CancelledError:
+                    # The caller gave up: a grant (or a ticket) under our token may exist.
+                    await asyncio.shield(
+                        self._forget(resource, plan.token, request if plan.queued else None)
+                    )
+                    raise
+                except Exception as error:
+                    if plan.retry_after(error):
+                        await asyncio.sleep(common.RETRY_PAUSE)
+                        continue
+                    if plan.reached_server:
+                        await self._forget(resource, plan.token, request if plan.queued else None)
+                    raise
+                answer = plan.answered(fence, waited=wait_ms is not None)
+                if answer == "granted":
+                    assert fence is not None
+                    return plan.lease(resource, fence, sent, self.metrics, request.mode)
+                if queue_ms is not None and watch is not None:
+                    # In line: until a message for the resource, or the ticket's refresh.
+                    try:
+                        await asyncio.wait_for(watch.event.wait(), plan.refresh_in())
+                    except asyncio.TimeoutError:
+                        pass
+                    except asyncio.CancelledError:
+                        await asyncio.shield(self._forget(resource, plan.token, request))
+                        raise
+                elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
+                    raise NotAcquired(resource, request.timeout)
+        finally:
+            if watch is not None:
+                await (await self._nodes.channels(resource)).leave(watch)
 
-    async def _forget(self, resource: str, token: str) -> None:
+    async def _withdraw(self, request: Request, token: str) -> None:
+        """At the caller's deadline: takes the ticket out of line and releases whatever it was
+        granted meanwhile (see :meth:`dlock.Locks._withdraw`)."""
+        resource = request.resource
+        try:
+            command = common.withdraw_command(
+                await self.features(resource), resource, token, request.mode
+            )
+            async with (await self._nodes.for_resource(resource)).ticket_requests:
+                fence = common.as_int(await self._call(resource, command, self.release_timeout))
+            if fence is not None:
+                forget = common.forget_command(resource, token)
+                await self._call(resource, forget, self.release_timeout)
+        except redis.RedisError as error:
+            log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
+            await self._forget(resource, token, request)
+
+    async def _forget(self, resource: str, token: str, ticket: Request | None = None) -> None:
         """See :meth:`dlock.Locks._forget`: the attempt's token released from a connection
-        opened for it, once more after a short pause if the first RELEASE found nothing."""
+        opened for it, once more after a short pause if the first RELEASE found nothing; a
+        ticket that may stand (``ticket``) first taken out of line."""
         command = common.forget_command(resource, token)
+        if ticket is not None:
+            try:
+                withdraw = common.withdraw_command(
+                    await self.features(resource), resource, token, ticket.mode
+                )
+                connections = await self._nodes.for_resource(resource)
+                await connections.call_alone(withdraw, self.release_timeout)
+            except redis.RedisError as error:
+                log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
         for attempt in range(2):
             if attempt:
                 await asyncio.sleep(common.FORGET_AGAIN_AFTER)

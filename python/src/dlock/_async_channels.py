@@ -1,0 +1,166 @@
+"""The resources' channels for the asyncio client (see ``dlock._channels``): one pub/sub
+connection per server and ``Locks``, shared by every ticket waiter and observer, read by one
+task on the ``Locks``' event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.client
+
+from ._channels import POLL, RECONNECT_PAUSE
+from ._common import _text, channel_name
+from ._metrics import log
+
+
+class Watch:
+    """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
+    every message for it, and on every (re)subscription."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.event = asyncio.Event()
+
+
+class Channels:
+    """The pub/sub connection to one server and the task that reads it, which runs while
+    anyone watches a channel. For one event loop."""
+
+    def __init__(
+        self, connection_class: Any, settings: dict[str, Any], sharded: bool, timeout: float
+    ) -> None:
+        self._pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **settings)
+        self._sharded = sharded
+        self._timeout = timeout
+        self._watches: dict[str, set[Watch]] = {}
+        self._ready: dict[str, asyncio.Event] = {}
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        # Held while the connection is made or subscriptions change.
+        self._lock = asyncio.Lock()
+
+    async def join(self, resource: str) -> Watch:
+        """Registers a watch on ``resource``'s channel; returns once the server confirmed the
+        subscription (or the request timeout passed)."""
+        channel = channel_name(resource)
+        watch = Watch(channel)
+        watchers = self._watches.setdefault(channel, set())
+        watchers.add(watch)
+        ready = self._ready.setdefault(channel, asyncio.Event())
+        if len(watchers) == 1 and self._pubsub is not None:
+            async with self._lock:
+                try:
+                    await self._subscribe(self._pubsub, [channel])
+                except Exception as error:  # a broken or closing connection: it is made again
+                    log.debug("dlock: subscribing to %s failed: %s", channel, error)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="dlock-channels")
+        try:
+            await asyncio.wait_for(ready.wait(), self._timeout)
+        except asyncio.TimeoutError:
+            pass  # the watcher's own refreshes cover it
+        except BaseException:  # cancelled: nobody will leave for this watch
+            await self.leave(watch)
+            raise
+        return watch
+
+    async def leave(self, watch: Watch) -> None:
+        watchers = self._watches.get(watch.channel)
+        if watchers is None:
+            return
+        watchers.discard(watch)
+        if watchers:
+            return
+        del self._watches[watch.channel]
+        del self._ready[watch.channel]
+        if self._pubsub is not None:
+            async with self._lock:
+                try:
+                    if self._sharded:
+                        await self._pubsub.sunsubscribe(watch.channel)
+                    else:
+                        await self._pubsub.unsubscribe(watch.channel)
+                except Exception as error:  # a broken or closing connection: it is made again
+                    log.debug("dlock: unsubscribing from %s failed: %s", watch.channel, error)
+
+    def subscribed(self) -> int:
+        return len(self._watches)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await self._close(pubsub)
+        await self._pool.disconnect()
+
+    async def _subscribe(self, pubsub: Any, channels: list[str]) -> None:
+        if self._sharded:
+            await pubsub.ssubscribe(*channels)
+        else:
+            await pubsub.subscribe(*channels)
+
+    async def _close(self, pubsub: Any) -> None:
+        try:
+            await pubsub.aclose() if hasattr(pubsub, "aclose") else await pubsub.close()
+        except Exception as error:  # already broken
+            log.debug("dlock: closing the pub/sub connection: %s", error)
+
+    def _wake(self, channel: str | None) -> None:
+        groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
+        for watchers in groups:
+            for watch in watchers:
+                watch.event.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._serve()
+            pubsub, self._pubsub = self._pubsub, None
+            if pubsub is not None:
+                await self._close(pubsub)
+            if not self._watches:
+                return  # else someone joined while it closed: serve them
+
+    async def _serve(self) -> None:
+        while self._watches:
+            pubsub = self._pubsub
+            try:
+                if pubsub is None:
+                    async with self._lock:
+                        pubsub = redis.asyncio.client.PubSub(self._pool)
+                        await self._subscribe(pubsub, list(self._watches))
+                        self._pubsub = pubsub
+                message = await pubsub.get_message(timeout=POLL)
+            except Exception as error:  # never let the task die: waiters would go unwoken
+                log.debug("dlock: the pub/sub connection failed: %s", error)
+                if self._pubsub is pubsub:
+                    self._pubsub = None
+                for ready in self._ready.values():
+                    ready.clear()
+                self._wake(None)
+                if pubsub is not None:
+                    await self._close(pubsub)
+                await asyncio.sleep(RECONNECT_PAUSE)
+                continue
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = _text(message.get("type"))
+        channel = _text(message.get("channel"))
+        if channel is None:
+            return
+        if kind in ("subscribe", "ssubscribe"):
+            ready = self._ready.get(channel)
+            if ready is not None:
+                ready.set()
+            self._wake(channel)
+        elif kind in ("message", "smessage"):
+            self._wake(channel)

@@ -1,0 +1,191 @@
+"""The resources' channels for the threaded client: one pub/sub connection per server and
+``Locks``, shared by every ticket waiter and observer, read by one thread.
+
+The server publishes every change of ownership of a resource (``acquired``, ``handoff``,
+``released``, ``expired`` with a fence) on ``dlock:{resource}`` (see ``channel_name``); in a
+Cluster on the shard channel (``SSUBSCRIBE`` on the key's node). A message only wakes: whoever
+waits re-sends its ACQUIRE (or re-reads ``DLOCK.INFO``), so a lost message costs one refresh
+interval, never a grant."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+import redis.client
+
+from ._common import _text, channel_name
+from ._metrics import log
+
+# Pause before the pub/sub connection is made again after it failed.
+RECONNECT_PAUSE = 0.2
+
+# How long the reading thread waits for a message before it looks at its registrations again.
+POLL = 1.0
+
+
+class Watch:
+    """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
+    every message for it, and on every (re)subscription (messages may have been missed)."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.event = threading.Event()
+
+
+class Channels:
+    """The pub/sub connection to one server, and its reading thread, which runs while anyone
+    watches a channel. Thread-safe."""
+
+    def __init__(
+        self, connection_class: Any, settings: dict[str, Any], sharded: bool, timeout: float
+    ) -> None:
+        self._pool = redis.ConnectionPool(connection_class=connection_class, **settings)
+        self._sharded = sharded
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._watches: dict[str, set[Watch]] = {}
+        # Per channel: set once the current connection confirmed its subscription.
+        self._ready: dict[str, threading.Event] = {}
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def join(self, resource: str) -> Watch:
+        """Registers a watch on ``resource``'s channel and returns once the server confirmed
+        the subscription (or the request timeout passed: the watcher's own refreshes cover
+        that)."""
+        channel = channel_name(resource)
+        watch = Watch(channel)
+        with self._lock:
+            watchers = self._watches.setdefault(channel, set())
+            watchers.add(watch)
+            ready = self._ready.setdefault(channel, threading.Event())
+            if len(watchers) == 1 and self._pubsub is not None:
+                try:
+                    self._subscribe(self._pubsub, [channel])
+                except Exception as error:  # a broken or closing connection: it is made again
+                    # The reading thread finds the connection broken and makes a new one.
+                    log.debug("dlock: subscribing to %s failed: %s", channel, error)
+            if self._thread is None:
+                self._closed = False
+                self._thread = threading.Thread(
+                    target=self._run, name="dlock-channels", daemon=True
+                )
+                self._thread.start()
+        try:
+            ready.wait(self._timeout)
+        except BaseException:  # interrupted: nobody will leave for this watch
+            self.leave(watch)
+            raise
+        return watch
+
+    def leave(self, watch: Watch) -> None:
+        with self._lock:
+            watchers = self._watches.get(watch.channel)
+            if watchers is None:
+                return
+            watchers.discard(watch)
+            if watchers:
+                return
+            del self._watches[watch.channel]
+            del self._ready[watch.channel]
+            if self._pubsub is not None:
+                try:
+                    if self._sharded:
+                        self._pubsub.sunsubscribe(watch.channel)
+                    else:
+                        self._pubsub.unsubscribe(watch.channel)
+                except Exception as error:  # a broken or closing connection: it is made again
+                    log.debug("dlock: unsubscribing from %s failed: %s", watch.channel, error)
+
+    def subscribed(self) -> int:
+        """How many channels are watched (for tests and metrics)."""
+        with self._lock:
+            return len(self._watches)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            self._close(pubsub)
+        self._pool.disconnect()
+
+    def _subscribe(self, pubsub: Any, channels: list[str]) -> None:
+        if self._sharded:
+            pubsub.ssubscribe(*channels)
+        else:
+            pubsub.subscribe(*channels)
+
+    def _close(self, pubsub: Any) -> None:
+        try:
+            pubsub.close()
+        except Exception as error:  # already broken
+            log.debug("dlock: closing the pub/sub connection: %s", error)
+
+    def _connect(self) -> Any:
+        """A new pub/sub connection, subscribed to every watched channel (lock held)."""
+        pubsub = redis.client.PubSub(self._pool)
+        channels = list(self._watches)
+        if channels:
+            self._subscribe(pubsub, channels)
+        return pubsub
+
+    def _wake(self, channel: str | None) -> None:
+        """Wakes the watchers of ``channel`` (``None``: of every channel). Lock held."""
+        groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
+        for watchers in groups:
+            for watch in watchers:
+                watch.event.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._watches or self._closed:
+                    self._thread = None
+                    pubsub, self._pubsub = self._pubsub, None
+                    if pubsub is not None:
+                        self._close(pubsub)
+                    return
+                try:
+                    if self._pubsub is None:
+                        self._pubsub = self._connect()
+                    pubsub = self._pubsub
+                except Exception as error:  # a broken or closing connection: it is made again
+                    log.debug("dlock: the pub/sub connection failed: %s", error)
+                    pubsub = None
+            try:
+                if pubsub is None:
+                    raise redis.ConnectionError("dlock: no pub/sub connection")
+                message = pubsub.get_message(timeout=POLL)
+            except Exception as error:  # never let the thread die: waiters would go unwoken
+                log.debug("dlock: the pub/sub connection failed: %s", error)
+                with self._lock:
+                    if self._pubsub is pubsub:
+                        self._pubsub = None
+                    for ready in self._ready.values():
+                        ready.clear()
+                    self._wake(None)
+                if pubsub is not None:
+                    self._close(pubsub)
+                time.sleep(RECONNECT_PAUSE)
+                continue
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = _text(message.get("type"))
+        channel = _text(message.get("channel"))
+        if channel is None:
+            return
+        with self._lock:
+            if kind in ("subscribe", "ssubscribe"):
+                ready = self._ready.get(channel)
+                if ready is not None:
+                    ready.set()
+                self._wake(channel)  # a (re)subscription: messages may have been missed
+            elif kind in ("message", "smessage"):
+                self._wake(channel)
