@@ -38,10 +38,6 @@ WAIT_MODES = ("block", "tickets")
 # waiters woken by one message share a handful of pooled connections.
 TICKET_REQUESTS = 4
 
-# A withdrawn ticket: re-sent with a ticket, a claim window and a ttl of 1 ms, it leaves the line
-# (and whatever it was granted lapses) within a millisecond; a RELEASE then frees a claimed grant.
-WITHDRAW_MS = 1
-
 # A WAIT that answered nil earlier than this before the caller's deadline was cut short (a newer
 # wait by the same token, CLIENT UNBLOCK): the caller waits again for what is left.
 CUT_SHORT = 0.05
@@ -431,23 +427,10 @@ RETRY_PAUSE = 0.05
 FORGET_AGAIN_AFTER = 0.1
 
 
-def withdraw_command(features: Features, resource: str, token: str, mode: Mode) -> list[Arg]:
-    """The ACQUIRE that takes a ticket out of line: the same token with a ticket, a claim window
-    and a ttl of 1 ms (a RELEASE does not touch a ticket, only a lease)."""
-    return acquire_command(
-        features,
-        resource,
-        token,
-        WITHDRAW_MS,
-        claim_ms=WITHDRAW_MS,
-        mode=mode,
-        queue_ms=WITHDRAW_MS,
-    )
-
-
 def forget_command(resource: str, token: str) -> list[Arg]:
-    """The RELEASE of an attempt's token after its outcome stayed unknown: without ``FENCE``
-    (the fence is unknown); the token is that attempt's alone, so it frees no other grant."""
+    """The RELEASE of an attempt's token after its outcome stayed unknown or its wait ended:
+    without ``FENCE`` (the fence is unknown); the token is that attempt's alone, so it frees no
+    other grant. It also takes the token's ticket out of line, if one stands."""
     return ["DLOCK.RELEASE", resource, token]
 
 

@@ -239,12 +239,12 @@ class Locks(common.Handles[Hold]):
                         time.sleep(common.RETRY_PAUSE)
                         continue
                     if plan.reached_server:
-                        self._forget(resource, plan.token, request if plan.queued else None)
+                        self._forget(resource, plan.token)
                     raise
                 except BaseException:
                     # Interrupted (KeyboardInterrupt …) with a request out: a grant under our
                     # token may exist.
-                    self._forget(resource, plan.token, request if plan.queued else None)
+                    self._forget(resource, plan.token)
                     raise
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
@@ -255,7 +255,7 @@ class Locks(common.Handles[Hold]):
                     try:
                         watch.event.wait(plan.refresh_in())
                     except BaseException:  # interrupted: the ticket stands
-                        self._forget(resource, plan.token, request)
+                        self._forget(resource, plan.token)
                         raise
                 elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                     raise NotAcquired(resource, request.timeout)
@@ -264,38 +264,24 @@ class Locks(common.Handles[Hold]):
                 self._nodes.channels(resource).leave(watch)
 
     def _withdraw(self, request: Request, token: str) -> None:
-        """At the caller's deadline: takes the ticket out of line (a RELEASE does not), and
-        releases whatever it was granted meanwhile. The connection answered every earlier
+        """At the caller's deadline: a RELEASE without ``FENCE`` takes the ticket out of line,
+        or frees whatever it was granted meanwhile. The connection answered every earlier
         request, so nothing of ours is still on its way."""
         resource = request.resource
         try:
-            command = common.withdraw_command(
-                self.features(resource), resource, token, request.mode
-            )
             with self._nodes.for_resource(resource).ticket_requests:
-                fence = common.as_int(self._call(resource, command, self.release_timeout))
-            if fence is not None:
                 self._call(resource, common.forget_command(resource, token), self.release_timeout)
         except redis.RedisError as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
-            self._forget(resource, token, request)
+            self._forget(resource, token)
 
-    def _forget(self, resource: str, token: str, ticket: Request | None = None) -> None:
+    def _forget(self, resource: str, token: str) -> None:
         """After an acquire that failed on this side (its connection is closed by now): a grant
-        under ``token`` may exist; release it from a connection opened for it, within
-        ``release_timeout`` per RELEASE, and once more after a short pause if the first found
-        nothing (see ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim
-        window or its ttl. With ``ticket`` (the request of a ticket that may stand), the
-        ticket is first taken out of line (see ``withdraw_command``)."""
+        or a ticket under ``token`` may exist; release it from a connection opened for it,
+        within ``release_timeout`` per RELEASE, and once more after a short pause if the first
+        found nothing (see ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim
+        window or its ttl (a ticket: its life)."""
         command = common.forget_command(resource, token)
-        if ticket is not None:
-            try:
-                withdraw = common.withdraw_command(
-                    self.features(resource), resource, token, ticket.mode
-                )
-                self._nodes.for_resource(resource).call_alone(withdraw, self.release_timeout)
-            except redis.RedisError as error:
-                log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
         for attempt in range(2):
             if attempt:
                 time.sleep(common.FORGET_AGAIN_AFTER)

@@ -425,16 +425,14 @@ class Locks(common.Handles[Hold]):
                     fence = common.as_int(reply)
                 except asyncio.CancelledError:
                     # The caller gave up: a grant (or a ticket) under our token may exist.
-                    await asyncio.shield(
-                        self._forget(resource, plan.token, request if plan.queued else None)
-                    )
+                    await asyncio.shield(self._forget(resource, plan.token))
                     raise
                 except Exception as error:
                     if plan.retry_after(error):
                         await asyncio.sleep(common.RETRY_PAUSE)
                         continue
                     if plan.reached_server:
-                        await self._forget(resource, plan.token, request if plan.queued else None)
+                        await self._forget(resource, plan.token)
                     raise
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
@@ -447,7 +445,7 @@ class Locks(common.Handles[Hold]):
                     except asyncio.TimeoutError:
                         pass
                     except asyncio.CancelledError:
-                        await asyncio.shield(self._forget(resource, plan.token, request))
+                        await asyncio.shield(self._forget(resource, plan.token))
                         raise
                 elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                     raise NotAcquired(resource, request.timeout)
@@ -456,36 +454,22 @@ class Locks(common.Handles[Hold]):
                 await (await self._nodes.channels(resource)).leave(watch)
 
     async def _withdraw(self, request: Request, token: str) -> None:
-        """At the caller's deadline: takes the ticket out of line and releases whatever it was
-        granted meanwhile (see :meth:`dlock.Locks._withdraw`)."""
+        """At the caller's deadline: the ticket taken out of line, or whatever it was granted
+        meanwhile released (see :meth:`dlock.Locks._withdraw`)."""
         resource = request.resource
         try:
-            command = common.withdraw_command(
-                await self.features(resource), resource, token, request.mode
-            )
             async with (await self._nodes.for_resource(resource)).ticket_requests:
-                fence = common.as_int(await self._call(resource, command, self.release_timeout))
-            if fence is not None:
                 forget = common.forget_command(resource, token)
                 await self._call(resource, forget, self.release_timeout)
         except redis.RedisError as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
-            await self._forget(resource, token, request)
+            await self._forget(resource, token)
 
-    async def _forget(self, resource: str, token: str, ticket: Request | None = None) -> None:
-        """See :meth:`dlock.Locks._forget`: the attempt's token released from a connection
-        opened for it, once more after a short pause if the first RELEASE found nothing; a
-        ticket that may stand (``ticket``) first taken out of line."""
+    async def _forget(self, resource: str, token: str) -> None:
+        """See :meth:`dlock.Locks._forget`: the attempt's token (a grant, or a ticket that may
+        stand) released from a connection opened for it, once more after a short pause if the
+        first RELEASE found nothing."""
         command = common.forget_command(resource, token)
-        if ticket is not None:
-            try:
-                withdraw = common.withdraw_command(
-                    await self.features(resource), resource, token, ticket.mode
-                )
-                connections = await self._nodes.for_resource(resource)
-                await connections.call_alone(withdraw, self.release_timeout)
-            except redis.RedisError as error:
-                log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
         for attempt in range(2):
             if attempt:
                 await asyncio.sleep(common.FORGET_AGAIN_AFTER)
