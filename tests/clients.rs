@@ -1,5 +1,7 @@
 //! The lifecycle from the clients most users already have: redis-py (RESP2 and RESP3) and
-//! node-redis (RESP2 and RESP3; a fence must reach JavaScript exactly). The snippets that
+//! node-redis (RESP2 and RESP3; a fence must reach JavaScript exactly). What the defaults of
+//! redis-py, node-redis and valkey-glide do to `DLOCK.ACQUIRE … WAIT`, and that the settings
+//! docs/clients.md recommends make one WAIT one wait in the server. The snippets that
 //! docs/clients.md prints are files here, run as they are. Libraries go into .deps/, at the
 //! versions scripts/clients.sh pins.
 
@@ -15,7 +17,7 @@ fn project() -> &'static Path {
 fn install_clients() {
     let status =
         Command::new("bash").arg(project().join("scripts/clients.sh")).status().expect("bash");
-    assert!(status.success(), "installing redis-py and node-redis failed");
+    assert!(status.success(), "installing the client libraries failed");
 }
 
 fn run(program: &str, script: &str, env: (&str, &Path), port: u16) -> String {
@@ -87,4 +89,114 @@ fn the_snippets_docs_clients_md_prints_are_these_files_and_they_run() {
     };
     assert_eq!(count(&mut con, "waits_started"), "2");
     assert_eq!(count(&mut con, "waits_timed_out"), "2");
+}
+
+/// The `name=value` lines a script printed, as numbers.
+fn measured(stdout: &str) -> std::collections::BTreeMap<String, i64> {
+    stdout
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter_map(|(name, value)| Some((name.to_owned(), value.trim().parse().ok()?)))
+        .collect()
+}
+
+/// The `name=value` lines of a script's output, shown (`--nocapture`) and looked up by name.
+fn measure(client: &str, stdout: String) -> impl Fn(&str) -> i64 {
+    let values = measured(&stdout);
+    eprintln!("{client}: {values:?}");
+    move |name: &str| {
+        *values.get(name).unwrap_or_else(|| panic!("{client} did not report {name}:\n{stdout}"))
+    }
+}
+
+fn dlock_count(con: &mut redis::Connection, field: &str) -> i64 {
+    info_line(con, "dlock", &format!("dlock_{field}"))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("INFO dlock has no {field}"))
+}
+
+#[test]
+fn redis_py_defaults_cut_a_wait_over_5_s_and_send_it_again() {
+    install_clients();
+    let server = Server::start();
+    let value = measure("redis-py", python("timeouts_redis_py.py", server.port));
+    // redis-py 8.1's defaults: a 5 s socket timeout, 10 retries of a timed-out command.
+    assert_eq!(value("default_socket_timeout_s"), 5);
+    assert_eq!(value("default_retries"), 10);
+    // A WAIT below 5 s: one wait, ended by the server.
+    assert!((950..3000).contains(&value("short_wait_elapsed_ms")));
+    assert_eq!(value("short_wait_waits_started"), 1);
+    // WAIT 6000: cut at 5 s; redis-py closed the connection (the server dropped that waiter, so
+    // no grant can go to it) and sent the same ACQUIRE again: two waits for one call.
+    assert!((4900..7500).contains(&value("resent_after_ms")), "resent at the socket timeout");
+    assert_eq!(value("abandoned_when_resent"), 1);
+    assert_eq!(value("waiters_when_resent"), 1);
+    assert_eq!(value("long_wait_waits_started"), 2);
+    assert_eq!(value("long_wait_waits_granted"), 1);
+    // Socket timeout above the wait, no retries, CLAIM: one wait, granted and claimed.
+    for name in ["waits_started", "waits_granted", "grants_claimed"] {
+        assert_eq!(value(&format!("recommended_{name}")), 1, "{name}");
+    }
+    let mut con = server.client();
+    assert_eq!(dlock_count(&mut con, "waits_started"), 4);
+    assert_eq!(dlock_count(&mut con, "waits_abandoned"), 1);
+    assert_eq!(dlock_count(&mut con, "claims_lapsed"), 0);
+}
+
+#[test]
+fn node_redis_defaults_wait_in_the_server_and_hold_up_the_connection() {
+    install_clients();
+    let server = Server::start();
+    let value = measure("node-redis", node("timeouts_node_redis.cjs", server.port));
+    // No timeout on a sent command: the server ends WAIT 1000. A PING sent behind it on the
+    // same client answers only then.
+    assert!((950..3000).contains(&value("default_wait_elapsed_ms")));
+    assert!(value("default_ping_behind_wait_ms") >= 950, "the PING waited behind the WAIT");
+    assert_eq!(value("default_waits_started"), 1);
+    // The per-command `timeout` (200 ms) never cuts a WAIT already written.
+    assert!(value("command_timeout_200_wait_elapsed_ms") >= 950);
+    // socketTimeout 500 does: the socket is closed and the server drops the waiter.
+    assert!((450..2000).contains(&value("socket_timeout_500_rejected_after_ms")));
+    assert_eq!(value("socket_timeout_500_waits_abandoned"), 1);
+    // A connection of its own for the wait, CLAIM: one wait, granted and claimed; the main
+    // client answers meanwhile.
+    assert!(value("recommended_ping_during_wait_ms") < 500);
+    for name in ["waits_started", "waits_granted", "grants_claimed"] {
+        assert_eq!(value(&format!("recommended_{name}")), 1, "{name}");
+    }
+    let mut con = server.client();
+    assert_eq!(dlock_count(&mut con, "waits_started"), 4);
+    assert_eq!(dlock_count(&mut con, "claims_lapsed"), 0);
+}
+
+#[test]
+fn glide_default_request_timeout_gives_up_on_a_wait_and_claim_frees_the_lease() {
+    install_clients();
+    let server = Server::start();
+    let value = measure("valkey-glide", node("timeouts_glide.cjs", server.port));
+    // requestTimeout 250 ms by default: WAIT 2000 fails on the client at 250 ms; the connection
+    // stays open, the server keeps the waiter, and the client's next request waits behind it.
+    assert!((240..1500).contains(&value("default_rejected_after_ms")));
+    assert_eq!(value("default_waiters_after_rejection"), 1);
+    assert_eq!(value("default_waits_abandoned"), 0);
+    assert_eq!(value("default_connections_closed"), 0);
+    assert!((240..1500).contains(&value("default_ping_behind_wait_rejected_after_ms")));
+    // The lease handed over to that waiter lapses after CLAIM 500; another client gets it.
+    let free_again = value("default_claim_500_free_again_after_ms");
+    assert!((450..2000).contains(&free_again), "free again {free_again} ms after the release");
+    assert_eq!(value("default_claim_500_claims_lapsed"), 1);
+    // Without CLAIM the unread hand-over holds the resource for the full ttl (30 s).
+    assert!(value("no_claim_handover_ttl_ms") > 25_000);
+    // QUEUE tickets on the shared client: answers at once, blocks nothing, no wait in the server;
+    // the ticket's grant is claimed by the ACQUIRE that answers its fence.
+    assert!(value("queue_first_reply_ms") < 250);
+    assert!(value("queue_ping_ms") < 250);
+    assert_eq!(value("queue_waits_started"), 0);
+    for name in ["tickets_queued", "tickets_granted", "grants_claimed"] {
+        assert_eq!(value(&format!("queue_{name}")), 1, "{name}");
+    }
+    // A client of its own for waits, requestTimeout above the wait: one wait, granted, claimed.
+    for name in ["waits_started", "waits_granted", "grants_claimed"] {
+        assert_eq!(value(&format!("dedicated_{name}")), 1, "{name}");
+    }
 }
