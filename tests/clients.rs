@@ -1,8 +1,9 @@
 //! The lifecycle from the clients most users already have: redis-py (RESP2 and RESP3) and
 //! node-redis (RESP2 and RESP3; a fence must reach JavaScript exactly). What the defaults of
-//! redis-py, node-redis and valkey-glide do to `DLOCK.ACQUIRE … WAIT`, and that the settings
-//! docs/clients.md recommends make one WAIT one wait in the server. The snippets that
-//! docs/clients.md prints are files here, run as they are. Libraries go into .deps/, at the
+//! redis-py, node-redis, ioredis and valkey-glide do to `DLOCK.ACQUIRE … WAIT`, and that the
+//! settings docs/clients.md recommends make one WAIT one wait in the server; ioredis in Redis
+//! Cluster with and without the keyed command of tests/clients/dlock_ioredis.cjs. The snippets
+//! that docs/clients.md prints are files here, run as they are. Libraries go into .deps/, at the
 //! versions scripts/clients.sh pins.
 
 use std::path::Path;
@@ -170,6 +171,33 @@ fn node_redis_defaults_wait_in_the_server_and_hold_up_the_connection() {
 }
 
 #[test]
+fn ioredis_timeouts_leave_a_wait_in_the_server_or_send_it_again() {
+    install_clients();
+    let server = Server::start();
+    let value = measure("ioredis", node("timeouts_ioredis.cjs", server.port));
+    // Defaults (no commandTimeout, no socketTimeout): the server ends WAIT 1000; a PING behind it
+    // on the same client answers only then.
+    assert!((950..3000).contains(&value("default_wait_elapsed_ms")));
+    assert!(value("default_ping_behind_wait_ms") >= 950, "the PING waited behind the WAIT");
+    assert_eq!(value("default_waits_started"), 1);
+    // commandTimeout 500: the call fails at 500 ms, the connection and the waiter stay; the
+    // lease handed over to that waiter lapses after CLAIM 500, and another client gets it.
+    assert!((450..2000).contains(&value("command_timeout_500_rejected_after_ms")));
+    assert_eq!(value("command_timeout_500_waiters_after_rejection"), 1);
+    let free_again = value("command_timeout_500_free_again_after_ms");
+    assert!((450..2000).contains(&free_again), "free again {free_again} ms after the release");
+    assert_eq!(value("command_timeout_500_claims_lapsed"), 1);
+    // socketTimeout 500: ioredis reconnects and sends the same WAIT again, every 500 ms.
+    assert!(value("socket_timeout_500_waits_for_one_call") >= 3);
+    assert!(value("socket_timeout_500_waits_abandoned") >= 2);
+    // A connection of its own, commandTimeout above the wait, CLAIM: one wait, granted, claimed.
+    assert!(value("recommended_ping_during_wait_ms") < 500);
+    for name in ["waits_started", "waits_granted", "grants_claimed"] {
+        assert_eq!(value(&format!("recommended_{name}")), 1, "{name}");
+    }
+}
+
+#[test]
 fn glide_default_request_timeout_gives_up_on_a_wait_and_claim_frees_the_lease() {
     install_clients();
     let server = Server::start();
@@ -199,4 +227,33 @@ fn glide_default_request_timeout_gives_up_on_a_wait_and_claim_frees_the_lease() 
     for name in ["waits_started", "waits_granted", "grants_claimed"] {
         assert_eq!(value(&format!("dedicated_{name}")), 1, "{name}");
     }
+}
+
+#[test]
+fn ioredis_cluster_sends_dlock_commands_to_the_resources_primary_with_a_keyed_command() {
+    install_clients();
+    let cluster = Cluster::start();
+    let ports: Vec<String> = cluster.nodes.iter().map(|node| node.port.to_string()).collect();
+    let output = Command::new("node")
+        .arg(project().join("tests/clients/ioredis_cluster.cjs"))
+        .args(&ports)
+        .env("NODE_PATH", project().join(".deps/node/node_modules"))
+        .output()
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "ioredis_cluster.cjs failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let value = measure("ioredis Cluster", stdout);
+    // Through `call`: every command ran once, but most went to a wrong primary first, each such
+    // MOVED followed by a slot map refresh.
+    assert_eq!(value("call_calls"), value("call_sent"));
+    assert!(value("call_moved") > value("call_sent") / 3, "about two of three go astray");
+    assert!(value("call_refreshes") > 0);
+    // Through `dlock` (tests/clients/dlock_ioredis.cjs): every command ran where it was sent.
+    assert_eq!(value("keyed_calls"), value("keyed_sent"));
+    assert_eq!(value("keyed_moved"), 0);
+    assert_eq!(value("keyed_refreshes"), 0);
 }
