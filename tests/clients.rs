@@ -56,7 +56,14 @@ fn the_lifecycle_works_from_redis_py_and_node_redis() {
 #[test]
 fn the_snippets_docs_clients_md_prints_are_these_files_and_they_run() {
     let page = std::fs::read_to_string(project().join("docs/clients.md")).expect("docs/clients.md");
-    for snippet in ["snippet.py", "snippet.cjs", "snippet.go"] {
+    for snippet in [
+        "snippet.py",
+        "snippet.cjs",
+        "snippet.go",
+        "snippet_ioredis.cjs",
+        "snippet_glide.cjs",
+        "dlock_ioredis.cjs",
+    ] {
         let text = std::fs::read_to_string(project().join("tests/clients").join(snippet))
             .expect("snippet file");
         assert!(page.contains(&text), "docs/clients.md must print tests/clients/{snippet} as is");
@@ -90,6 +97,47 @@ fn the_snippets_docs_clients_md_prints_are_these_files_and_they_run() {
     };
     assert_eq!(count(&mut con, "waits_started"), "2");
     assert_eq!(count(&mut con, "waits_timed_out"), "2");
+}
+
+#[test]
+fn the_ioredis_and_glide_snippets_run_with_the_lock_free_and_held() {
+    install_clients();
+    let server = Server::start();
+    let mut con = server.client();
+    let paid = |con: &mut redis::Connection| {
+        let status: Option<String> =
+            redis::cmd("HGET").arg("invoice:{123}:data").arg("status").query(con).expect("HGET");
+        let _: () = redis::cmd("DEL").arg("invoice:{123}:data").query(con).expect("DEL");
+        status.as_deref() == Some("paid")
+    };
+    for snippet in ["snippet_ioredis.cjs", "snippet_glide.cjs"] {
+        assert!(node(snippet, server.port).starts_with("paid under fence "), "{snippet}");
+        assert!(paid(&mut con), "{snippet} wrote under the fence");
+        assert!(!exists(&mut con, "invoice:{123}"), "{snippet} released in `finally`");
+    }
+    // Held by someone else: both give up after 5 s (run side by side) and write nothing.
+    assert!(acquire(&mut con, "invoice:{123}", "someone-else", 60_000).is_some());
+    let spawn = |snippet: &str| {
+        Command::new("node")
+            .arg(project().join("tests/clients").join(snippet))
+            .arg(server.port.to_string())
+            .env("NODE_PATH", project().join(".deps/node/node_modules"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("node")
+    };
+    let running = [spawn("snippet_ioredis.cjs"), spawn("snippet_glide.cjs")];
+    for child in running {
+        let output = child.wait_with_output().expect("snippet");
+        assert!(output.status.success());
+        assert!(String::from_utf8_lossy(&output.stdout).contains("held by someone else"));
+    }
+    assert!(!paid(&mut con), "nothing was written");
+    // ioredis waited once in the server and timed out there (its commandTimeout is above the
+    // wait); glide waited in the line with a ticket and never blocked.
+    assert_eq!(dlock_count(&mut con, "waits_started"), 1);
+    assert_eq!(dlock_count(&mut con, "waits_timed_out"), 1);
+    assert_eq!(dlock_count(&mut con, "tickets_queued"), 1);
 }
 
 /// The `name=value` lines a script printed, as numbers.
