@@ -1,7 +1,8 @@
 // dlock's commands from ioredis (tested with 6.1.0), sent with their first argument, the
 // resource, as the key: Redis.Cluster then sends each to the primary of the resource's slot.
 // ioredis finds keys only in the commands of its own table; any other command (a module's,
-// through `call`) goes to a random primary, which answers MOVED, and ioredis refreshes its slot map.
+// through `call`) goes to a random primary, which answers MOVED, and ioredis refreshes its
+// slot map.
 const Redis = require("ioredis");
 
 class DlockCommand extends Redis.Command {
