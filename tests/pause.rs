@@ -22,8 +22,8 @@ fn ping(con: &mut redis::Connection) -> String {
     redis::cmd("PING").query(con).expect("the server answers PING")
 }
 
-/// Sends `DLOCK.ACQUIRE resource token ttl_ms WAIT wait_ms` on a connection of its own; read the
-/// reply later with `recv_response`.
+/// `DLOCK.ACQUIRE … WAIT wait_ms` sent on a connection of its own, its reply read later (within
+/// 10 s) with `recv_response`.
 fn send_acquire_wait(
     server: &Server,
     resource: &str,
@@ -31,15 +31,7 @@ fn send_acquire_wait(
     ttl_ms: u64,
     wait_ms: u64,
 ) -> redis::Connection {
-    let mut con = server.client();
-    let request = redis::cmd("DLOCK.ACQUIRE")
-        .arg(resource)
-        .arg(token)
-        .arg(ttl_ms)
-        .arg("WAIT")
-        .arg(wait_ms)
-        .get_packed_command();
-    con.send_packed_command(&request).expect("send ACQUIRE WAIT");
+    let con = send_wait_for(server, resource, token, ttl_ms, wait_ms, &[]);
     con.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
     con
 }

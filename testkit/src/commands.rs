@@ -111,13 +111,25 @@ pub fn send_wait(
     ttl_ms: u64,
     extra: &[&str],
 ) -> redis::Connection {
+    send_wait_for(server, resource, token, ttl_ms, 0, extra)
+}
+
+/// [`send_wait`] with `WAIT wait_ms`.
+pub fn send_wait_for(
+    server: &super::server::Server,
+    resource: &str,
+    token: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+    extra: &[&str],
+) -> redis::Connection {
     let mut con = server.client();
     let request = redis::cmd("DLOCK.ACQUIRE")
         .arg(resource)
         .arg(token)
         .arg(ttl_ms)
         .arg("WAIT")
-        .arg(0)
+        .arg(wait_ms)
         .arg(extra)
         .get_packed_command();
     con.send_packed_command(&request).expect("send ACQUIRE WAIT");

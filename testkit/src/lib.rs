@@ -18,7 +18,7 @@ mod server;
 pub use cluster::Cluster;
 pub use commands::{
     acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
-    release, renew, resp_command, send_wait,
+    release, renew, resp_command, send_wait, send_wait_for,
 };
 pub use info::{cluster_info, info_fields, info_line, info_value, wait_for_background_persistence};
 pub use postgres::{PG_USER, Postgres};
