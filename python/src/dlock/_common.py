@@ -482,6 +482,26 @@ class AcquirePlan:
         wait_ms = millis_up(min(left, UNLIMITED_WAIT_SLICE))
         return wait_ms if self.max_wait_ms is None else min(wait_ms, self.max_wait_ms)
 
+    def next_command(
+        self, features: Features, request: Request
+    ) -> tuple[list[Arg], int | None, int | None]:
+        """The next ACQUIRE of this plan for ``request``, with its ``WAIT`` and its ``QUEUE`` in
+        milliseconds (``None`` where it has none): the same for both clients."""
+        queue_ms = self.next_queue_ms(features)
+        wait_ms = None if queue_ms is not None else self.next_wait_ms()
+        command = acquire_command(
+            features,
+            request.resource,
+            self.token,
+            self.ttl_ms,
+            wait_ms=wait_ms,
+            claim_ms=self.claim_ms,
+            meta=request.meta,
+            mode=request.mode,
+            queue_ms=queue_ms,
+        )
+        return command, wait_ms, queue_ms
+
     def next_queue_ms(self, features: Features) -> int | None:
         """With tickets, the ``QUEUE`` of the next ACQUIRE (every ACQUIRE of a wait sends it:
         the first takes a place in line, the later ones refresh it and claim a grant), or

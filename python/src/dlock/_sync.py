@@ -206,19 +206,7 @@ class Locks(common.Handles[Hold]):
                 try:
                     # Read once per Locks; a failure to read them is retried like the ACQUIRE.
                     features = self.features(resource)
-                    queue_ms = plan.next_queue_ms(features)
-                    wait_ms = None if queue_ms is not None else plan.next_wait_ms()
-                    command = common.acquire_command(
-                        features,
-                        resource,
-                        plan.token,
-                        plan.ttl_ms,
-                        wait_ms=wait_ms,
-                        claim_ms=plan.claim_ms,
-                        meta=request.meta,
-                        mode=request.mode,
-                        queue_ms=queue_ms,
-                    )
+                    command, wait_ms, queue_ms = plan.next_command(features, request)
                     if queue_ms is not None:
                         if watch is None:
                             # Subscribed before the first ticket: no hand-over goes unheard.
