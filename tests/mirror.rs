@@ -325,6 +325,9 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                 10 if rng.between(0, 2) == 0 => {
                     // A crash: the primary comes back from its AOF, with its grant delay.
                     primary.crash_and_restart_with(&restart_args);
+                    // After the full resync, Valkey acknowledges WAIT before the replica has
+                    // applied what followed the snapshot: wait until writes show there.
+                    assert!(wait_until_replica_streams(&primary, &replica), "after restart");
                     p = reconnect(&primary);
                     restarts += 1;
                 }
@@ -433,6 +436,7 @@ fn a_release_while_grants_are_held_after_a_restart_reaches_the_replica_and_the_a
     restart.extend_from_slice(&aof);
     restart.extend_from_slice(&["--dlock.restart-grant-delay-ms", "8000"]);
     primary.crash_and_restart_with(&restart);
+    assert!(wait_until_replica_streams(&primary, &replica), "after restart");
     let mut p = reconnect(&primary);
     let port = primary.port;
     let b = wait_in_background(&mut p, port, "lk", "B", 60_000, &["WAIT".into(), "20000".into()]);
