@@ -13,6 +13,7 @@ use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, raw};
 
 use crate::core::args::printable;
+use crate::core::decimal::{MAX_DIGITS, decimal};
 use crate::core::{Host, Lease, Lock, Now, Refusal, Step, Transition};
 use crate::notify::{self, Event};
 use crate::state::{self, Grant};
@@ -320,32 +321,40 @@ fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: No
         all.extend(args.iter().map(Vec::as_slice));
         return ctx.replicate(SETLEASE_NAME, all.as_slice());
     }
-    let granted = lease.granted_wall(now) as std::os::raw::c_longlong;
-    let renewals = std::os::raw::c_longlong::from(lease.renewals);
-    // Both fit: fences are minted and restored at most i64::MAX, and deadlines are wall-clock
-    // microseconds (restored ones at most a year and a day away).
-    let fence = i64::try_from(lease.fence).unwrap_or(i64::MAX);
-    let deadline = i64::try_from(lease.deadline_wall).unwrap_or(i64::MAX);
+    // Fences are minted and restored at most i64::MAX and deadlines are wall-clock microseconds
+    // (restored ones at most a year and a day away); the clamps only keep a copy's parser happy.
+    let (mut fence, mut deadline, mut granted, mut renewals) =
+        ([0; MAX_DIGITS], [0; MAX_DIGITS], [0; MAX_DIGITS], [0; MAX_DIGITS]);
+    let fence = decimal(lease.fence.min(i64::MAX as u64), &mut fence);
+    let deadline = decimal(lease.deadline_wall.min(i64::MAX as u64), &mut deadline);
+    let granted = decimal(lease.granted_wall(now), &mut granted);
+    let renewals = decimal(u64::from(lease.renewals), &mut renewals);
     // The raw call: the crate's `replicate` would copy every argument into a new string, and
-    // ACQUIRE makes this call on every grant. Redis prints the integers in decimal.
+    // ACQUIRE makes this call on every grant. Numbers go as digits we print (format `b`, one
+    // allocation each in Redis) rather than as `l` (Redis prints them into a string of its own
+    // and wraps it: two).
     // SAFETY: ctx is live; the command name, the format and the keywords are NUL-terminated;
-    // "sbllclcl" takes a RedisModuleString, a (pointer, length) buffer that Redis copies, two
-    // long longs, then a C string and a long long, twice.
+    // "sbbbcbcb" takes a RedisModuleString, then (pointer, length) buffers that Redis copies and
+    // C strings, each as the format says; every buffer outlives the call.
     unsafe {
         if let Some(replicate) = raw::RedisModule_Replicate {
             replicate(
                 ctx.ctx,
                 SETLEASE.as_ptr(),
-                c"sbllclcl".as_ptr(),
+                c"sbbbcbcb".as_ptr(),
                 resource.inner,
                 lease.token.as_ptr().cast::<std::os::raw::c_char>(),
                 lease.token.len(),
-                fence as std::os::raw::c_longlong,
-                deadline as std::os::raw::c_longlong,
+                fence.as_ptr().cast::<std::os::raw::c_char>(),
+                fence.len(),
+                deadline.as_ptr().cast::<std::os::raw::c_char>(),
+                deadline.len(),
                 c"GRANTED".as_ptr(),
-                granted,
+                granted.as_ptr().cast::<std::os::raw::c_char>(),
+                granted.len(),
                 c"RENEWALS".as_ptr(),
-                renewals,
+                renewals.as_ptr().cast::<std::os::raw::c_char>(),
+                renewals.len(),
             );
         }
     }

@@ -6,6 +6,8 @@
 //! braces but no usable tag cannot be wrapped without changing its slot; its channel is the
 //! plain prefixed name (on a single server, or with `SUBSCRIBE`, that makes no difference).
 
+use super::decimal::{MAX_DIGITS, decimal};
+
 /// What every channel name starts with.
 pub const PREFIX: &[u8] = b"dlock:";
 
@@ -37,7 +39,7 @@ fn has_hash_tag(key: &[u8]) -> bool {
 }
 
 /// Room for any message: an event word of up to 12 bytes, a space and a `u64` (20 digits).
-pub const MAX_MESSAGE: usize = 12 + 1 + 20;
+pub const MAX_MESSAGE: usize = 12 + 1 + MAX_DIGITS;
 
 /// The message for one ownership change: the event's name and the fence of the lease it
 /// concerns, e.g. `released 1796207757444058`.
@@ -52,20 +54,11 @@ pub fn write_message<'a>(event: &str, fence: u64, buffer: &'a mut [u8; MAX_MESSA
     let word = &event.as_bytes()[..event.len().min(12)];
     buffer[..word.len()].copy_from_slice(word);
     buffer[word.len()] = b' ';
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = fence;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
+    let mut digits = [0; MAX_DIGITS];
+    let digits = decimal(fence, &mut digits);
     let start = word.len() + 1;
-    let end = start + digits.len() - at;
-    buffer[start..end].copy_from_slice(&digits[at..]);
+    let end = start + digits.len();
+    buffer[start..end].copy_from_slice(digits);
     &buffer[..end]
 }
 

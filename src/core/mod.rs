@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod channel;
+pub mod decimal;
 pub mod encoding;
 pub mod error;
 pub mod expiry;
