@@ -142,16 +142,16 @@ impl Topology {
 
     /// Follows a `MOVED` reply: its slot is served by the node it names from now on, and the
     /// map is read again (one moved slot often means more: a failover moves a whole shard).
+    /// The `MOVED` wins over the map read after it: the node that answered the map may not know
+    /// of the move yet.
     pub(crate) async fn moved(&self, slot: u16, address: &str, timeout: Duration) {
         self.redirected();
-        {
-            let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-            if slots.len() == SLOTS {
-                slots[usize::from(slot)] = Arc::from(address);
-            }
-        }
         if let Err(error) = self.refresh(timeout).await {
             tracing::debug!(%error, "dlock: cannot read the cluster's slot map");
+        }
+        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+        if slots.len() == SLOTS {
+            slots[usize::from(slot)] = Arc::from(address);
         }
     }
 

@@ -240,7 +240,8 @@ impl Node {
             let connection = redis::Client::open(info)?
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            Ok((Sink::Node { connection, sharded }, Messages::pushes(received)))
+            let messages = Messages::pushes(received, connection.clone());
+            Ok((Sink::Node { connection, sharded }, messages))
         };
         tokio::time::timeout(timeout, opened).await.unwrap_or_else(|_| Err(connect_timed_out()))
     }

@@ -27,17 +27,26 @@ pub(crate) enum Event {
 }
 
 /// The messages of a subscriber connection; ends when the connection does.
-pub(crate) struct Messages(Pin<Box<dyn Stream<Item = Event> + Send>>);
+pub(crate) struct Messages {
+    events: Pin<Box<dyn Stream<Item = Event> + Send>>,
+    /// A cluster node's connection, kept open while its messages are read even if the sink is
+    /// gone (as the crate's own subscriber stream keeps its connection).
+    _connection: Option<MultiplexedConnection>,
+}
 
 impl Messages {
     pub(crate) fn plain(stream: PubSubStream) -> Self {
-        Self(Box::pin(stream.map(|message| Event::Message {
+        let events = stream.map(|message| Event::Message {
             channel: message.get_channel_name().to_owned(),
             payload: message.get_payload().unwrap_or_default(),
-        })))
+        });
+        Self { events: Box::pin(events), _connection: None }
     }
 
-    pub(crate) fn pushes(pushes: tokio::sync::mpsc::UnboundedReceiver<PushInfo>) -> Self {
+    pub(crate) fn pushes(
+        pushes: tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+        connection: MultiplexedConnection,
+    ) -> Self {
         let events = futures_util::stream::unfold(pushes, |mut pushes| async move {
             loop {
                 let push = pushes.recv().await?;
@@ -60,12 +69,12 @@ impl Messages {
                 return Some((event, pushes));
             }
         });
-        Self(Box::pin(events))
+        Self { events: Box::pin(events), _connection: Some(connection) }
     }
 
     /// The next event; `None` once the connection ended.
     pub(crate) async fn next(&mut self) -> Option<Event> {
-        self.0.next().await
+        self.events.next().await
     }
 }
 

@@ -376,3 +376,149 @@ async fn after_a_failover_leases_renew_waiters_are_served_and_calls_go_to_the_ne
     assert_eq!(client.redirects(), redirects, "no more redirects");
     assert_eq!(moved_replies(&cluster), before, "no node answered MOVED");
 }
+
+/// `CLUSTER SETSLOT slot <how> <node-id>` on the node at `port`.
+fn setslot(cluster: &Cluster, port: u16, slot: i64, how: &str, id: &str) {
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(how)
+        .arg(id)
+        .query(&mut cluster.node(port).client())
+        .expect("SETSLOT");
+}
+
+/// Subscribers of the shard channel `channel` on the node at `port`.
+fn shard_subscribers(cluster: &Cluster, port: u16, channel: &str) -> i64 {
+    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(channel)
+        .query(&mut cluster.node(port).client())
+        .expect("SHARDNUMSUB");
+    match numsub.get(1) {
+        Some(redis::Value::Int(n)) => *n,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_to_another_shard_is_followed_by_ask_then_moved_and_subscriptions_move() {
+    let cluster = Cluster::start();
+    let options = ClientOptions {
+        wait_strategy: WaitStrategy::Tickets { ticket: Duration::from_secs(3) },
+        ..ClientOptions::default()
+    };
+    let client = cluster_client(&cluster, options).await;
+    let resource = "{moving}:lock";
+    let channel = "dlock:{moving}:lock";
+    let from = cluster.owner(resource);
+    let to = *primaries(&cluster).iter().find(|&&p| p != from).expect("another primary");
+    let ttl = Duration::from_secs(30);
+
+    // A holder, a ticket waiter and an observer, all on the slot's first shard.
+    let holder = client.acquire(resource, ttl).await.expect("granted");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let options = AcquireOptions { wait: Some(4 * SLACK), ..AcquireOptions::default() };
+            client.acquire_with(resource, ttl, &options).await
+        })
+    };
+    let mut on_from = cluster.node(from).client();
+    assert!(
+        eventually(SLACK, || info_field(&mut on_from, resource, "tickets").as_deref() == Some("1"))
+    );
+    let mut changes = client.observe(resource);
+    let first = changes.changed().await.expect("the holder leads");
+    assert_eq!(first.token, holder.token());
+    assert!(eventually(SLACK, || shard_subscribers(&cluster, from, channel) == 2), "hub, observer");
+
+    // The key migrates: the old shard answers ASK for it, which the client follows.
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(resource).query(&mut on_from).expect("KEYSLOT");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    setslot(&cluster, to, slot, "IMPORTING", &from_id);
+    setslot(&cluster, from, slot, "MIGRATING", &to_id);
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(resource)
+        .query(&mut on_from)
+        .expect("MIGRATE");
+    let redirects = client.redirects();
+    assert!(client.fence_is_live(resource, holder.fence()).await.expect("asked the new shard"));
+    assert!(client.redirects() > redirects, "the client followed the ASK");
+
+    // The slot is the new shard's: MOVED, then straight there.
+    setslot(&cluster, to, slot, "NODE", &to_id);
+    setslot(&cluster, from, slot, "NODE", &to_id);
+    assert!(eventually(SLACK, || cluster.owner(resource) == to), "slot moved");
+    let fence = holder.fence();
+    assert!(holder.release().await.expect("released on the new shard"));
+    let next = tokio::time::timeout(4 * SLACK, waiter)
+        .await
+        .expect("in time")
+        .expect("task")
+        .expect("the waiter is served on the new shard");
+    assert!(next.fence() > fence);
+    let mut on_to = cluster.node(to).client();
+    assert_eq!(info_field(&mut on_to, resource, "owner").as_deref(), Some(next.token()));
+    // The observer follows, subscribed on the new shard now.
+    let leader = loop {
+        let change = tokio::time::timeout(SLACK, changes.changed()).await.expect("in time");
+        if let Some(leader) = change.filter(|leader| leader.token == next.token()) {
+            break leader;
+        }
+    };
+    assert_eq!(leader.fence, next.fence());
+    assert!(
+        eventually(SLACK, || shard_subscribers(&cluster, to, channel) >= 1),
+        "the observer subscribed on the new shard"
+    );
+    assert!(next.release().await.expect("released"));
+    let redirects = client.redirects();
+    for _ in 0..3 {
+        let lease = client.acquire(resource, ttl).await.expect("granted");
+        assert!(lease.release().await.expect("released"));
+    }
+    assert_eq!(client.redirects(), redirects, "straight to the new shard");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_events_come_from_the_resources_own_primary() {
+    let cluster = Cluster::start();
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kgd")
+            .query(&mut node.client())
+            .expect("CONFIG SET");
+    }
+    let options = ClientOptions { watch_events: true, ..ClientOptions::default() };
+    let client = cluster_client(&cluster, options).await;
+    for (resource, owner) in one_per_shard(&cluster, "watched:") {
+        // A ttl renewals alone would take 10 s to find lost.
+        let lease = client.acquire(&resource, Duration::from_secs(30)).await.expect("granted");
+        let started = Instant::now();
+        let work = tokio::spawn(lease.run(|cancelled| async move { cancelled.cancelled().await }));
+        // The subscription is made before the work starts; the key goes on its own primary.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let deleted: i64 =
+            redis::cmd("DEL").arg(&resource).query(&mut cluster.node(owner).client()).expect("DEL");
+        assert_eq!(deleted, 1);
+        let outcome = tokio::time::timeout(SLACK, work).await.expect("in time").expect("task");
+        assert!(
+            matches!(
+                outcome,
+                Err(dlock_client::RunError::LockLost(dlock_client::LossReason::Ended(_)))
+            ),
+            "{outcome:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "the event ended it, not a renewal");
+    }
+}
