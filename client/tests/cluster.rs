@@ -339,8 +339,8 @@ async fn after_a_failover_leases_renew_waiters_are_served_and_calls_go_to_the_ne
                 == Some("slave")),
         "the replica took over"
     );
-    let _ = failed_over_tx.send(());
     let started = Instant::now();
+    let _ = failed_over_tx.send(());
 
     // The running lease renews on the new primary and is released there at the end.
     let output = tokio::time::timeout(ttl + SLACK, running).await.expect("in time").expect("task");
