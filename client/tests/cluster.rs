@@ -522,3 +522,81 @@ async fn watched_events_come_from_the_resources_own_primary() {
         assert!(started.elapsed() < Duration::from_secs(5), "the event ended it, not a renewal");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_taken_over_by_its_replica_is_left_for_the_new_one() {
+    let mut cluster = Cluster::start();
+    let options = ClientOptions {
+        wait_strategy: WaitStrategy::Tickets { ticket: Duration::from_secs(3) },
+        ..ClientOptions::default()
+    };
+    let client = cluster_client(&cluster, options).await;
+    // A resource whose primary is not the node the cluster's helpers ask.
+    let seed = cluster.nodes[0].port;
+    let (resource, old) = (0..)
+        .map(|i| format!("{{dead}}:{i}"))
+        .map(|resource| {
+            let owner = cluster.owner(&resource);
+            (resource, owner)
+        })
+        .find(|(_, owner)| *owner != seed)
+        .expect("a resource on another primary");
+    let elsewhere = one_per_shard(&cluster, "alive:")
+        .into_iter()
+        .find(|(_, owner)| *owner != old)
+        .expect("a resource on another shard")
+        .0;
+    let replica = cluster.replica_of(old);
+
+    // A lease in `run` and a ticket waiter on the shard whose primary dies.
+    let ttl = Duration::from_secs(6);
+    let lease = client.acquire(&resource, ttl).await.expect("granted");
+    let fence = lease.fence();
+    let _: i64 =
+        redis::cmd("WAIT").arg(1).arg(5_000).query(&mut cluster.node(old).client()).expect("WAIT");
+    let (taken_over_tx, taken_over) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(lease.run(move |_cancelled| async move {
+        let _ = taken_over.await;
+        tokio::time::sleep(ttl).await; // renewals on the new primary
+    }));
+    let waiter = {
+        let (client, resource) = (client.clone(), resource.clone());
+        tokio::spawn(async move {
+            let options = AcquireOptions { wait: Some(4 * SLACK), ..AcquireOptions::default() };
+            client.acquire_with(&resource, ttl, &options).await
+        })
+    };
+    let mut on_old = cluster.node(old).client();
+    assert!(
+        eventually(SLACK, || info_field(&mut on_old, &resource, "tickets").as_deref() == Some("1"))
+    );
+
+    // The primary dies; the other shards serve on.
+    cluster.nodes.iter_mut().find(|node| node.port == old).expect("node").kill();
+    let other = client.acquire(&elsewhere, ttl).await.expect("another shard serves on");
+    assert!(other.release().await.expect("released"));
+
+    // Its replica takes over (TAKEOVER: without waiting for the cluster to notice the death).
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut cluster.node(replica).client())
+        .expect("CLUSTER FAILOVER TAKEOVER");
+    assert!(eventually(3 * SLACK, || cluster.owner(&resource) == replica), "took over");
+    let started = Instant::now();
+    let _ = taken_over_tx.send(());
+
+    // The lease found the new primary before its local expiry, renewed and was released there.
+    let output = tokio::time::timeout(ttl + SLACK, running).await.expect("in time").expect("task");
+    assert!(output.is_ok(), "the lease lived through the takeover: {:?}", output.err());
+    assert!(started.elapsed() >= ttl);
+    let next = tokio::time::timeout(4 * SLACK, waiter)
+        .await
+        .expect("in time")
+        .expect("task")
+        .expect("the waiter is served by the new primary");
+    assert!(next.fence() > fence);
+    let mut on_new = cluster.node(replica).client();
+    assert_eq!(info_field(&mut on_new, &resource, "owner").as_deref(), Some(next.token()));
+    assert!(next.release().await.expect("released"));
+}
