@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use redis::RedisError;
 
 use crate::connection::millis;
-use crate::election::channel_of;
 use crate::{AcquireError, Client, Lease, observe};
 
 /// The kind of lease an acquire asks for.
@@ -364,7 +363,7 @@ impl Client {
         // least the ticket's length, so that a refresh claims a turn whose message was missed.
         let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
         let claim_ms = millis(ttl.min(claim));
-        let mut waiter = self.tickets.join(self, &channel_of(resource)).await;
+        let mut waiter = self.tickets.join(self, resource).await;
         let mut reached_server = false;
         loop {
             let claim = (!self.claim_refused.load(Ordering::Relaxed)).then_some(claim_ms);
@@ -429,7 +428,7 @@ impl Client {
                 () = waiter.woken() => {}
                 () = tokio::time::sleep(nap) => {}
             }
-            self.tickets.ensure(self).await;
+            waiter = self.tickets.keep(self, resource, waiter).await;
         }
     }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use redis::RedisError;
-use redis::aio::{PubSubSink, PubSubStream};
+
+use crate::pubsub::{Event, Messages, Sink};
 
 use crate::{AcquireError, AcquireOptions, CancellationToken, Client, Lease, RunError};
 
@@ -184,7 +185,8 @@ struct Watch {
     client: Client,
     name: String,
     channel: String,
-    subscription: Option<(PubSubSink, PubSubStream)>,
+    /// The node subscribed on (its address in a cluster), the sink and the messages.
+    subscription: Option<(String, Sink, Messages)>,
     /// A message came, or the subscription is new: the leader may have changed.
     stale: bool,
     /// What was reported last (`None` before the first report).
@@ -196,7 +198,7 @@ impl Watch {
     /// Waits for the next change and returns the leader after it.
     async fn next_change(&mut self) -> Option<Leader> {
         loop {
-            let Some((sink, messages)) = self.subscription.as_mut() else {
+            let Some((node, sink, messages)) = self.subscription.as_mut() else {
                 // Subscribed before reading, so nothing between the read and the subscription
                 // is missed.
                 match self.client.subscribe_to(&self.channel).await {
@@ -224,11 +226,17 @@ impl Watch {
             }
             tokio::select! {
                 message = messages.next() => match message {
-                    Some(_) => self.stale = true,
-                    // The connection ended: subscribe again, then read again.
-                    None => self.subscription = None,
+                    Some(Event::Message { .. }) => self.stale = true,
+                    // The server dropped the subscription (its slot moved), or the connection
+                    // ended: subscribe again, then read again.
+                    Some(Event::Dropped(_)) | None => self.subscription = None,
                 },
                 _ = tokio::time::sleep(RESYNC_EVERY) => {
+                    if self.client.node_address(&self.channel).await != *node {
+                        // In a cluster, the channel's slot is served by another primary now.
+                        self.subscription = None;
+                        continue;
+                    }
                     let limit = self.client.options.request_timeout;
                     match tokio::time::timeout(limit, sink.subscribe(&self.channel)).await {
                         Ok(Ok(())) => self.stale = true,

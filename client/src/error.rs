@@ -193,6 +193,10 @@ impl std::fmt::Display for LossReason {
 pub enum FencedError {
     /// The fence is no longer the live lease's: the write was refused and nothing changed.
     Stale(String),
+    /// Redis Cluster: a key of the inner command does not hash to the resource's slot, so the
+    /// server refused to run it (the server's message names the key). Name the lock and its
+    /// data with one hash tag (`invoice:{123}`, `invoice:{123}:data`).
+    CrossSlot(String),
     /// Any other error (the inner command's own, or the connection's).
     Redis(RedisError),
 }
@@ -201,6 +205,9 @@ impl std::fmt::Display for FencedError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Stale(detail) => write!(f, "stale fence, write refused: {detail}"),
+            Self::CrossSlot(detail) => {
+                write!(f, "fenced command outside the resource's cluster slot: {detail}")
+            }
             Self::Redis(e) => write!(f, "{e}"),
         }
     }
@@ -210,7 +217,7 @@ impl std::error::Error for FencedError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Redis(e) => Some(e),
-            Self::Stale(_) => None,
+            Self::Stale(_) | Self::CrossSlot(_) => None,
         }
     }
 }

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use redis::RedisError;
 
 use crate::connection::millis;
@@ -83,7 +82,9 @@ impl Lease {
     }
 
     /// Runs `command` in the server only if this lease's fence is still the live one
-    /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens.
+    /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens. In Redis Cluster every
+    /// key of `command` must hash to the resource's slot (use hash tags), or the server refuses
+    /// it: [`FencedError::CrossSlot`].
     ///
     /// ```no_run
     /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
@@ -109,6 +110,8 @@ impl Lease {
             if error.code() == Some("STALE") {
                 observe::stale_write_refused();
                 FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+            } else if error.code() == Some("CROSSSLOT") {
+                FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
             } else {
                 FencedError::Redis(error)
             }
@@ -186,9 +189,8 @@ impl Lease {
                 _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
                 message = event => match message {
                     // The subscription's connection ended: renewals alone watch the lease now.
-                    None => events = None,
-                    Some(message) => {
-                        let name: String = message.get_payload().unwrap_or_default();
+                    None | Some(crate::pubsub::Event::Dropped(_)) => events = None,
+                    Some(crate::pubsub::Event::Message { payload: name, .. }) => {
                         if let Some(reason) = self.ended_by(&name).await {
                             break reason;
                         }

@@ -59,6 +59,10 @@
 //!   stream of leader changes, `None` when nobody leads, that never misses a change that lasts.
 //! - Fenced writes: [`Lease::fenced`] for data in the same Redis (`DLOCK.FENCED`), [`sql`] for
 //!   rows elsewhere; a stale worker's refused write is its own error, never a silent no-op.
+//! - Redis Cluster: [`Client::connect_cluster`] gives the same client, every command sent to the
+//!   primary of its resource's slot (following `MOVED` and `ASK`), the resources' channels
+//!   subscribed with `SSUBSCRIBE` on their primary (one ticket subscriber per primary); a fenced
+//!   command with a key of another slot is [`FencedError::CrossSlot`].
 //! - Figures go through the `metrics` facade and ownership transitions are `tracing` events
 //!   ([`observe`] lists them).
 
@@ -67,11 +71,13 @@ use std::time::Duration;
 pub use tokio_util::sync::CancellationToken;
 
 mod acquire;
+mod cluster;
 mod connection;
 mod election;
 mod error;
 mod lease;
 pub mod observe;
+mod pubsub;
 pub mod sql;
 mod tickets;
 

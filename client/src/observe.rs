@@ -11,6 +11,7 @@
 //! - `dlock_client_release_failures_total`
 //! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`
 //! - `dlock_client_stale_writes_total`: fenced writes refused (DLOCK.FENCED STALE or SQL)
+//! - `dlock_client_redirects_total`: `MOVED` and `ASK` replies followed (Redis Cluster)
 
 use std::time::Duration;
 
@@ -54,4 +55,8 @@ pub(crate) fn lost(resource: &str, token: &str, fence: u64, held: Duration, reas
 
 pub(crate) fn stale_write_refused() {
     metrics::counter!("dlock_client_stale_writes_total").increment(1);
+}
+
+pub(crate) fn redirected() {
+    metrics::counter!("dlock_client_redirects_total").increment(1);
 }

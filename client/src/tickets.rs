@@ -1,16 +1,19 @@
 //! Waiting with `QUEUE` tickets: the waiters of one client share its multiplexed connection for
 //! their ACQUIREs and one subscriber connection (opened when the first waiter comes) for the
-//! resources' channels, whose messages wake the waiters of that resource.
+//! resources' channels, whose messages wake the waiters of that resource. In Redis Cluster there
+//! is one such subscriber per primary (`SSUBSCRIBE` on the node serving the channels' slots),
+//! and a waiter whose resource's slot moved to another primary joins that primary's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use redis::RedisError;
-use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::watch;
+
+use crate::election::channel_of;
+use crate::pubsub::{Event, Messages, Sink};
 
 /// How long after a failed subscription the next waiter tries again (a server that cannot be
 /// reached must not be asked once per waiter).
@@ -19,10 +22,48 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 /// How long an UNSUBSCRIBE may take before the subscriber connection counts as silent.
 const UNSUBSCRIBE_WITHIN: Duration = Duration::from_secs(2);
 
-/// The subscriber of one [`Client`](crate::Client) (shared by its clones): which channels have
-/// waiters, and the connection subscribed to them.
+/// The subscribers of one [`Client`](crate::Client) (shared by its clones), one per server:
+/// keyed by the node's address in a cluster, a single one (`""`) otherwise.
+#[derive(Default)]
+pub(crate) struct Hubs {
+    hubs: Mutex<HashMap<String, Arc<Hub>>>,
+}
+
+impl Hubs {
+    /// Joins the waiters of `resource`'s channel on the subscriber of the node serving it.
+    pub(crate) async fn join(&self, client: &crate::Client, resource: &str) -> Waiter {
+        let address = client.node_address(resource).await;
+        let hub = lock(&self.hubs)
+            .entry(address.clone())
+            .or_insert_with(|| Arc::new(Hub { node: address, ..Hub::default() }))
+            .clone();
+        hub.join(client, &channel_of(resource)).await
+    }
+
+    /// Keeps `waiter` subscribed: on the subscriber of the node that serves `resource` now
+    /// (joining it if the slot moved), reconnected if its connection ended.
+    pub(crate) async fn keep(
+        &self,
+        client: &crate::Client,
+        resource: &str,
+        waiter: Waiter,
+    ) -> Waiter {
+        let address = client.node_address(resource).await;
+        if !address.is_empty() && address != waiter.hub.node {
+            tracing::debug!(resource, node = address, "dlock: the ticket's slot moved");
+            return self.join(client, resource).await;
+        }
+        waiter.hub.ensure(client).await;
+        waiter
+    }
+}
+
+/// The subscriber of one server: which channels have waiters, and the connection subscribed to
+/// them.
 #[derive(Default)]
 pub(crate) struct Hub {
+    /// The node's address (empty outside a cluster).
+    node: String,
     /// Per channel: its waiters and the counter of messages that wakes them. Read by the
     /// connection's reader task, so a plain mutex, never held across an await.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -38,7 +79,7 @@ struct Channel {
 
 #[derive(Default)]
 struct Link {
-    sink: Option<PubSubSink>,
+    sink: Option<Sink>,
     /// Bumped with every new connection: a reader task of an older one that ends leaves the
     /// current one alone.
     generation: u64,
@@ -102,7 +143,11 @@ impl Hub {
             };
             if let Err(error) = subscribed {
                 tracing::debug!(channel, %error, "dlock: cannot subscribe for tickets");
-                link.drop_connection();
+                client.note_failure(&error).await;
+                // A slot served elsewhere now: the waiter moves on its next round.
+                if error.redirect_node().is_none() {
+                    link.drop_connection();
+                }
             }
         }
         waiter
@@ -128,10 +173,9 @@ impl Hub {
         }
         link.drop_connection();
         let limit = client.options.request_timeout;
-        let opened =
-            tokio::time::timeout(limit, client.pubsub()).await.unwrap_or_else(|_| Err(timed_out()));
+        let opened = client.subscriber_at(&self.node).await;
         let (mut sink, stream) = match opened {
-            Ok(pubsub) => pubsub.split(),
+            Ok(opened) => opened,
             Err(error) => {
                 tracing::debug!(%error, "dlock: cannot open the ticket subscriber");
                 link.retry_at = Some(Instant::now() + RESUBSCRIBE_AFTER);
@@ -142,6 +186,11 @@ impl Hub {
         for channel in &wanted {
             if let Err(error) = subscribe(&mut sink, channel, limit).await {
                 tracing::debug!(channel, %error, "dlock: cannot subscribe for tickets");
+                if error.redirect_node().is_some() {
+                    // Its slot is served elsewhere now: its waiters move on their next round.
+                    client.note_failure(&error).await;
+                    continue;
+                }
                 link.retry_at = Some(Instant::now() + RESUBSCRIBE_AFTER);
                 return false;
             }
@@ -214,11 +263,7 @@ impl Drop for Waiter {
     }
 }
 
-async fn subscribe(
-    sink: &mut PubSubSink,
-    channel: &str,
-    limit: Duration,
-) -> Result<(), RedisError> {
+async fn subscribe(sink: &mut Sink, channel: &str, limit: Duration) -> Result<(), RedisError> {
     tokio::time::timeout(limit, sink.subscribe(channel)).await.unwrap_or_else(|_| Err(timed_out()))
 }
 
@@ -227,16 +272,27 @@ fn timed_out() -> RedisError {
 }
 
 /// Fans the subscriber's messages out to the waiters of their channel; when the connection
-/// ends, wakes everyone (their next refresh reconnects) and says so.
+/// ends, or the server drops a channel that still has waiters (a cluster node no longer serving
+/// its slot), wakes everyone (their next refresh reconnects, or moves) and says so.
 async fn read(
-    mut stream: PubSubStream,
+    mut stream: Messages,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     ended: Arc<AtomicU64>,
     generation: u64,
 ) {
-    while let Some(message) = stream.next().await {
-        if let Some(channel) = lock(&channels).get(message.get_channel_name()) {
-            channel.messages.send_modify(|count| *count = count.wrapping_add(1));
+    while let Some(event) = stream.next().await {
+        match event {
+            Event::Message { channel, .. } => {
+                if let Some(channel) = lock(&channels).get(&channel) {
+                    channel.messages.send_modify(|count| *count = count.wrapping_add(1));
+                }
+            }
+            Event::Dropped(channel) => {
+                if lock(&channels).contains_key(&channel) {
+                    tracing::debug!(channel, "dlock: the server dropped a ticket subscription");
+                    break;
+                }
+            }
         }
     }
     ended.fetch_max(generation, Ordering::SeqCst);
