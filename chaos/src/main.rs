@@ -108,7 +108,18 @@ fn main() {
         *kinds.entry(fault.kind).or_default() += 1;
     }
     for finding in &report.excused {
-        println!("excused ({}): {} [{}]", finding.checker, finding.message, finding.resource);
+        // The fault that may have lost it: the first of those that may lose leases to end after
+        // the finding's history began.
+        let fault = outcome
+            .faults
+            .iter()
+            .filter(|f| f.may_lose_leases && f.end >= finding.from)
+            .min_by_key(|f| f.start)
+            .map_or("?", |f| f.kind);
+        println!(
+            "excused ({}): {} [{}] (by {fault})",
+            finding.checker, finding.message, finding.resource
+        );
     }
     for finding in &report.violations {
         println!("VIOLATION ({}): {} [{}]", finding.checker, finding.message, finding.resource);
