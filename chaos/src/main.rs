@@ -172,13 +172,14 @@ fn main() {
     );
     let (mirror, promotions) = (&outcome.mirror, &outcome.promotions);
     println!(
-        "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry; {} AOF copies compared, {} leases equal ({} near their end){}",
+        "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry, writes paused {} ms at most; {} AOF copies compared, {} leases equal ({} near their end){}",
         mirror.replica_checks,
         mirror.skipped,
         mirror.holders,
         mirror.settling,
         mirror.digests,
         mirror.retried,
+        mirror.longest_pause_ms,
         mirror.aof_checks,
         mirror.aof_holders,
         mirror.aof_settling,

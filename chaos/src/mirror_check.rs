@@ -98,6 +98,8 @@ pub struct MirrorReport {
     pub aof_settling: usize,
     /// With `--broken-mirror`: lock keys deleted on the replica, AOF copies taken stale.
     pub broken: usize,
+    /// The longest write pause a comparison took (from `CLIENT PAUSE` to `CLIENT UNPAUSE`).
+    pub longest_pause_ms: u128,
 }
 
 /// The mirror checker of one run.
@@ -312,6 +314,11 @@ impl Mirror {
         Self { resources, broken, report: MirrorReport::default(), findings: Vec::new() }
     }
 
+    fn note_pause(&mut self, paused_at: Instant) {
+        let ms = paused_at.elapsed().as_millis();
+        self.report.longest_pause_ms = self.report.longest_pause_ms.max(ms);
+    }
+
     /// Waits (up to 5 s) until the replica streams from the primary: its link is up and the
     /// primary counts it.
     fn streaming(p: &mut redis::Connection, r: &mut redis::Connection) -> bool {
@@ -386,9 +393,10 @@ impl Mirror {
             if attempt > 0 {
                 sleep(Duration::from_millis(30));
             }
-            let Some((on_primary, on_replica)) = self.read_paused(&mut p, &mut r) else {
-                continue;
-            };
+            let paused_at = Instant::now();
+            let reads = self.read_paused(&mut p, &mut r);
+            self.note_pause(paused_at);
+            let Some((on_primary, on_replica)) = reads else { continue };
             compared = true;
             match compare_all("the replica", &self.resources, &on_primary, &on_replica, 0) {
                 Ok(agreed) => {
@@ -441,12 +449,14 @@ impl Mirror {
         let started = now_ns();
         let mut last_difference = None;
         for attempt in 0..ATTEMPTS {
+            let paused_at = Instant::now();
             let taken = {
                 let Some(paused) = Paused::start(&mut p) else { continue };
                 let on_primary = read(paused.0, &self.resources, false);
                 let files = aof_files(primary);
                 (on_primary, Instant::now(), files)
             };
+            self.note_pause(paused_at);
             let (Some(on_primary), read_at, files) = taken else { continue };
             let files = stale.clone().unwrap_or(files);
             let Ok(copy) = files
