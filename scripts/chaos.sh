@@ -4,7 +4,9 @@
 # one profile's), seeded from $CHAOS_SEED (default 1). With `--self-check` it first runs the
 # harness against deliberately broken workers (unfenced SQL writes; mixed workers that ignore the
 # semaphore limit, take shared leases as writers, abandon waiters without a claim window and
-# refresh tickets under new tokens) and fails unless every checker meant to catch them does.
+# refresh tickets under new tokens; a harness that deletes a live lock key on the replica before
+# each mirror comparison and loads a stale copy of the AOF) and fails unless every checker meant
+# to catch them does.
 # CHAOS_BUILD=release builds optimised (the default is debug, which shares the test build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +31,7 @@ chaos="target/$build/dlock-chaos"
 if [ "$self_check" = yes ]; then
   echo "chaos: self-check (broken workers must be caught)"
   # One resource of each kind for the mixed workers: more of them meet there.
-  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql --broken-mixed --rw 1 --sem 1 \
+  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql --broken-mixed --broken-mirror --rw 1 --sem 1 \
     > target/chaos-self-check.log 2>&1 || true
   caught=""
   for finding in 'state-order): sql' permit-limit writer-overlap reader-overlap claim-window ticket-fifo; do
@@ -42,6 +44,19 @@ if [ "$self_check" = yes ]; then
     label=${finding%%)*}
     [ "$label" = "$finding" ] || label="$label (sql)"
     caught="$caught${caught:+, }$label $n"
+  done
+  for copy in replica aof; do
+    case "$copy" in
+      replica) pattern='the replica differs' ;;
+      aof) pattern="a server loaded from the primary's AOF differs" ;;
+    esac
+    n=$(grep -c "^VIOLATION (mirror): $pattern" target/chaos-self-check.log || true)
+    if [ "$n" -eq 0 ]; then
+      cat target/chaos-self-check.log
+      echo "chaos: the self-check found no 'mirror' violation of $copy: the mirror checker is broken" >&2
+      exit 1
+    fi
+    caught="$caught, mirror ($copy) $n"
   done
   echo "chaos: self-check caught $caught"
 fi

@@ -65,7 +65,8 @@ impl Settings {
     /// held by a stopped or cut-off worker runs out) plus slack, and after a restart or a
     /// promotion also the grant delay.
     pub fn liveness_window(&self, kind: &str) -> u64 {
-        let delay = if matches!(kind, "kill-primary" | "promote" | "failover") {
+        let delay = if matches!(kind, "kill-primary" | "promote" | "failover" | "failover-in-delay")
+        {
             self.grant_delay_ns
         } else {
             0

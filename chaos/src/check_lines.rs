@@ -202,7 +202,7 @@ struct Kept<'a> {
 
 /// Faults after which a line is gone (tickets are neither persisted nor replicated).
 fn clears_lines(fault: &Fault) -> bool {
-    matches!(fault.kind, "kill-primary" | "promote" | "failover")
+    matches!(fault.kind, "kill-primary" | "promote" | "failover" | "failover-in-delay")
 }
 
 /// Every ticket's chain of refreshes, each answered before the previous one's place could have
@@ -384,8 +384,10 @@ fn stuck_lines(
     };
     let excused = |from: u64, to: u64| {
         faults.iter().any(|f| {
-            matches!(f.kind, "kill-primary" | "promote" | "failover" | "pause-writes")
-                && f.start <= to
+            matches!(
+                f.kind,
+                "kill-primary" | "promote" | "failover" | "failover-in-delay" | "pause-writes"
+            ) && f.start <= to
                 && f.end.saturating_add(settings.grant_delay_ns + settings.slack_ns) >= from
         })
     };

@@ -15,13 +15,15 @@
 //! Self-checks, runs that must end with violations: `--unfenced-sql` (workers drop the SQL fence
 //! condition and stall past their lease now and then), `--broken-mixed` (mixed workers ignore
 //! the semaphore limit, take shared leases as writers, abandon waiters without a claim window
-//! and refresh tickets under new tokens).
+//! and refresh tickets under new tokens), `--broken-mirror` (the harness deletes a live lock key
+//! on the replica before each mirror comparison, and loads a two-second-old copy of the AOF).
 
 mod check;
 mod check_lines;
 mod check_modes;
 mod history;
 mod info;
+mod mirror_check;
 mod mixed;
 mod nemesis;
 mod observer;
@@ -97,6 +99,7 @@ fn main() {
         broken_mixed,
         // A self-check has little time: client faults come more often.
         client_faults_every: if broken_mixed { (400, 900) } else { (1_000, 3_000) },
+        broken_mirror: args.iter().any(|a| a == "--broken-mirror"),
     };
     let outcome = nemesis::run(&config);
     let report = &outcome.report;
@@ -105,7 +108,18 @@ fn main() {
         *kinds.entry(fault.kind).or_default() += 1;
     }
     for finding in &report.excused {
-        println!("excused ({}): {} [{}]", finding.checker, finding.message, finding.resource);
+        // The fault that may have lost it: the first of those that may lose leases to end after
+        // the finding's history began.
+        let fault = outcome
+            .faults
+            .iter()
+            .filter(|f| f.may_lose_leases && f.end >= finding.from)
+            .min_by_key(|f| f.start)
+            .map_or("?", |f| f.kind);
+        println!(
+            "excused ({}): {} [{}] (by {fault})",
+            finding.checker, finding.message, finding.resource
+        );
     }
     for finding in &report.violations {
         println!("VIOLATION ({}): {} [{}]", finding.checker, finding.message, finding.resource);
@@ -155,6 +169,35 @@ fn main() {
         lines.tickets_kept,
         lines.fifo_pairs,
         lines.samples,
+    );
+    let (mirror, promotions) = (&outcome.mirror, &outcome.promotions);
+    println!(
+        "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry, writes paused {} ms at most; {} AOF copies compared, {} leases equal ({} near their end){}",
+        mirror.replica_checks,
+        mirror.skipped,
+        mirror.holders,
+        mirror.settling,
+        mirror.digests,
+        mirror.retried,
+        mirror.longest_pause_ms,
+        mirror.aof_checks,
+        mirror.aof_holders,
+        mirror.aof_settling,
+        if mirror.broken > 0 {
+            format!("; broken on purpose {} times", mirror.broken)
+        } else {
+            String::new()
+        },
+    );
+    println!(
+        "chaos: promotions: {} ({} with waiters or tickets standing: {} waiters, {} tickets in all); failover-in-delay: {} restart then promote, {} promote twice, {} after the delay had ended",
+        promotions.total,
+        promotions.with_line,
+        promotions.waiters,
+        promotions.tickets,
+        promotions.restart_then_promote,
+        promotions.promote_twice,
+        promotions.late,
     );
     let kinds: Vec<String> = kinds.iter().map(|(kind, n)| format!("{kind}={n}")).collect();
     println!(

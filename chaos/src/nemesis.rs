@@ -1,6 +1,8 @@
 //! Sets up the servers, the proxies, PostgreSQL and the workers, injects faults on a seeded
 //! schedule, then collects the history and the final state for the checkers.
 
+mod in_delay;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,8 +15,10 @@ use dlock_testkit::{LinkProxy, Postgres, Rng, Server, wait_until_replica_streams
 
 use crate::check::{self, Accepted, Fault, Finding, Report, Settings, State};
 use crate::history::{Event, Kind, now_ns};
+use crate::mirror_check::{Mirror, MirrorReport};
 use crate::mixed;
 use crate::observer::{OBSERVER, Observer};
+use in_delay::{IN_DELAY_STREAM, Promotions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -42,6 +46,8 @@ pub struct Config {
     pub broken_mixed: bool,
     /// How often (ms, from, to) the client nemesis asks a mixed worker for a client fault.
     pub client_faults_every: (u64, u64),
+    /// The mirror checker's self-check: the harness breaks the replica and the AOF copy.
+    pub broken_mirror: bool,
 }
 
 pub struct Outcome {
@@ -51,6 +57,10 @@ pub struct Outcome {
     /// Faults of the mixed workers as clients: abandoned waiters, tickets no longer refreshed.
     pub client_faults: Vec<Fault>,
     pub events: Vec<Event>,
+    /// What the mirror checker compared (its findings are among the report's violations).
+    pub mirror: MirrorReport,
+    /// What stood in line at the promotions, and the promotions within a grant delay.
+    pub promotions: Promotions,
 }
 
 impl Outcome {
@@ -373,12 +383,20 @@ pub fn run(config: &Config) -> Outcome {
     };
     let mut rng = Rng::new(config.seed);
     let mut pauses = Rng::new(config.seed ^ PAUSE_STREAM);
+    let mut in_delay = Rng::new(config.seed ^ IN_DELAY_STREAM);
+    let mixed_names: Vec<String> = settings.mixed.keys().cloned().collect();
+    let mut promotions = Promotions::default();
+    let resources = (0..config.resources).map(|r| format!("res:{{{r}}}"));
+    let mut mirror =
+        Mirror::new(resources.chain(mixed_names.clone()).collect(), config.broken_mirror);
     let mut faults = Vec::new();
     let started = Instant::now();
     let end = started + Duration::from_secs(config.seconds);
     sleep(Duration::from_millis(rng.between(500, 1_500)));
     while Instant::now() + Duration::from_secs(2) < end {
-        let kind = if pauses.below(4) == 0 {
+        let kind = if config.profile == Profile::Failover && in_delay.below(5) == 0 {
+            "failover-in-delay"
+        } else if pauses.below(4) == 0 {
             *pauses.pick(pause_kinds(config.profile))
         } else {
             kinds(config.profile)[rng.below(kinds(config.profile).len() as u64) as usize]
@@ -431,7 +449,12 @@ pub fn run(config: &Config) -> Outcome {
             }
             "promote" => {
                 may_lose_leases = true;
-                promote(&mut cluster);
+                promotions.promote(&mut cluster, &mixed_names);
+            }
+            "failover-in-delay" => {
+                may_lose_leases = true;
+                let delay = Duration::from_nanos(settings.grant_delay_ns);
+                promotions.in_delay(&mut cluster, &mixed_names, &mut in_delay, delay);
             }
             "pause-writes" => {
                 // Leases end and waiters wait while writes are paused; the module catches up after.
@@ -447,7 +470,10 @@ pub fn run(config: &Config) -> Outcome {
             }
             "failover" => {
                 let times_out = pauses.below(2) == 0;
-                failover(&mut cluster, times_out);
+                let seen = promotions.await_line(&cluster, &mixed_names, Duration::from_secs(1));
+                if failover(&mut cluster, times_out) {
+                    promotions.record(seen);
+                }
             }
             _ => unreachable!("every kind is handled"),
         }
@@ -455,9 +481,14 @@ pub fn run(config: &Config) -> Outcome {
         // Quiet until the liveness checker has seen the system heal, then a little more.
         let window = Duration::from_nanos(settings.liveness_window(kind));
         sleep(window + Duration::from_millis(rng.between(0, 2_000)));
+        mirror.replica(&cluster.primary.server, &cluster.replica.server, &format!("after {kind}"));
     }
     let remaining = end.saturating_duration_since(Instant::now());
     sleep(remaining);
+    mirror.replica(&cluster.primary.server, &cluster.replica.server, "at the end");
+    if config.profile == Profile::Always {
+        mirror.aof(&cluster.primary.server);
+    }
     settings.run_end = now_ns();
     stop_clients.store(true, Ordering::SeqCst);
     drop(workers);
@@ -491,19 +522,20 @@ pub fn run(config: &Config) -> Outcome {
             entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
         );
     }
-    let report = check::check(&events, &faults, &state, &settings);
+    let mut report = check::check(&events, &faults, &state, &settings);
+    report.violations.append(&mut mirror.findings);
     if !report.violations.is_empty() {
         let kept = dir.keep();
         eprintln!("dlock-chaos: histories and logs kept in {}", kept.display());
     }
-    Outcome { report, faults, client_faults, events }
+    Outcome { report, faults, client_faults, events, mirror: mirror.report, promotions }
 }
 
 /// `FAILOVER` under load: the primary pauses writes until the replica has caught up, then the
 /// two swap roles and the client link follows. With `times_out`, the replication link is cut
 /// first, so the failover gives up after its timeout and the primary stays (its writes were
 /// paused all along). Nothing acknowledged is lost either way.
-fn failover(cluster: &mut Cluster, times_out: bool) {
+fn failover(cluster: &mut Cluster, times_out: bool) -> bool {
     if times_out {
         cluster.replication.cut();
     }
@@ -529,20 +561,11 @@ fn failover(cluster: &mut Cluster, times_out: bool) {
     }
     cluster.replication.heal();
     if !promoted {
-        return;
+        return false;
     }
     cluster.clients.drop_connections();
     swap_roles(cluster);
-}
-
-/// Kills the primary, promotes the replica, moves both links to it, and restarts the old primary
-/// as the new one's replica.
-fn promote(cluster: &mut Cluster) {
-    cluster.primary.server.kill();
-    let mut con = cluster.replica.server.client();
-    let _: () =
-        redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut con).expect("REPLICAOF NO ONE");
-    swap_roles(cluster);
+    true
 }
 
 /// The replica is the primary now: both links follow it (connections already open stay where
