@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, raw};
 
-use crate::core::Micros;
+use crate::core::{Micros, shrink_if_sparse};
 use crate::state::{self, Grant, KeyRef};
 
 /// What a blocked ACQUIRE finally answers.
@@ -61,15 +61,6 @@ impl Registry {
         shrink_if_sparse(&mut self.by_id);
         shrink_if_sparse(&mut self.by_handle);
         Some(blocked)
-    }
-}
-
-/// Halves (or more) a map's capacity when it holds less than a quarter of it: each shrink
-/// follows at least as many removals as it moves entries, so removal stays O(1) amortized.
-fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
-    const SMALL: usize = 64;
-    if map.capacity() > SMALL && map.len() < map.capacity() / 4 {
-        map.shrink_to(map.len() * 2);
     }
 }
 
