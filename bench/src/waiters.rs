@@ -128,11 +128,11 @@ struct Cost {
 pub fn memory(server: &Server, report: &mut Report) -> Result<()> {
     flush(server)?;
     let mut probe = server.try_client()?;
-    let floor = floor_loaded(&mut probe)?;
     let blpop = blocked_cost(server, &mut probe, |_| resp_command(&[b"BLPOP", b"empty", b"0"]))?;
-    let bare = match floor {
-        true => Some(blocked_cost(server, &mut probe, |_| resp_command(&[b"FLOOR.BLOCK"]))?),
-        false => None,
+    let bare = if floor_loaded(&mut probe)? {
+        Some(blocked_cost(server, &mut probe, |_| resp_command(&[b"FLOOR.BLOCK"]))?)
+    } else {
+        None
     };
     let _: Option<i64> =
         redis::cmd("DLOCK.ACQUIRE").arg("held").arg("holder").arg(600_000).query(&mut probe)?;
@@ -161,9 +161,10 @@ pub fn memory(server: &Server, report: &mut Report) -> Result<()> {
     // Right after joining, each figure depends on how long the first ones have stood idle (the
     // query buffers go after 2 s), so a difference of two of them is noise: only the settled
     // row gives dlock's own share.
+    let settled = format!("settled ({} s later)", SETTLE.as_secs());
     for (when, pick, own) in [
         ("right after the last joined", (|c: &Cost| c.joined_kb) as fn(&Cost) -> f64, false),
-        ("settled (6 s later)", |c: &Cost| c.settled_kb, true),
+        (settled.as_str(), |c: &Cost| c.settled_kb, true),
     ] {
         report.row(&[
             when.to_owned(),
