@@ -53,7 +53,7 @@ unit: ## Unit and property tests of the pure core only (no Redis needed)
 integration: deps ## Integration tests against real redis-server processes
 	cargo test --tests
 
-bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=throughput|memory|waiters|shared|storm)
+bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=throughput|memory|waiters|waiter-memory|shared|storm)
 	cargo build --release --workspace
 	./target/release/dlock-bench
 

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, raw};
 
-use crate::core::Micros;
+use crate::core::{Micros, shrink_if_sparse};
 use crate::state::{self, Grant, KeyRef};
 
 /// What a blocked ACQUIRE finally answers.
@@ -32,7 +32,9 @@ pub enum Outcome {
 
 enum State {
     Waiting { gives_up_at: Option<Micros> },
-    Answered { fence: Option<u64>, grant: Option<Grant>, delivered: bool },
+    // The grant is boxed: it is rare next to a waiting entry, and every entry is as large as the
+    // largest state.
+    Answered { fence: Option<u64>, grant: Option<Box<Grant>>, delivered: bool },
 }
 
 struct Blocked {
@@ -47,6 +49,19 @@ struct Registry {
     by_id: HashMap<u64, Blocked>,
     by_handle: HashMap<usize, u64>,
     timeouts: BTreeSet<(Micros, u64)>,
+}
+
+impl Registry {
+    /// Takes registration `id` out of both maps, and gives their memory back once they are
+    /// mostly empty: a hash map keeps its largest capacity otherwise, so a crowd of waiters
+    /// that left would stay allocated for the life of the server.
+    fn remove(&mut self, id: u64) -> Option<Blocked> {
+        let blocked = self.by_id.remove(&id)?;
+        self.by_handle.remove(&blocked.handle);
+        shrink_if_sparse(&mut self.by_id);
+        shrink_if_sparse(&mut self.by_handle);
+        Some(blocked)
+    }
 }
 
 /// Private data handed to `UnblockClient`: which registration it answers.
@@ -128,7 +143,7 @@ pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) -> bool {
             Outcome::Granted(fence) => Some(fence),
             Outcome::Nil => None,
         };
-        blocked.state = State::Answered { fence, grant, delivered: false };
+        blocked.state = State::Answered { fence, grant: grant.map(Box::new), delivered: false };
         Some(blocked.handle)
     });
     let Some(handle) = handle else { return false };
@@ -215,10 +230,10 @@ fn end(handle: *mut raw::RedisModuleBlockedClient, deliver: bool) -> Ended {
                 if let Some(at) = *gives_up_at {
                     registry.timeouts.remove(&(at, id));
                 }
-                let key = blocked.key.clone();
-                registry.by_id.remove(&id);
-                registry.by_handle.remove(&(handle as usize));
-                Ended::WasWaiting(key, id)
+                match registry.remove(id) {
+                    Some(blocked) => Ended::WasWaiting(blocked.key, id),
+                    None => Ended::Unknown,
+                }
             }
             State::Answered { fence, delivered, .. } => {
                 *delivered |= deliver;
@@ -325,17 +340,42 @@ unsafe extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, privdata: *mut 
     }
     // SAFETY: privdata came from Box::into_raw of an Answer in `answer`.
     let Answer(id) = *unsafe { Box::from_raw(privdata.cast::<Answer>()) };
-    let lost = with_registry(|registry| {
-        let blocked = registry.by_id.remove(&id)?;
-        registry.by_handle.remove(&blocked.handle);
-        match blocked.state {
-            State::Answered { grant: Some(grant), delivered: false, .. } => Some(grant),
-            _ => None,
-        }
+    let lost = with_registry(|registry| match registry.remove(id)?.state {
+        State::Answered { grant: Some(grant), delivered: false, .. } => Some(*grant),
+        _ => None,
     });
     if let Some(grant) = lost {
         crate::metrics::count(|stats| stats.waits_abandoned += 1);
         state::release_later(grant);
         state::arm_soon();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(handle: usize) -> Blocked {
+        let key = KeyRef { db: 0, name: b"one".to_vec().into_boxed_slice() };
+        Blocked { handle, key, state: State::Waiting { gives_up_at: None } }
+    }
+
+    #[test]
+    fn a_crowd_that_left_gives_the_maps_back() {
+        let mut registry = Registry::default();
+        for id in 1..=2_000u64 {
+            registry.by_id.insert(id, waiting(id as usize * 16));
+            registry.by_handle.insert(id as usize * 16, id);
+        }
+        let crowd = registry.by_id.capacity();
+        for id in 1..=1_990u64 {
+            assert!(registry.remove(id).is_some());
+        }
+        assert_eq!(registry.by_id.len(), 10);
+        assert_eq!(registry.by_handle.len(), 10);
+        assert!(registry.by_id.capacity() <= 64, "{} of {crowd} kept", registry.by_id.capacity());
+        assert!(registry.by_handle.capacity() <= 64);
+        assert!(registry.by_handle.get(&(1_995 * 16)) == Some(&1_995), "the rest still found");
+        assert!(registry.remove(1).is_none(), "a removed id is gone");
     }
 }

@@ -11,18 +11,23 @@ use dlock_testkit::{Launch, Rng, Server, info_value};
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A redis-server (never `$DLOCK_SERVER`) with the release module: `$DLOCK_MODULE`, else
-/// `target/release/libdlock.so` of this repository.
+/// `target/release/libdlock.so` of this repository. The floor module (`bench/floor`,
+/// `libdlock_floor.so` next to it) is loaded too when it was built.
 pub fn start_server() -> Result<Server> {
     let module = match std::env::var_os("DLOCK_MODULE") {
         Some(path) => PathBuf::from(path),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libdlock.so"),
     }
     .canonicalize()?;
+    let floor = module.with_file_name("libdlock_floor.so");
+    let floor = floor.exists().then(|| floor.display().to_string());
+    let floor_args: Vec<&str> = floor.iter().flat_map(|path| ["--loadmodule", path]).collect();
     Ok(Launch::new()
         .binary("redis-server")
         .module(module)
         .args(&["--save", "", "--appendonly", "no"])
         .args(&["--maxclients", "19900", "--loglevel", "warning"])
+        .args(&floor_args)
         .try_start()?)
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_STORM_LEASES` (default 1000000),
 //! `BENCH_OUT` (default `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so),
-//! `BENCH_ONLY` (`storm`, `memory`, `throughput`, `waiters` or `shared`: run only that section).
+//! `BENCH_ONLY` (`storm`, `memory`, `throughput`, `waiters`, `waiter-memory` or `shared`: run
+//! only that section; `waiter-memory` is the memory half of `waiters`).
 //! The server is the `redis-server` on the PATH.
 //!
 //! One file per scenario (`throughput`, `cycles`, `handover`, `memory`, `waiters`, `shared`,
@@ -38,6 +39,10 @@ fn main() -> Result<()> {
     }
     if only == "waiters" {
         waiters::run(&server, &mut report)?;
+        return report.finish();
+    }
+    if only == "waiter-memory" {
+        waiters::memory(&server, &mut report)?;
         return report.finish();
     }
     if only == "shared" {

@@ -304,6 +304,9 @@ impl Line {
         if self.place_of_token.get(&waiter.token) == Some(&place) {
             self.place_of_token.remove(&waiter.token);
         }
+        // A line that a crowd left keeps only what its remaining waiters need.
+        super::shrink_if_sparse(&mut self.place_of_id);
+        super::shrink_if_sparse(&mut self.place_of_token);
         if let Some(until) = waiter.ticket_until
             && self.tickets.remove(&(until, place))
         {
@@ -1304,5 +1307,27 @@ mod tests {
         assert_eq!(waiters, [1]);
         assert!(lock.is_vacant(at(0)));
         assert_eq!(Lock::default().index_deadline(), 0, "an empty lock is due at once");
+    }
+
+    #[test]
+    fn a_line_that_a_crowd_left_gives_its_maps_back() {
+        let mut lock = Lock::default();
+        let tokens: Vec<Vec<u8>> = (0..2_000u64).map(|i| format!("w{i}").into_bytes()).collect();
+        for (id, token) in (1..).zip(&tokens) {
+            assert_eq!(lock.enqueue(waiter(id, token, None)), None);
+        }
+        let capacity = |lock: &Lock| {
+            let line = lock.waiters.0.as_ref().expect("a line");
+            (line.place_of_id.capacity(), line.place_of_token.capacity())
+        };
+        let crowd = capacity(&lock);
+        for id in 1..=1_990 {
+            assert!(lock.remove_waiter(id));
+        }
+        let (ids, tokens_left) = capacity(&lock);
+        assert!(ids <= 64 && tokens_left <= 64, "kept {ids} and {tokens_left} of {crowd:?}");
+        let order: Vec<u64> = lock.waiters().map(|w| w.id).collect();
+        assert_eq!(order, (1_991..=2_000).collect::<Vec<_>>(), "the rest keep their order");
+        assert_eq!(lock.queued(b"w1995").map(|w| w.id), Some(1_996), "and are found by token");
     }
 }

@@ -31,6 +31,16 @@ pub use step::{Host, Refusal, Step, Transition};
 /// Microseconds, on whichever clock the field's name says.
 pub type Micros = u64;
 
+/// Halves (or more) a map's capacity when it holds less than a quarter of it, after a removal:
+/// a hash map otherwise keeps the capacity of the largest crowd it ever held. Each shrink follows
+/// at least as many removals as it moves entries, so removal stays O(1) amortized.
+pub fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut std::collections::HashMap<K, V>) {
+    const SMALL: usize = 64;
+    if map.capacity() > SMALL && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
 /// One reading of both clocks, taken once per command.
 ///
 /// `mono` decides expiry on a running server (a wall-clock step never moves a lease);
