@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_testkit::{Launch, Rng, Server, info_value};
 
@@ -79,4 +79,37 @@ pub fn run_clients(
 /// A 36-byte token of this client's own: competing clients must not share an identity.
 pub fn client_token(rng: &mut Rng) -> String {
     format!("{:018x}{:018x}", rng.next() >> 8, rng.next() >> 8)
+}
+
+/// A thread that sends PING every millisecond on a connection of its own, until finished.
+pub struct PingProbe {
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<Result<Vec<f64>>>,
+}
+
+impl PingProbe {
+    pub fn start(server: &Server) -> Result<Self> {
+        let mut con = server.try_client()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let handle = thread::spawn(move || -> Result<Vec<f64>> {
+            let mut rtts = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                redis::cmd("PING").query::<String>(&mut con)?;
+                rtts.push(sent.elapsed().as_secs_f64() * 1e6);
+                thread::sleep(Duration::from_millis(1));
+            }
+            Ok(rtts)
+        });
+        Ok(Self { stop, handle })
+    }
+
+    /// Stops the probe; answers its round trips in µs, sorted.
+    pub fn finish(self) -> Result<Vec<f64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut rtts = self.handle.join().map_err(|_| "PING probe panicked")??;
+        rtts.sort_by(f64::total_cmp);
+        Ok(rtts)
+    }
 }

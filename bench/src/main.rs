@@ -44,6 +44,10 @@ fn main() -> Result<()> {
         shared::run(&server, &mut report, seconds)?;
         return report.finish();
     }
+    if only == "handover" {
+        handover::run(&server, &mut report, seconds)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
