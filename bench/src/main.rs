@@ -15,6 +15,7 @@ mod handover;
 mod harness;
 mod memory;
 mod report;
+mod scale;
 mod schemes;
 mod shared;
 mod storm;
@@ -48,6 +49,10 @@ fn main() -> Result<()> {
         handover::run(&server, &mut report, seconds)?;
         return report.finish();
     }
+    if only == "scale" {
+        scale::run(&server, &mut report)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
@@ -64,6 +69,6 @@ fn main() -> Result<()> {
     report.finish()
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
