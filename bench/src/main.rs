@@ -28,6 +28,7 @@ use report::Report;
 fn main() -> Result<()> {
     let seconds: u64 = env_or("BENCH_SECONDS", 3);
     let storm_leases: u64 = env_or("BENCH_STORM_LEASES", 1_000_000);
+    let storm_tickets: u64 = env_or("BENCH_STORM_TICKETS", 100_000);
     let server = harness::start_server()?;
     let mut report = Report::new(&server)?;
     // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep); BENCH_ONLY=memory
@@ -53,6 +54,10 @@ fn main() -> Result<()> {
         scale::run(&server, &mut report)?;
         return report.finish();
     }
+    if only == "ticketstorm" {
+        storm::run_tickets(&server, &mut report, storm_tickets)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
@@ -66,6 +71,9 @@ fn main() -> Result<()> {
         shared::run(&server, &mut report, seconds)?;
     }
     storm::run(&server, &mut report, storm_leases)?;
+    if only != "storm" {
+        storm::run_tickets(&server, &mut report, storm_tickets)?;
+    }
     report.finish()
 }
 
