@@ -16,8 +16,13 @@ pub fn start_server() -> Result<Server> {
     let module = match std::env::var_os("DLOCK_MODULE") {
         Some(path) => PathBuf::from(path),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libdlock.so"),
-    }
-    .canonicalize()?;
+    };
+    start_server_with(module)
+}
+
+/// A redis-server like [`start_server`]'s with the module at `module`.
+pub fn start_server_with(module: PathBuf) -> Result<Server> {
+    let module = module.canonicalize()?;
     Ok(Launch::new()
         .binary("redis-server")
         .module(module)

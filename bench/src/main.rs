@@ -20,6 +20,7 @@ mod schemes;
 mod shared;
 mod storm;
 mod throughput;
+mod versions;
 mod waiters;
 
 use harness::Result;
@@ -58,17 +59,23 @@ fn main() -> Result<()> {
         storm::run_tickets(&server, &mut report, storm_tickets)?;
         return report.finish();
     }
+    if only == "versions" {
+        versions::run(&server, &mut report, seconds)?;
+        return report.finish();
+    }
     if only == "throughput" {
         throughput::run(&server, &mut report, seconds)?;
         return report.finish();
     }
     if only != "storm" {
         throughput::run(&server, &mut report, seconds)?;
+        versions::run(&server, &mut report, seconds)?;
         cycles::run(&server, &mut report, seconds)?;
         handover::run(&server, &mut report, seconds)?;
         memory::run(&server, &mut report)?;
         waiters::run(&server, &mut report)?;
         shared::run(&server, &mut report, seconds)?;
+        scale::run(&server, &mut report)?;
     }
     storm::run(&server, &mut report, storm_leases)?;
     if only != "storm" {
