@@ -17,7 +17,8 @@ use crate::harness::{PingProbe, Result, client_token, flush, run_clients};
 use crate::report::{Report, fmt_rate, percentile, ratio};
 use crate::schemes::{LUA_ACQUIRE, LUA_RELEASE, Scheme, lock, unlock};
 
-/// Workers taking turns.
+/// Workers taking turns, unless `BENCH_HANDOVER_WORKERS` says otherwise (fewer workers show
+/// what a hand-over costs without a crowd woken by each message).
 const WORKERS: usize = 16;
 /// The one resource.
 const RESOURCE: &str = "hot";
@@ -91,8 +92,9 @@ struct Contention {
 /// The contended hand-over table, and where the dlock hand-over's time goes.
 pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     let seconds = seconds.max(3);
+    let workers = crate::env_or("BENCH_HANDOVER_WORKERS", WORKERS).max(2);
     report.section(&format!(
-        "Contended hand-over ({WORKERS} workers, one resource, 1 ms of work each, {seconds} s per \
+        "Contended hand-over ({workers} workers, one resource, 1 ms of work each, {seconds} s per \
          scheme)"
     ));
     report.header(&[
@@ -108,7 +110,7 @@ pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     ]);
     let mut results = Vec::new();
     for waiting in [Waiting::Backoff, Waiting::Wait, Waiting::Tickets, Waiting::PubSub] {
-        let result = contended(server, waiting, seconds)?;
+        let result = contended(server, waiting, workers, seconds)?;
         report.row(&[
             waiting.name().to_owned(),
             fmt_rate(result.rate),
@@ -163,8 +165,13 @@ pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     flush(server)
 }
 
-/// `WORKERS` workers take turns on [`RESOURCE`], ~1 ms of work each, waiting the `waiting` way.
-fn contended(server: &Server, waiting: Waiting, seconds: u64) -> Result<Contention> {
+/// `workers` workers take turns on [`RESOURCE`], ~1 ms of work each, waiting the `waiting` way.
+fn contended(
+    server: &Server,
+    waiting: Waiting,
+    workers: usize,
+    seconds: u64,
+) -> Result<Contention> {
     flush(server)?;
     let mut admin = server.try_client()?;
     let pubsub_release = redis::Script::new(LUA_RELEASE_PUBLISH);
@@ -172,14 +179,14 @@ fn contended(server: &Server, waiting: Waiting, seconds: u64) -> Result<Contenti
     redis::Script::new(LUA_ACQUIRE).prepare_invoke().load(&mut admin)?;
     redis::Script::new(LUA_RELEASE).prepare_invoke().load(&mut admin)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(&mut admin)?;
-    let workers = Arc::new(Mutex::new(Vec::<Worker>::new()));
-    let recorded = workers.clone();
+    let done = Arc::new(Mutex::new(Vec::<Worker>::new()));
+    let recorded = done.clone();
     let port = server.port;
     let epoch = Instant::now();
     let since = move |at: Instant| at.duration_since(epoch).as_secs_f64() * 1e6;
     let probe = PingProbe::start(server)?;
     let started = Instant::now();
-    run_clients(server, WORKERS, seconds, move |con, rng, running| {
+    run_clients(server, workers, seconds, move |con, rng, running| {
         let (acquire, release) = (redis::Script::new(LUA_ACQUIRE), redis::Script::new(LUA_RELEASE));
         let release_publish = redis::Script::new(LUA_RELEASE_PUBLISH);
         let token = client_token(rng);
@@ -257,7 +264,7 @@ fn contended(server: &Server, waiting: Waiting, seconds: u64) -> Result<Contenti
     })?;
     let elapsed = started.elapsed().as_secs_f64();
     let pings = probe.finish()?;
-    let workers = std::mem::take(&mut *workers.lock().map_err(|_| "poisoned")?);
+    let workers = std::mem::take(&mut *done.lock().map_err(|_| "poisoned")?);
     let release_server_us = release_usec(&mut admin, waiting)?;
     Ok(summarize(&workers, elapsed, percentile(&pings, 50.0), release_server_us))
 }
