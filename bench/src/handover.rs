@@ -262,16 +262,18 @@ fn contended(
         recorded.lock().map_err(|_| "poisoned")?.push(me);
         Ok(count)
     })?;
-    let elapsed = started.elapsed().as_secs_f64();
+    // Workers still waiting at the end finish their turn (a pub/sub waiter may sleep up to a
+    // ttl): the rate and fairness count only the sections granted within the run's seconds.
+    let window = (since(started), since(started) + seconds as f64 * 1e6);
     let pings = probe.finish()?;
     let workers = std::mem::take(&mut *done.lock().map_err(|_| "poisoned")?);
     let release_server_us = release_usec(&mut admin, waiting)?;
-    Ok(summarize(&workers, elapsed, percentile(&pings, 50.0), release_server_us))
+    Ok(summarize(&workers, window, percentile(&pings, 50.0), release_server_us))
 }
 
 fn summarize(
     workers: &[Worker],
-    elapsed: f64,
+    window: (f64, f64),
     ping_p50_us: f64,
     release_server_us: f64,
 ) -> Contention {
@@ -285,11 +287,13 @@ fn summarize(
     let from_send = sorted(sections.windows(2).map(|w| w[1].granted - w[0].release_sent).collect());
     let release_rtt = sorted(sections.iter().map(|s| s.released - s.release_sent).collect());
     let waits = sorted(sections.iter().map(|s| (s.granted - s.asked) / 1_000.0).collect());
-    let counts: Vec<f64> = workers.iter().map(|w| w.sections.len() as f64).collect();
+    let within = |s: &&Section| s.granted <= window.1;
+    let counts: Vec<f64> =
+        workers.iter().map(|w| w.sections.iter().filter(within).count() as f64).collect();
     let (sum, squares) = (counts.iter().sum::<f64>(), counts.iter().map(|c| c * c).sum::<f64>());
     let commands: u64 = workers.iter().map(|w| w.commands).sum();
     Contention {
-        rate: sections.len() as f64 / elapsed,
+        rate: counts.iter().sum::<f64>() / ((window.1 - window.0) / 1e6),
         gap_p50_us: percentile(&gaps, 50.0),
         gap_p99_us: percentile(&gaps, 99.0),
         wait_p99_ms: percentile(&waits, 99.0),
