@@ -2,7 +2,8 @@
 //! one server, reported as ratios (these machines are noisy; no absolute figure stands alone).
 //!
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_HANDOVER_SECONDS` (per hand-over
-//! scheme, default `BENCH_SECONDS`), `BENCH_STORM_LEASES` (default 1000000),
+//! scheme, default `BENCH_SECONDS`), `BENCH_HANDOVER_WORKERS` (default 16),
+//! `BENCH_STORM_LEASES` (default 1000000),
 //! `BENCH_STORM_TICKETS` (default 100000), `BENCH_SCALE_SHARED_MAX` (most shared holders the
 //! scale table stands up, default 10000), `BENCH_V1_MODULE` (the version-1 module to compare
 //! against; `make bench` builds it with `scripts/v1-module.sh`), `BENCH_OUT` (default
