@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_testkit::{Launch, Rng, Server, info_value};
 
@@ -17,8 +17,14 @@ pub fn start_server() -> Result<Server> {
     let module = match std::env::var_os("DLOCK_MODULE") {
         Some(path) => PathBuf::from(path),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libdlock.so"),
-    }
-    .canonicalize()?;
+    };
+    start_server_with(module)
+}
+
+/// A redis-server like [`start_server`]'s with the module at `module` (and the floor module when
+/// it was built next to it).
+pub fn start_server_with(module: PathBuf) -> Result<Server> {
+    let module = module.canonicalize()?;
     let floor = module.with_file_name("libdlock_floor.so");
     let floor = floor.exists().then(|| floor.display().to_string());
     let floor_args: Vec<&str> = floor.iter().flat_map(|path| ["--loadmodule", path]).collect();
@@ -84,4 +90,37 @@ pub fn run_clients(
 /// A 36-byte token of this client's own: competing clients must not share an identity.
 pub fn client_token(rng: &mut Rng) -> String {
     format!("{:018x}{:018x}", rng.next() >> 8, rng.next() >> 8)
+}
+
+/// A thread that sends PING every millisecond on a connection of its own, until finished.
+pub struct PingProbe {
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<Result<Vec<f64>>>,
+}
+
+impl PingProbe {
+    pub fn start(server: &Server) -> Result<Self> {
+        let mut con = server.try_client()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let handle = thread::spawn(move || -> Result<Vec<f64>> {
+            let mut rtts = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                redis::cmd("PING").query::<String>(&mut con)?;
+                rtts.push(sent.elapsed().as_secs_f64() * 1e6);
+                thread::sleep(Duration::from_millis(1));
+            }
+            Ok(rtts)
+        });
+        Ok(Self { stop, handle })
+    }
+
+    /// Stops the probe; answers its round trips in µs, sorted.
+    pub fn finish(self) -> Result<Vec<f64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut rtts = self.handle.join().map_err(|_| "PING probe panicked")??;
+        rtts.sort_by(f64::total_cmp);
+        Ok(rtts)
+    }
 }

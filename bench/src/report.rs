@@ -32,6 +32,18 @@ impl Report {
             "Machine: {cores} cores, {cpu}; Redis {version}; benchmark clients on the same machine.\n\
              Every figure in a table was measured in the same run on the same server: read the ratios.\n"
         );
+        let mut settings: Vec<String> = std::env::vars()
+            .filter(|(name, _)| name.starts_with("BENCH_") || name == "DLOCK_MODULE")
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        settings.sort();
+        let args: Vec<String> = std::env::args().collect();
+        let _ = writeln!(
+            text,
+            "Command: `{}{}` (unset settings take their defaults, see `bench/src/main.rs`).\n",
+            settings.iter().map(|s| format!("{s} ")).collect::<String>(),
+            args.join(" ")
+        );
         print!("{text}");
         Ok(Self { text })
     }

@@ -33,7 +33,8 @@ pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     Ok(())
 }
 
-fn throughput(
+/// Ops/s of `op` on random resources from `clients` clients at `pipeline`.
+pub fn throughput(
     server: &Server,
     op: Op,
     clients: usize,
