@@ -391,3 +391,31 @@ async fn a_hand_over_with_two_hundred_tickets_standing_costs_a_few_acquires_not_
         task.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reader_granted_by_one_shared_hand_over_is_woken_by_its_own_handoff() {
+    let server = Server::start();
+    let mut con = watcher(&server).await;
+    // Tickets of 60 s: refreshed every 20 s, so only the channel can wake them in time.
+    let dlock = ticket_client(&server, Duration::from_secs(60)).await;
+    let ttl = Duration::from_secs(30);
+    let writer = dlock.write("pages", ttl, None).await.expect("writer");
+    let mut readers = Vec::new();
+    for i in 0..3 {
+        let dlock = dlock.clone();
+        readers.push(tokio::spawn(async move { dlock.read("pages", ttl, Some(SLACK * 4)).await }));
+        until_tickets(&mut con, "pages", i + 1).await;
+    }
+    let released = Instant::now();
+    assert!(writer.release().await.expect("writer released"));
+    for reader in readers {
+        let lease = reader.await.expect("task").expect("reader granted");
+        assert_eq!(lease.mode(), Mode::Shared);
+        assert!(lease.release().await.expect("reader released"));
+    }
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "woken by their handoffs, not the 20 s refresh: {took:?}"
+    );
+}
