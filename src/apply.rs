@@ -232,7 +232,7 @@ fn event(ctx: &Context, what: Event, name: &RedisString, lease: Option<&Lease>, 
     if let Some(lease) = lease {
         notify::transition(ctx, what, name, lease, now);
         if what != Event::Renewed {
-            notify::publish(ctx, what, name, lease.fence);
+            notify::publish(ctx, what, name, lease);
         }
     }
 }

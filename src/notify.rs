@@ -130,14 +130,16 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
     }
 }
 
-/// Publishes an ownership change of `resource` on its channel (`core::channel`): with
-/// `SPUBLISH` semantics in Redis Cluster, where the server lets a module publish to a shard
-/// channel, else as `PUBLISH`.
-pub fn publish(ctx: &Context, what: Event, resource: &RedisString, fence: u64) {
+/// Publishes an ownership change of `lease` of `resource` on its channel (`core::channel`):
+/// with `SPUBLISH` semantics in Redis Cluster, where the server lets a module publish to a shard
+/// channel, else as `PUBLISH`. A hand-over names its new holder by the tag of its token
+/// ([`channel::tag`]), so that only that holder's client needs to ask.
+pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease) {
     // Every grant publishes: no allocation and no formatting on this path (a `format!` and two
     // vectors were a sixth of an uncontended ACQUIRE's instructions).
     let mut message = [0; channel::MAX_MESSAGE];
-    let message = channel::write_message(what.word(), fence, &mut message);
+    let holder = (what == Event::Handoff).then_some(&*lease.token);
+    let message = channel::write_message(what.word(), lease.fence, holder, &mut message);
     CHANNEL.with_borrow_mut(|name| {
         name.clear();
         channel::write_name(resource.as_slice(), name);

@@ -108,10 +108,80 @@ fn ownership_changes_are_published_on_the_resources_channel() {
         let message = pubsub.get_message().expect("a message");
         messages.push(message.get_payload::<String>().expect("text"));
     }
-    let handed: i64 =
-        messages[2].strip_prefix("handoff ").and_then(|f| f.parse().ok()).expect("fence");
+    let handed: i64 = messages[2]
+        .strip_prefix("handoff ")
+        .and_then(|rest| rest.strip_suffix(&format!(" {}", tag("B"))))
+        .and_then(|f| f.parse().ok())
+        .expect("fence and B's tag");
     assert_eq!(messages[..2], [format!("acquired {a}"), format!("released {a}")]);
     assert!(handed > a);
+}
+
+/// The tag a `handoff` message names its new holder by: FNV-1a 32-bit of the token, in hex
+/// (computed here apart from the module's own).
+fn tag(token: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in token.bytes() {
+        hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+    }
+    format!("{hash:08x}")
+}
+
+#[test]
+fn a_shared_hand_over_to_several_tickets_names_each_grantee_by_its_tag() {
+    let server = Server::start();
+    let mut con = server.client();
+    let mut subscriber = server.client();
+    subscriber.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("dlock:{r}").expect("SUBSCRIBE");
+    let writer = acquire(&mut con, "r", "writer", 60_000).expect("granted");
+    let readers = ["reader-1", "reader-2", "reader-3"];
+    for reader in readers {
+        let queued: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+            .arg("r")
+            .arg(reader)
+            .arg(60_000)
+            .arg("SHARED")
+            .arg("QUEUE")
+            .arg(60_000)
+            .query(&mut con)
+            .expect("shared ticket");
+        assert_eq!(queued, None);
+    }
+    assert_eq!(release(&mut con, "r", "writer"), 1);
+    let mut messages = Vec::new();
+    for _ in 0..5 {
+        let message = pubsub.get_message().expect("a message");
+        messages.push(message.get_payload::<String>().expect("text"));
+    }
+    assert_eq!(messages[..2], [format!("acquired {writer}"), format!("released {writer}")]);
+    let mut tags: Vec<String> = messages[2..]
+        .iter()
+        .map(|message| {
+            let words: Vec<&str> = message.split(' ').collect();
+            assert_eq!(words.len(), 3, "{message}");
+            assert_eq!(words[0], "handoff", "{message}");
+            assert!(words[1].parse::<i64>().expect("fence") > writer, "{message}");
+            words[2].to_owned()
+        })
+        .collect();
+    let mut expected: Vec<String> = readers.iter().map(|reader| tag(reader)).collect();
+    tags.sort();
+    expected.sort();
+    assert_eq!(tags, expected, "one hand-over per reader, each with its own tag");
+    for reader in readers {
+        let fence: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+            .arg("r")
+            .arg(reader)
+            .arg(60_000)
+            .arg("SHARED")
+            .arg("QUEUE")
+            .arg(60_000)
+            .query(&mut con)
+            .expect("claim");
+        assert!(fence.is_some(), "{reader} was granted");
+    }
 }
 
 #[test]

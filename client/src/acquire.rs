@@ -343,8 +343,9 @@ impl Client {
     }
 
     /// A wait with a `QUEUE` ticket until `wait_ends`: the ACQUIRE goes on the shared
-    /// connection, and is sent again on every message of the resource's channel and at least
-    /// every third of `ticket`. The subscription comes first, so no message after the first
+    /// connection, and is sent again when the resource's channel hands the lease to this token
+    /// (`handoff` with its tag, or without a tag from an older server) and at least every third
+    /// of `ticket`. The subscription comes first, so no message after the first
     /// ACQUIRE is missed. Giving up leaves the line and releases whatever grant the token has.
     async fn ticket_attempts(
         &self,
@@ -363,7 +364,7 @@ impl Client {
         // least the ticket's length, so that a refresh claims a turn whose message was missed.
         let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
         let claim_ms = millis(ttl.min(claim));
-        let mut waiter = self.tickets.join(self, resource).await;
+        let mut waiter = self.tickets.join(self, resource, token).await;
         let mut reached_server = false;
         loop {
             let claim = (!self.claim_refused.load(Ordering::Relaxed)).then_some(claim_ms);

@@ -1,6 +1,9 @@
 //! Waiting with `QUEUE` tickets: the waiters of one client share its multiplexed connection for
 //! their ACQUIREs and one subscriber connection (opened when the first waiter comes) for the
-//! resources' channels, whose messages wake the waiters of that resource. In Redis Cluster there
+//! resources' channels. A `handoff <fence> <tag>` message wakes only the waiters whose token has
+//! that tag (the lease is theirs: their next ACQUIRE claims it); one without a tag (an older
+//! server) wakes every waiter of the resource, and the other messages (`acquired`, `released`,
+//! `expired`) wake none: a release with a line always hands over, and says so. In Redis Cluster there
 //! is one such subscriber per primary (`SSUBSCRIBE` on the node serving the channels' slots),
 //! and a waiter whose resource's slot moved to another primary joins that primary's.
 
@@ -30,14 +33,19 @@ pub(crate) struct Hubs {
 }
 
 impl Hubs {
-    /// Joins the waiters of `resource`'s channel on the subscriber of the node serving it.
-    pub(crate) async fn join(&self, client: &crate::Client, resource: &str) -> Waiter {
+    /// Joins the waiters of `resource`'s channel on the subscriber of the node serving it, as
+    /// the waiter of `token` (woken by the hand-overs to it).
+    pub(crate) async fn join(&self, client: &crate::Client, resource: &str, token: &str) -> Waiter {
+        self.join_tagged(client, resource, tag(token)).await
+    }
+
+    async fn join_tagged(&self, client: &crate::Client, resource: &str, tag: String) -> Waiter {
         let address = client.node_address(resource).await;
         let hub = lock(&self.hubs)
             .entry(address.clone())
             .or_insert_with(|| Arc::new(Hub { node: address, ..Hub::default() }))
             .clone();
-        hub.join(client, &channel_of(resource)).await
+        hub.join(client, &channel_of(resource), tag).await
     }
 
     /// Keeps `waiter` subscribed: on the subscriber of the node that serves `resource` now
@@ -51,7 +59,8 @@ impl Hubs {
         let address = client.node_address(resource).await;
         if !address.is_empty() && address != waiter.hub.node {
             tracing::debug!(resource, node = address, "dlock: the ticket's slot moved");
-            return self.join(client, resource).await;
+            let tag = waiter.tag.clone();
+            return self.join_tagged(client, resource, tag).await;
         }
         waiter.hub.ensure(client).await;
         waiter
@@ -64,7 +73,7 @@ impl Hubs {
 pub(crate) struct Hub {
     /// The node's address (empty outside a cluster).
     node: String,
-    /// Per channel: its waiters and the counter of messages that wakes them. Read by the
+    /// Per channel: its waiters and the counters of messages that wake them. Read by the
     /// connection's reader task, so a plain mutex, never held across an await.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The subscriber connection; held while (un)subscribing, so that the connection's set of
@@ -74,7 +83,41 @@ pub(crate) struct Hub {
 
 struct Channel {
     waiters: usize,
+    /// Wakes every waiter of the channel (a new connection, a lost one, an untagged `handoff`).
     messages: watch::Sender<u64>,
+    /// Per tag of the waiters' tokens: how many wait with it, and what wakes them (a `handoff`
+    /// naming it).
+    tags: HashMap<String, (usize, watch::Sender<u64>)>,
+}
+
+impl Channel {
+    /// Wakes the waiters that `payload` concerns.
+    fn deliver(&self, payload: &str) {
+        let mut words = payload.split(' ');
+        match (words.next(), words.next(), words.next()) {
+            (Some("acquired" | "renewed" | "released" | "expired"), Some(_), None) => {}
+            (Some("handoff"), Some(_), Some(tag)) => {
+                if let Some((_, wake)) = self.tags.get(tag) {
+                    bump(wake);
+                }
+            }
+            // A `handoff` without a tag (an older server), or a message not understood.
+            _ => bump(&self.messages),
+        }
+    }
+}
+
+fn bump(wake: &watch::Sender<u64>) {
+    wake.send_modify(|count| *count = count.wrapping_add(1));
+}
+
+/// The tag a `handoff` message names a token by: FNV-1a 32-bit of its bytes, in 8 lowercase hex
+/// digits (the module's `core::channel::tag`).
+pub(crate) fn tag(token: &str) -> String {
+    let hash = token
+        .bytes()
+        .fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    format!("{hash:08x}")
 }
 
 #[derive(Default)]
@@ -109,12 +152,17 @@ impl Drop for Link {
     }
 }
 
-/// One waiter's place among its channel's waiters: wakes on the channel's messages, and leaves
-/// when dropped (the last one out unsubscribes).
+/// One waiter's place among its channel's waiters: wakes on the channel's messages that concern
+/// it, and leaves when dropped (the last one out unsubscribes).
 pub(crate) struct Waiter {
     hub: Arc<Hub>,
     channel: String,
+    /// The tag of the waiter's token.
+    tag: String,
+    /// What wakes every waiter of the channel.
     messages: watch::Receiver<u64>,
+    /// What wakes the waiters with this tag.
+    mine: watch::Receiver<u64>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -125,17 +173,26 @@ impl Hub {
     /// Joins the waiters of `channel`, subscribing to it first if this is its first waiter, so
     /// that no message sent after this returns is missed (if the subscription failed, the
     /// waiter still wakes at its refresh interval, and a later [`Hub::ensure`] subscribes).
-    pub(crate) async fn join(self: &Arc<Self>, client: &crate::Client, channel: &str) -> Waiter {
+    pub(crate) async fn join(
+        self: &Arc<Self>,
+        client: &crate::Client,
+        channel: &str,
+        tag: String,
+    ) -> Waiter {
         let mut link = self.link.lock().await;
-        let (messages, first) = {
+        let (messages, mine, first) = {
             let mut channels = lock(&self.channels);
-            let entry = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| Channel { waiters: 0, messages: watch::channel(0).0 });
+            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
+                waiters: 0,
+                messages: watch::channel(0).0,
+                tags: HashMap::new(),
+            });
             entry.waiters += 1;
-            (entry.messages.subscribe(), entry.waiters == 1)
+            let tagged = entry.tags.entry(tag.clone()).or_insert_with(|| (0, watch::channel(0).0));
+            tagged.0 += 1;
+            (entry.messages.subscribe(), tagged.1.subscribe(), entry.waiters == 1)
         };
-        let waiter = Waiter { hub: self.clone(), channel: channel.to_owned(), messages };
+        let waiter = Waiter { hub: self.clone(), channel: channel.to_owned(), tag, messages, mine };
         if self.connected(&mut link, client).await && first {
             let subscribed = match link.sink.as_mut() {
                 Some(sink) => subscribe(sink, channel, client.options.request_timeout).await,
@@ -202,7 +259,7 @@ impl Hub {
         link.reader = Some(tokio::spawn(reader));
         // Messages may have been missed while no connection was subscribed.
         for channel in lock(&self.channels).values() {
-            channel.messages.send_modify(|count| *count = count.wrapping_add(1));
+            bump(&channel.messages);
         }
         true
     }
@@ -227,12 +284,18 @@ impl Waiter {
     /// published after that send wakes [`Waiter::woken`].
     pub(crate) fn seen(&mut self) {
         self.messages.borrow_and_update();
+        self.mine.borrow_and_update();
     }
 
-    /// Waits for a message on the channel since the last [`Waiter::seen`] (forever if the
-    /// channel can no longer deliver any: the caller bounds it with its refresh interval).
+    /// Waits for a message that concerns this waiter since the last [`Waiter::seen`] (forever
+    /// if the channel can no longer deliver any: the caller bounds it with its refresh
+    /// interval).
     pub(crate) async fn woken(&mut self) {
-        if self.messages.changed().await.is_err() {
+        let woken = tokio::select! {
+            changed = self.messages.changed() => changed,
+            changed = self.mine.changed() => changed,
+        };
+        if woken.is_err() {
             std::future::pending::<()>().await;
         }
     }
@@ -245,6 +308,12 @@ impl Drop for Waiter {
             match channels.get_mut(&self.channel) {
                 Some(entry) if entry.waiters > 1 => {
                     entry.waiters -= 1;
+                    if let Some(tagged) = entry.tags.get_mut(&self.tag) {
+                        tagged.0 -= 1;
+                        if tagged.0 == 0 {
+                            entry.tags.remove(&self.tag);
+                        }
+                    }
                     false
                 }
                 Some(_) => {
@@ -282,9 +351,9 @@ async fn read(
 ) {
     while let Some(event) = stream.next().await {
         match event {
-            Event::Message { channel, .. } => {
+            Event::Message { channel, payload } => {
                 if let Some(channel) = lock(&channels).get(&channel) {
-                    channel.messages.send_modify(|count| *count = count.wrapping_add(1));
+                    channel.deliver(&payload);
                 }
             }
             Event::Dropped(channel) => {
@@ -297,6 +366,41 @@ async fn read(
     }
     ended.fetch_max(generation, Ordering::SeqCst);
     for channel in lock(&channels).values() {
-        channel.messages.send_modify(|count| *count = count.wrapping_add(1));
+        bump(&channel.messages);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tag_is_fnv1a_32_of_the_token_in_hex() {
+        assert_eq!(tag(""), "811c9dc5");
+        assert_eq!(tag("a"), "e40c292c");
+        assert_eq!(tag("foobar"), "bf9cf968");
+    }
+
+    #[test]
+    fn only_a_handoff_to_the_waiters_tag_or_an_untagged_one_wakes_it() {
+        let mut channel =
+            Channel { waiters: 1, messages: watch::channel(0).0, tags: HashMap::new() };
+        channel.tags.insert(tag("mine"), (1, watch::channel(0).0));
+        let mut all = channel.messages.subscribe();
+        let mut mine = channel.tags[&tag("mine")].1.subscribe();
+        let woken = |all: &mut watch::Receiver<u64>, mine: &mut watch::Receiver<u64>| {
+            (all.has_changed().unwrap_or(false) && *all.borrow_and_update() > 0)
+                | (mine.has_changed().unwrap_or(false) && *mine.borrow_and_update() > 0)
+        };
+        for quiet in ["acquired 5", "released 5", "expired 5", "renewed 5"] {
+            channel.deliver(quiet);
+            assert!(!woken(&mut all, &mut mine), "{quiet}");
+        }
+        channel.deliver(&format!("handoff 6 {}", tag("other")));
+        assert!(!woken(&mut all, &mut mine), "another's hand-over");
+        channel.deliver(&format!("handoff 6 {}", tag("mine")));
+        assert!(woken(&mut all, &mut mine), "its own hand-over");
+        channel.deliver("handoff 7");
+        assert!(woken(&mut all, &mut mine), "an older server's hand-over");
     }
 }

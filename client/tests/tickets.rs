@@ -339,3 +339,83 @@ async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
     assert!(woke < Duration::from_secs(1), "by the channel, not the refresh: {woke:?}");
     assert!(lease.release().await.expect("released"));
 }
+
+/// How many `DLOCK.ACQUIRE` calls the server has run (`INFO commandstats`).
+async fn acquire_calls(con: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let stats: String =
+        redis::cmd("INFO").arg("commandstats").query_async(con).await.expect("INFO");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_dlock.acquire:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_with_two_hundred_tickets_standing_costs_a_few_acquires_not_one_each() {
+    const WAITERS: usize = 200;
+    let server = Server::start();
+    let mut con = watcher(&server).await;
+    let holder = client(&server).await;
+    let held = holder.acquire("herd", Duration::from_secs(60)).await.expect("holder");
+    // Tickets of 60 s: refreshed every 20 s, so only the channel wakes them during the test.
+    let dlock = ticket_client(&server, Duration::from_secs(60)).await;
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(WAITERS);
+    for _ in 0..WAITERS {
+        let (dlock, granted) = (dlock.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease =
+                dlock.acquire_with("herd", Duration::from_secs(30), &waiting(SLACK * 6)).await;
+            granted.fetch_add(1, Ordering::SeqCst);
+            lease
+        }));
+    }
+    until_tickets(&mut con, "herd", WAITERS).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // every first ACQUIRE answered
+    let before = acquire_calls(&mut con).await;
+    assert!(held.release().await.expect("released"));
+    let started = Instant::now();
+    while granted.load(Ordering::SeqCst) == 0 {
+        assert!(started.elapsed() < SLACK, "the head of the line was never granted");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Room for the waiters that would wake on the messages to ask.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = acquire_calls(&mut con).await - before;
+    println!("{WAITERS} tickets standing: {calls} ACQUIREs for one hand-over");
+    assert_eq!(granted.load(Ordering::SeqCst), 1, "one grant");
+    assert!(calls <= 5, "only the new holder asks: {calls} ACQUIREs");
+    for task in tasks {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reader_granted_by_one_shared_hand_over_is_woken_by_its_own_handoff() {
+    let server = Server::start();
+    let mut con = watcher(&server).await;
+    // Tickets of 60 s: refreshed every 20 s, so only the channel can wake them in time.
+    let dlock = ticket_client(&server, Duration::from_secs(60)).await;
+    let ttl = Duration::from_secs(30);
+    let writer = dlock.write("pages", ttl, None).await.expect("writer");
+    let mut readers = Vec::new();
+    for i in 0..3 {
+        let dlock = dlock.clone();
+        readers.push(tokio::spawn(async move { dlock.read("pages", ttl, Some(SLACK * 4)).await }));
+        until_tickets(&mut con, "pages", i + 1).await;
+    }
+    let released = Instant::now();
+    assert!(writer.release().await.expect("writer released"));
+    for reader in readers {
+        let lease = reader.await.expect("task").expect("reader granted");
+        assert_eq!(lease.mode(), Mode::Shared);
+        assert!(lease.release().await.expect("reader released"));
+    }
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "woken by their handoffs, not the 20 s refresh: {took:?}"
+    );
+}

@@ -398,3 +398,103 @@ def test_tickets_and_observe_with_resp3_and_decoded_replies(
         await client.aclose()
 
     run(test)
+
+
+def acquire_calls(r: redis.Redis) -> int:
+    """How many ``DLOCK.ACQUIRE`` calls the server has run (``INFO commandstats``)."""
+    stats: dict[str, Any] = r.info("commandstats")
+    return int(stats.get("cmdstat_dlock.acquire", {}).get("calls", 0))
+
+
+def test_the_tag_is_fnv1a_32_of_the_token_and_only_a_handoff_to_it_wakes() -> None:
+    from dlock._common import token_tag, wakes
+
+    assert token_tag("") == "811c9dc5"
+    assert token_tag("a") == "e40c292c"
+    assert token_tag("foobar") == "bf9cf968"
+    mine = token_tag("mine")
+    for quiet in ("acquired 5", "released 5", "expired 5", "renewed 5", "handoff 6 00000000"):
+        assert not wakes(quiet, mine), quiet
+    assert wakes(f"handoff 6 {mine}", mine)
+    assert wakes("handoff 6", mine), "an older server names nobody"
+    assert wakes("released 5", None), "an observer wakes on everything"
+
+
+WAITERS = 200
+
+
+def test_a_hand_over_with_two_hundred_tickets_standing_costs_a_few_acquires(
+    server: Server, r: redis.Redis
+) -> None:
+    # Tickets of 60 s are refreshed every 20 s: only the channel wakes them during the test.
+    locks = dlock.Locks(server.client(), wait="tickets", ticket_ttl=60)
+    granted: list[int] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def waiter(number: int) -> None:
+        try:
+            with locks.hold("herd", ttl=30, timeout=45):
+                granted.append(number)
+                done.wait(45)
+        except BaseException as error:
+            errors.append(error)
+
+    assert cmd(r, "DLOCK.ACQUIRE", "herd", "holder", 30_000) is not None
+    threads = [threading.Thread(target=waiter, args=(n,), daemon=True) for n in range(WAITERS)]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: info(r, "herd").get("tickets") == WAITERS, 20)
+    time.sleep(0.3)  # every first ACQUIRE answered
+    before = acquire_calls(r)
+    assert cmd(r, "DLOCK.RELEASE", "herd", "holder") == 1
+    assert wait_until(lambda: len(granted) == 1, 5)
+    time.sleep(0.5)  # room for the waiters that would wake on the messages to ask
+    calls = acquire_calls(r) - before
+    print(f"\n{WAITERS} tickets standing: {calls} ACQUIREs for one hand-over")
+    assert len(granted) == 1
+    assert calls <= 5, f"only the new holder asks: {calls} ACQUIREs"
+    done.set()
+    for thread in threads:
+        thread.join(45)
+    assert not errors
+    assert len(granted) == WAITERS
+    locks.close()
+
+
+def test_asyncio_a_hand_over_with_two_hundred_tickets_standing_costs_a_few_acquires(
+    server: Server, r: redis.Redis
+) -> None:
+    async def test() -> None:
+        client = redis.asyncio.Redis(port=server.port)
+        locks = dlock.asyncio.Locks(client, wait="tickets", ticket_ttl=60)
+        granted: list[int] = []
+        done = asyncio.Event()
+
+        async def waiter(number: int) -> None:
+            async with locks.hold("aherd", ttl=30, timeout=45):
+                granted.append(number)
+                await done.wait()
+
+        assert cmd(r, "DLOCK.ACQUIRE", "aherd", "holder", 30_000) is not None
+        tasks = [asyncio.create_task(waiter(n)) for n in range(WAITERS)]
+        await until_in_line(r, "aherd", WAITERS)
+        await asyncio.sleep(0.3)  # every first ACQUIRE answered
+        before = acquire_calls(r)
+        assert cmd(r, "DLOCK.RELEASE", "aherd", "holder") == 1
+        for _ in range(1000):
+            if granted:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.5)  # room for the waiters that would wake on the messages to ask
+        calls = acquire_calls(r) - before
+        print(f"\n{WAITERS} asyncio tickets standing: {calls} ACQUIREs for one hand-over")
+        assert len(granted) == 1
+        assert calls <= 5, f"only the new holder asks: {calls} ACQUIREs"
+        done.set()
+        await asyncio.gather(*tasks)
+        assert len(granted) == WAITERS
+        await locks.aclose()
+        await client.aclose()
+
+    run(test)

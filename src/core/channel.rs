@@ -38,27 +38,62 @@ fn has_hash_tag(key: &[u8]) -> bool {
     })
 }
 
-/// Room for any message: an event word of up to 12 bytes, a space and a `u64` (20 digits).
-pub const MAX_MESSAGE: usize = 12 + 1 + MAX_DIGITS;
+/// Room for any message: an event word of up to 12 bytes, a space, a `u64` (20 digits), and
+/// for a hand-over a space and the new holder's [`tag`] (8 hex digits).
+pub const MAX_MESSAGE: usize = 12 + 1 + MAX_DIGITS + 1 + TAG_LEN;
+
+/// The length of a [`tag`] in the message: 8 lowercase hex digits.
+pub const TAG_LEN: usize = 8;
+
+/// A short, non-secret digest of a token, named in a `handoff` message so that each waiting
+/// client can tell whether the lease went to its own token without the token being published:
+/// 32-bit FNV-1a of the token's bytes (offset basis `0x811c9dc5`; per byte, xor it in, then
+/// multiply by the prime `0x01000193`, wrapping), written as 8 lowercase hex digits. It reveals
+/// 32 bits of a hash of the token to every subscriber, so a token must be random enough that
+/// they do not help guess it (the clients' random tokens are).
+pub fn tag(token: &[u8]) -> u32 {
+    token
+        .iter()
+        .fold(0x811c_9dc5_u32, |hash, &byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193))
+}
+
+/// `tag` as 8 lowercase hex digits.
+fn write_tag(tag: u32, out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, digit) in out.iter_mut().take(TAG_LEN).enumerate() {
+        *digit = HEX[((tag >> (28 - 4 * i)) & 0xf) as usize];
+    }
+}
 
 /// The message for one ownership change: the event's name and the fence of the lease it
-/// concerns, e.g. `released 1796207757444058`.
-pub fn message(event: &str, fence: u64) -> Vec<u8> {
+/// concerns, e.g. `released 1796207757444058`, and for a hand-over the new holder's [`tag`]
+/// (`holder`: its token), e.g. `handoff 1796207757444059 9e4f1a2b`.
+pub fn message(event: &str, fence: u64, holder: Option<&[u8]>) -> Vec<u8> {
     let mut buffer = [0; MAX_MESSAGE];
-    write_message(event, fence, &mut buffer).to_vec()
+    write_message(event, fence, holder, &mut buffer).to_vec()
 }
 
 /// [`message`] written into `buffer`, with no allocation (it runs on every grant). An event
 /// word longer than 12 bytes is cut there (ours are at most 8).
-pub fn write_message<'a>(event: &str, fence: u64, buffer: &'a mut [u8; MAX_MESSAGE]) -> &'a [u8] {
+pub fn write_message<'a>(
+    event: &str,
+    fence: u64,
+    holder: Option<&[u8]>,
+    buffer: &'a mut [u8; MAX_MESSAGE],
+) -> &'a [u8] {
     let word = &event.as_bytes()[..event.len().min(12)];
     buffer[..word.len()].copy_from_slice(word);
     buffer[word.len()] = b' ';
     let mut digits = [0; MAX_DIGITS];
     let digits = decimal(fence, &mut digits);
     let start = word.len() + 1;
-    let end = start + digits.len();
+    let mut end = start + digits.len();
     buffer[start..end].copy_from_slice(digits);
+    if let Some(token) = holder {
+        buffer[end] = b' ';
+        write_tag(tag(token), &mut buffer[end + 1..]);
+        end += 1 + TAG_LEN;
+    }
     &buffer[..end]
 }
 
@@ -81,9 +116,25 @@ mod tests {
         assert_eq!(name(b"invoice:123"), b"dlock:{invoice:123}");
         assert_eq!(name(b"invoice:{123}"), b"dlock:invoice:{123}");
         assert_eq!(name(b"odd}name"), b"dlock:odd}name", "no tag possible: plain name");
-        assert_eq!(message("handoff", 42), b"handoff 42");
-        assert_eq!(message("released", 0), b"released 0");
-        assert_eq!(message("acquired", u64::MAX), format!("acquired {}", u64::MAX).as_bytes());
-        assert_eq!(message("a-word-longer-than-twelve", 7), b"a-word-longe 7");
+        assert_eq!(message("handoff", 42, None), b"handoff 42");
+        assert_eq!(message("released", 0, None), b"released 0");
+        assert_eq!(
+            message("acquired", u64::MAX, None),
+            format!("acquired {}", u64::MAX).as_bytes()
+        );
+        assert_eq!(message("a-word-longer-than-twelve", 7, None), b"a-word-longe 7");
+    }
+
+    #[test]
+    fn the_tag_is_fnv1a_32_of_the_token_in_hex() {
+        // Known FNV-1a 32-bit vectors.
+        assert_eq!(tag(b""), 0x811c_9dc5);
+        assert_eq!(tag(b"a"), 0xe40c_292c);
+        assert_eq!(tag(b"foobar"), 0xbf9c_f968);
+        assert_eq!(message("handoff", 42, Some(b"a")), b"handoff 42 e40c292c");
+        assert_eq!(message("handoff", 7, Some(b"")), b"handoff 7 811c9dc5");
+        let longest = message("a-word-longer-than-twelve", u64::MAX, Some(b"foobar"));
+        assert_eq!(longest.len(), MAX_MESSAGE, "the longest message fits exactly");
+        assert!(longest.ends_with(b" bf9cf968"));
     }
 }

@@ -13,16 +13,19 @@ import redis.asyncio
 import redis.asyncio.client
 
 from ._channels import POLL, RECONNECT_PAUSE
-from ._common import _text, channel_name
+from ._common import _text, channel_name, wakes
 from ._metrics import log
 
 
 class Watch:
     """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
-    every message for it, and on every (re)subscription."""
+    every message that concerns it (for an observer every message; for a ticket waiter, with
+    ``tag``, a hand-over to its token), and on every (re)subscription."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, tag: str | None = None) -> None:
         self.channel = channel
+        # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
+        self.tag = tag
         self.event = asyncio.Event()
 
 
@@ -43,11 +46,12 @@ class Channels:
         # Held while the connection is made or subscriptions change.
         self._lock = asyncio.Lock()
 
-    async def join(self, resource: str) -> Watch:
-        """Registers a watch on ``resource``'s channel; returns once the server confirmed the
-        subscription (or the request timeout passed)."""
+    async def join(self, resource: str, tag: str | None = None) -> Watch:
+        """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
+        ``tag``); returns once the server confirmed the subscription (or the request timeout
+        passed)."""
         channel = channel_name(resource)
-        watch = Watch(channel)
+        watch = Watch(channel, tag)
         watchers = self._watches.setdefault(channel, set())
         watchers.add(watch)
         ready = self._ready.setdefault(channel, asyncio.Event())
@@ -113,11 +117,14 @@ class Channels:
         except Exception as error:  # already broken
             log.debug("dlock: closing the pub/sub connection: %s", error)
 
-    def _wake(self, channel: str | None) -> None:
+    def _wake(self, channel: str | None, payload: str | None = None) -> None:
+        """Wakes the watchers of ``channel`` (``None``: of every channel) that ``payload``
+        concerns (``None``: all of them)."""
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
-                watch.event.set()
+                if wakes(payload, watch.tag):
+                    watch.event.set()
 
     async def _run(self) -> None:
         while True:
@@ -163,4 +170,4 @@ class Channels:
                 ready.set()
             self._wake(channel)
         elif kind in ("message", "smessage"):
-            self._wake(channel)
+            self._wake(channel, _text(message.get("data")))

@@ -2,10 +2,12 @@
 ``Locks``, shared by every ticket waiter and observer, read by one thread.
 
 The server publishes every change of ownership of a resource (``acquired``, ``handoff``,
-``released``, ``expired`` with a fence) on ``dlock:{resource}`` (see ``channel_name``); in a
-Cluster on the shard channel (``SSUBSCRIBE`` on the key's node). A message only wakes: whoever
-waits re-sends its ACQUIRE (or re-reads ``DLOCK.INFO``), so a lost message costs one refresh
-interval, never a grant."""
+``released``, ``expired`` with a fence; ``handoff`` also with the tag of the new holder's token,
+see ``token_tag``) on ``dlock:{resource}`` (see ``channel_name``); in a Cluster on the shard
+channel (``SSUBSCRIBE`` on the key's node). A ticket waiter wakes only on a hand-over to its own
+token (or an untagged one, from an older server); an observer on every message. A message only
+wakes: whoever waits re-sends its ACQUIRE (or re-reads ``DLOCK.INFO``), so a lost message costs
+one refresh interval, never a grant."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 import redis
 import redis.client
 
-from ._common import _text, channel_name
+from ._common import _text, channel_name, wakes
 from ._metrics import log
 
 # Pause before the pub/sub connection is made again after it failed.
@@ -28,10 +30,14 @@ POLL = 1.0
 
 class Watch:
     """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
-    every message for it, and on every (re)subscription (messages may have been missed)."""
+    every message that concerns it (for an observer every message; for a ticket waiter, with
+    ``tag``, a hand-over to its token), and on every (re)subscription (messages may have been
+    missed)."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, tag: str | None = None) -> None:
         self.channel = channel
+        # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
+        self.tag = tag
         self.event = threading.Event()
 
 
@@ -53,12 +59,12 @@ class Channels:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def join(self, resource: str) -> Watch:
-        """Registers a watch on ``resource``'s channel and returns once the server confirmed
-        the subscription (or the request timeout passed: the watcher's own refreshes cover
-        that)."""
+    def join(self, resource: str, tag: str | None = None) -> Watch:
+        """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
+        ``tag``) and returns once the server confirmed the subscription (or the request
+        timeout passed: the watcher's own refreshes cover that)."""
         channel = channel_name(resource)
-        watch = Watch(channel)
+        watch = Watch(channel, tag)
         with self._lock:
             watchers = self._watches.setdefault(channel, set())
             watchers.add(watch)
@@ -134,12 +140,14 @@ class Channels:
             self._subscribe(pubsub, channels)
         return pubsub
 
-    def _wake(self, channel: str | None) -> None:
-        """Wakes the watchers of ``channel`` (``None``: of every channel). Lock held."""
+    def _wake(self, channel: str | None, payload: str | None = None) -> None:
+        """Wakes the watchers of ``channel`` (``None``: of every channel) that ``payload``
+        concerns (``None``: all of them). Lock held."""
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
-                watch.event.set()
+                if wakes(payload, watch.tag):
+                    watch.event.set()
 
     def _run(self) -> None:
         while True:
@@ -188,4 +196,4 @@ class Channels:
                     ready.set()
                 self._wake(channel)  # a (re)subscription: messages may have been missed
             elif kind in ("message", "smessage"):
-                self._wake(channel)
+                self._wake(channel, _text(message.get("data")))

@@ -76,6 +76,32 @@ def channel_name(resource: str) -> str:
     return "dlock:{" + resource + "}"
 
 
+def token_tag(token: str) -> str:
+    """The tag a ``handoff`` message names its new holder by: FNV-1a 32-bit of the token's
+    UTF-8 bytes, as 8 lowercase hex digits (the module's own, in ``src/core/channel.rs``)."""
+    tag = 0x811C9DC5
+    for byte in token.encode():
+        tag = ((tag ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{tag:08x}"
+
+
+def wakes(payload: str | None, tag: str | None) -> bool:
+    """Whether a channel message ``payload`` should wake a watcher with ``tag`` (``None``: an
+    observer, woken by every message). A ticket waiter sends its ACQUIRE again only when the
+    lease is handed to it: ``handoff <fence> <its tag>``, or ``handoff <fence>`` from an older
+    server, which names nobody; ``acquired``, ``renewed``, ``released``, ``expired`` and a
+    hand-over to another token concern it not (a release with a line always hands over). A
+    message it does not understand wakes it."""
+    if tag is None or payload is None:
+        return True
+    words = payload.split(" ")
+    if len(words) == 2 and words[0] in ("acquired", "renewed", "released", "expired"):
+        return False
+    if len(words) == 3 and words[0] == "handoff":
+        return words[2] == tag
+    return True
+
+
 def _text(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")

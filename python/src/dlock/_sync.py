@@ -210,7 +210,9 @@ class Locks(common.Handles[Hold]):
                     if queue_ms is not None:
                         if watch is None:
                             # Subscribed before the first ticket: no hand-over goes unheard.
-                            watch = self._nodes.channels(resource).join(resource)
+                            watch = self._nodes.channels(resource).join(
+                                resource, common.token_tag(plan.token)
+                            )
                             sent = time.monotonic()
                         plan.queued = True
                         connections = self._nodes.for_resource(resource)

@@ -399,7 +399,8 @@ class Locks(common.Handles[Hold]):
                     if queue_ms is not None:
                         if watch is None:
                             # Subscribed before the first ticket: no hand-over goes unheard.
-                            watch = await (await self._nodes.channels(resource)).join(resource)
+                            channels = await self._nodes.channels(resource)
+                            watch = await channels.join(resource, common.token_tag(plan.token))
                             sent = time.monotonic()
                         plan.queued = True
                         connections = await self._nodes.for_resource(resource)
