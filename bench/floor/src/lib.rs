@@ -62,10 +62,16 @@ unsafe extern "C" fn let_go(
     unsafe { raw::RedisModule_UnblockClient.map(|unblock| unblock(handle, std::ptr::null_mut())) };
 }
 
+// A test binary runs without Redis, so it cannot use Redis's allocator.
+#[cfg(not(test))]
+use redis_module::alloc::RedisAlloc as Allocator;
+#[cfg(test)]
+use std::alloc::System as Allocator;
+
 redis_module! {
     name: "floor",
     version: 1,
-    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    allocator: (Allocator, Allocator),
     data_types: [],
     commands: [
         ["floor.block", block, "", 0, 0, 0, ""],
