@@ -126,7 +126,7 @@ pub fn propagate_fence_counter(ctx: &Context) {
 
 /// Events, log lines and answers to blocked clients for one transition.
 fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition, now: Now) {
-    let current = |fence: u64| lock.holders().find(|lease| lease.fence == fence);
+    let current = |fence: u64| lock.lease_with_fence(fence);
     match change {
         Transition::Granted { fence } => event(ctx, Event::Acquired, name, current(*fence), now),
         Transition::Ticketed { .. } => {}
@@ -283,11 +283,11 @@ fn replicate_leases(
     changes: &[Transition],
     now: Now,
 ) {
-    let mut live = lock.live_holders(now).peekable();
-    match live.peek() {
-        None => return replicate_del(ctx, resource),
-        Some(lease) if !lease.shared => return replicate_lease(ctx, resource, lease, now),
-        Some(_) => {}
+    if let Some(lease) = lock.live_exclusive(now) {
+        return replicate_lease(ctx, resource, lease, now);
+    }
+    if !lock.has_live(now) {
+        return replicate_del(ctx, resource);
     }
     for change in changes {
         match change {
@@ -295,7 +295,7 @@ fn replicate_leases(
             | Transition::Reacquired { fence }
             | Transition::Renewed { fence }
             | Transition::HandedOver { fence, .. } => {
-                if let Some(lease) = lock.live_holders(now).find(|lease| lease.fence == *fence) {
+                if let Some(lease) = lock.lease_with_fence(*fence).filter(|l| l.is_live(now)) {
                     replicate_lease(ctx, resource, lease, now);
                 }
             }

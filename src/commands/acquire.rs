@@ -28,7 +28,7 @@ pub const META: CommandMeta = CommandMeta {
     // lease or extend the holder's own (Redis allows only one of INSERT, UPDATE and DELETE).
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Acquires a lease on a resource and returns its fencing token",
-    complexity: "O(log N) where N is the number of leases with a deadline, plus O(log W) for W waiters and O(S) for S shared leases on the resource",
+    complexity: "O(log N) where N is the number of leases with a deadline, plus O(log W) for W waiters and O(log S) for S shared leases on the resource",
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),

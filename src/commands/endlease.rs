@@ -15,7 +15,7 @@ pub const META: CommandMeta = CommandMeta {
     arity: 4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
     summary: "Internal: ends one shared lease as the primary decided (replication stream and AOF only)",
-    complexity: "O(S) where S is the number of shared leases on the resource",
+    complexity: "O(log S) where S is the number of shared leases on the resource",
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),

@@ -15,7 +15,7 @@ pub const META: CommandMeta = CommandMeta {
     arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     summary: "Extends the caller's live lease to ttl-ms from now",
-    complexity: "O(log N) where N is the number of leases with a deadline",
+    complexity: "O(log N) where N is the number of leases with a deadline, plus O(log S) for S shared leases on the resource",
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),

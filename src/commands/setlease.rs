@@ -54,7 +54,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         Some(lock) => lock,
         None => fresh.insert(Lock::default()),
     };
-    let previous = lock.holders().find(|l| l.fence == fence && *l.token == *token);
+    let previous = lock.lease_with_fence(fence).filter(|l| *l.token == *token);
     match (history, previous) {
         // The grant's own history travels with it: hold time and `max-hold-ms` count from
         // the grant on every copy, across restarts and promotions.

@@ -104,10 +104,7 @@ fn decode_leases(source: &mut impl FieldSource, now: Now, last_fence: u64) -> Op
         }
         // Nothing a server could not hold: a second holder beside an exclusive lease, a token
         // twice, or a fence twice (every grant mints its own).
-        let clash = lock.holders().any(|other| {
-            !other.shared || *other.token == *lease.token || other.fence == lease.fence
-        });
-        if clash || (!lease.shared && lock.has_record()) {
+        if lock.clashes_with(&lease) || (!lease.shared && lock.has_record()) {
             return None;
         }
         lock.put(lease);

@@ -279,7 +279,7 @@ pub fn tickets_in_line() -> u64 {
 
 /// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).
 /// The shared leases live here too: like waiters, only locks that more than one client uses at
-/// once have them.
+/// once have them; each grant, lookup, renewal, release or expiry of one is O(log n) too.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Line {
     /// The place the next waiter takes; places only grow, so their order is the line's.
@@ -292,8 +292,8 @@ struct Line {
     place_of_token: HashMap<Box<[u8]>, u64>,
     /// Tickets by when they lapse, then place.
     tickets: BTreeSet<(Micros, u64)>,
-    /// The shared leases, in grant order (fences ascending).
-    shared: Vec<Lease>,
+    /// The shared leases.
+    shared: SharedLeases,
 }
 
 impl Line {
@@ -348,35 +348,186 @@ impl Drop for Line {
     }
 }
 
+/// The shared leases of one lock, indexed so that every operation on one of them costs
+/// O(log n) in the number of holders: by fence (grant order), by token, and by deadline.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct SharedLeases {
+    /// The leases by fence: grant order.
+    by_fence: BTreeMap<u64, Lease>,
+    /// Each holder's fence, by its token: a token holds at most one shared lease.
+    fence_of_token: HashMap<Box<[u8]>, u64>,
+    /// Each lease's deadline (monotonic), then fence: the first to end comes first.
+    deadlines: BTreeSet<(Micros, u64)>,
+}
+
+impl SharedLeases {
+    fn is_empty(&self) -> bool {
+        self.by_fence.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.by_fence.len()
+    }
+
+    /// The lease with `fence`, live or not.
+    fn get(&self, fence: u64) -> Option<&Lease> {
+        self.by_fence.get(&fence)
+    }
+
+    /// The lease of `token`, live or not.
+    fn of_token(&self, token: &[u8]) -> Option<&Lease> {
+        self.by_fence.get(self.fence_of_token.get(token)?)
+    }
+
+    /// Changes the lease of `token` with `change` (which must keep its token and fence), and
+    /// moves its deadline entry along.
+    fn update<R>(&mut self, token: &[u8], change: impl FnOnce(&mut Lease) -> R) -> Option<R> {
+        let fence = *self.fence_of_token.get(token)?;
+        let lease = self.by_fence.get_mut(&fence)?;
+        let before = lease.deadline_mono;
+        let result = change(lease);
+        debug_assert!(lease.fence == fence && *lease.token == *token, "token and fence stay");
+        if lease.deadline_mono != before {
+            self.deadlines.remove(&(before, fence));
+            self.deadlines.insert((lease.deadline_mono, fence));
+        }
+        Some(result)
+    }
+
+    /// Adds `lease`; a lease of the same token (or, never the case, with the same fence) goes.
+    /// Returns whether one went.
+    fn insert(&mut self, lease: Lease) -> bool {
+        let mut replaced = false;
+        if let Some(&fence) = self.fence_of_token.get(&*lease.token) {
+            replaced |= self.remove(fence).is_some();
+        }
+        replaced |= self.remove(lease.fence).is_some();
+        self.fence_of_token.insert((*lease.token).into(), lease.fence);
+        self.deadlines.insert((lease.deadline_mono, lease.fence));
+        self.by_fence.insert(lease.fence, lease);
+        replaced
+    }
+
+    /// Takes out the lease with `fence`.
+    fn remove(&mut self, fence: u64) -> Option<Lease> {
+        let lease = self.by_fence.remove(&fence)?;
+        if self.fence_of_token.get(&*lease.token) == Some(&fence) {
+            self.fence_of_token.remove(&*lease.token);
+        }
+        self.deadlines.remove(&(lease.deadline_mono, fence));
+        Some(lease)
+    }
+
+    /// Takes out the leases that have expired at `now`, in grant order: O(k log n) for k of them.
+    fn expire(&mut self, now: Now) -> Vec<Lease> {
+        let mut expired = Vec::new();
+        while let Some(&(deadline, fence)) =
+            self.deadlines.first().filter(|(deadline, _)| *deadline <= now.mono)
+        {
+            match self.remove(fence) {
+                Some(lease) => expired.push(lease),
+                // Never the case (an entry goes with its lease), but never a loop.
+                None => {
+                    self.deadlines.remove(&(deadline, fence));
+                }
+            }
+        }
+        expired.sort_unstable_by_key(|lease| lease.fence);
+        expired
+    }
+
+    /// Takes out every lease, in grant order.
+    fn take_all(&mut self) -> Vec<Lease> {
+        self.fence_of_token.clear();
+        self.deadlines.clear();
+        std::mem::take(&mut self.by_fence).into_values().collect()
+    }
+
+    /// How many leases live at `now`: all but those whose deadline has passed (none, once the
+    /// lock has settled), so O(log n + expired ones).
+    fn live(&self, now: Now) -> usize {
+        let ended = self.deadlines.range(..=(now.mono, u64::MAX)).count();
+        self.len().saturating_sub(ended)
+    }
+
+    /// Whether any lease lives at `now`: the latest deadline is still ahead.
+    fn any_live(&self, now: Now) -> bool {
+        self.deadlines.last().is_some_and(|(deadline, _)| *deadline > now.mono)
+    }
+
+    /// The newest lease live at `now` (expired ones not yet removed are stepped over).
+    fn newest_live(&self, now: Now) -> Option<&Lease> {
+        self.by_fence.values().rev().find(|lease| lease.is_live(now))
+    }
+
+    /// The earliest deadline.
+    fn first_deadline(&self) -> Option<Micros> {
+        self.deadlines.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// Whether the indexes agree with the leases (for tests).
+    #[cfg(test)]
+    fn is_consistent(&self) -> bool {
+        self.fence_of_token.len() == self.by_fence.len()
+            && self.deadlines.len() == self.by_fence.len()
+            && self.by_fence.iter().all(|(&fence, lease)| {
+                lease.fence == fence
+                    && self.fence_of_token.get(&*lease.token) == Some(&fence)
+                    && self.deadlines.contains(&(lease.deadline_mono, fence))
+            })
+    }
+}
+
 /// A FIFO queue of waiters, and the shared leases, that costs one pointer while empty, as almost
 /// every lock's is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Queue(Option<Box<Line>>);
 
 impl Queue {
+    /// The shared leases, if there are any.
+    fn shared(&self) -> Option<&SharedLeases> {
+        self.0.as_ref().map(|line| &line.shared).filter(|shared| !shared.is_empty())
+    }
+
     /// The shared leases, in grant order.
-    fn shared(&self) -> &[Lease] {
-        self.0.as_ref().map_or(&[], |line| &line.shared)
+    fn shared_leases(&self) -> impl Iterator<Item = &Lease> + use<'_> {
+        static EMPTY: BTreeMap<u64, Lease> = BTreeMap::new();
+        self.0.as_ref().map_or(&EMPTY, |line| &line.shared.by_fence).values()
     }
 
-    /// The shared lease of `token`, if it has one (live or not).
-    fn shared_of_mut(&mut self, token: &[u8]) -> Option<&mut Lease> {
-        self.0.as_mut()?.shared.iter_mut().find(|lease| *lease.token == *token)
+    /// Changes the shared lease of `token` (live or not), if it has one.
+    fn update_shared<R>(
+        &mut self,
+        token: &[u8],
+        change: impl FnOnce(&mut Lease) -> R,
+    ) -> Option<R> {
+        self.0.as_mut()?.shared.update(token, change)
     }
 
-    /// Adds a shared lease (its fence is the largest yet, so grant order holds).
-    fn add_shared(&mut self, lease: Lease) {
-        let shared = &mut self.0.get_or_insert_with(Box::default).shared;
-        let at = shared.partition_point(|other| other.fence < lease.fence);
-        shared.insert(at, lease);
+    /// Adds a shared lease; one of the same token goes. Returns whether one went.
+    fn add_shared(&mut self, lease: Lease) -> bool {
+        self.0.get_or_insert_with(Box::default).shared.insert(lease)
     }
 
-    /// Takes out the shared leases for which `gone` holds, in grant order.
-    fn take_shared(&mut self, mut gone: impl FnMut(&Lease) -> bool) -> Vec<Lease> {
+    /// Takes out the shared lease with `fence`.
+    fn remove_shared(&mut self, fence: u64) -> Option<Lease> {
+        let lease = self.0.as_mut()?.shared.remove(fence);
+        self.shrink();
+        lease
+    }
+
+    /// Takes out the shared leases that have expired at `now`, in grant order.
+    fn expire_shared(&mut self, now: Now) -> Vec<Lease> {
         let Some(line) = self.0.as_mut() else { return Vec::new() };
-        let (taken, kept): (Vec<Lease>, Vec<Lease>) =
-            std::mem::take(&mut line.shared).into_iter().partition(|lease| gone(lease));
-        line.shared = kept;
+        let expired = line.shared.expire(now);
+        self.shrink();
+        expired
+    }
+
+    /// Takes out every shared lease, in grant order.
+    fn take_shared(&mut self) -> Vec<Lease> {
+        let Some(line) = self.0.as_mut() else { return Vec::new() };
+        let taken = line.shared.take_all();
         self.shrink();
         taken
     }
@@ -487,7 +638,9 @@ impl Queue {
     /// Bytes the line holds on the heap (for `MEMORY USAGE`), estimated from what each entry
     /// costs: a waiter in the line's tree (nodes are about half full, so twice its size), its
     /// entries in the id and token maps, its token twice and its metadata (allocations round up
-    /// to 8 bytes), and a ticket's entry in the lapse order; each shared lease and its token.
+    /// to 8 bytes), and a ticket's entry in the lapse order; each shared lease in the fence
+    /// tree and its entry in the deadline tree (grants append, which leaves nodes about half
+    /// full: twice their size), its token map entry and token copy, and its own token.
     fn heap_bytes(&self) -> usize {
         let alloc = |len: usize| len.next_multiple_of(8);
         self.0.as_ref().map_or(0, |line| {
@@ -503,8 +656,18 @@ impl Queue {
                     })
                     .sum::<usize>()
                 + line.tickets.len() * 32
-                + line.shared.capacity() * std::mem::size_of::<Lease>()
-                + line.shared.iter().map(|lease| lease.token.heap_bytes()).sum::<usize>()
+                + line
+                    .shared
+                    .by_fence
+                    .values()
+                    .map(|lease| {
+                        2 * (8 + std::mem::size_of::<Lease>())
+                            + 2 * 16
+                            + 32
+                            + alloc(lease.token.len())
+                            + lease.token.heap_bytes()
+                    })
+                    .sum::<usize>()
         })
     }
 
@@ -542,7 +705,7 @@ impl Lock {
 
     /// Every lease, live or not: the exclusive one, then the shared ones in grant order.
     pub fn holders(&self) -> impl Iterator<Item = &Lease> + use<'_> {
-        self.lease.iter().chain(self.waiters.shared())
+        self.lease.iter().chain(self.waiters.shared_leases())
     }
 
     /// Every lease live at `now`.
@@ -552,20 +715,54 @@ impl Lock {
 
     /// The lease `token` holds at `now`, if any.
     pub fn holder(&self, token: &[u8], now: Now) -> Option<&Lease> {
-        self.live_holders(now).find(|lease| *lease.token == *token)
+        self.lease_of(token).filter(|lease| lease.is_live(now))
+    }
+
+    /// The lease of `token`, live or not.
+    fn lease_of(&self, token: &[u8]) -> Option<&Lease> {
+        match &self.lease {
+            Some(lease) if *lease.token == *token => Some(lease),
+            _ => self.waiters.shared()?.of_token(token),
+        }
+    }
+
+    /// The lease with `fence`, live or not.
+    pub fn lease_with_fence(&self, fence: u64) -> Option<&Lease> {
+        match &self.lease {
+            Some(lease) if lease.fence == fence => Some(lease),
+            _ => self.waiters.shared()?.get(fence),
+        }
+    }
+
+    /// The live exclusive lease, if there is one.
+    pub fn live_exclusive(&self, now: Now) -> Option<&Lease> {
+        self.lease.as_ref().filter(|lease| lease.is_live(now))
+    }
+
+    /// Whether any lease lives at `now`.
+    pub fn has_live(&self, now: Now) -> bool {
+        self.live_exclusive(now).is_some()
+            || self.waiters.shared().is_some_and(|shared| shared.any_live(now))
+    }
+
+    /// How many shared leases live at `now`.
+    fn live_shared(&self, now: Now) -> usize {
+        self.waiters.shared().map_or(0, |shared| shared.live(now))
     }
 
     /// The lease a version 1 view shows: the live exclusive lease, or else the newest live
     /// shared one.
     pub fn live_lease(&self, now: Now) -> Option<&Lease> {
-        self.live_holders(now).max_by_key(|lease| (!lease.shared, lease.fence))
+        self.live_exclusive(now).or_else(|| self.waiters.shared()?.newest_live(now))
     }
 
     /// How many leases live at `now`, and whether they are shared.
     pub fn live_mode(&self, now: Now) -> Option<(Mode, usize)> {
-        let live = self.live_holders(now).count();
-        let first = self.live_holders(now).next()?;
-        Some((first.mode(), live))
+        if let Some(lease) = self.live_exclusive(now) {
+            return Some((lease.mode(), 1 + self.live_shared(now)));
+        }
+        let live = self.live_shared(now);
+        (live > 0).then_some((Mode::Shared { limit: None }, live))
     }
 
     /// Puts `lease` in place as replication, persistence or a grant decided it: an exclusive
@@ -573,43 +770,47 @@ impl Lock {
     /// lease of the same token. Returns whether it replaced something.
     pub fn put(&mut self, lease: Lease) -> bool {
         if !lease.shared {
-            let replaced = self.lease.is_some() || !self.waiters.shared().is_empty();
-            self.waiters.take_shared(|_| true);
-            self.lease = Some(lease);
+            let shared = self.waiters.take_shared();
+            let replaced = self.lease.replace(lease).is_some() || !shared.is_empty();
             return replaced;
         }
-        let mut replaced = self.lease.take().is_some();
-        replaced |= !self.waiters.take_shared(|other| *other.token == *lease.token).is_empty();
-        self.waiters.add_shared(lease);
-        replaced
+        let replaced = self.lease.take().is_some();
+        self.waiters.add_shared(lease) || replaced
+    }
+
+    /// Whether `lease` could not stand beside this lock's leases: there is an exclusive lease,
+    /// or one of the same token or fence (a restored lock is checked lease by lease).
+    pub fn clashes_with(&self, lease: &Lease) -> bool {
+        self.lease.is_some()
+            || self.waiters.shared().is_some_and(|shared| {
+                shared.get(lease.fence).is_some() || shared.of_token(&lease.token).is_some()
+            })
     }
 
     /// Takes out the lease of `token` with `fence` (replication of a shared lease's end).
     pub fn drop_holder(&mut self, token: &[u8], fence: u64) -> Option<Lease> {
-        let mine = |lease: &Lease| *lease.token == *token && lease.fence == fence;
-        if self.lease.as_ref().is_some_and(mine) {
-            return self.lease.take();
-        }
-        self.waiters.take_shared(mine).pop()
+        let lease = self.lease_with_fence(fence).filter(|lease| *lease.token == *token)?;
+        if lease.shared { self.waiters.remove_shared(fence) } else { self.lease.take() }
     }
 
-    /// The lease of `token`, live or not, for restoring history that travels beside it.
-    pub fn holder_mut(&mut self, token: &[u8]) -> Option<&mut Lease> {
+    /// Changes the lease of `token` (live or not) with `change`, which keeps its token and
+    /// fence; `None` if it holds none.
+    fn update_lease<R>(&mut self, token: &[u8], change: impl FnOnce(&mut Lease) -> R) -> Option<R> {
         match self.lease.as_mut() {
-            Some(lease) if *lease.token == *token => Some(lease),
-            _ => self.waiters.shared_of_mut(token),
+            Some(lease) if *lease.token == *token => Some(change(lease)),
+            _ => self.waiters.update_shared(token, change),
         }
     }
 
     /// Whether the key holding this lock should be deleted: no live lease and nobody waiting.
     pub fn is_vacant(&self, now: Now) -> bool {
-        self.live_holders(now).next().is_none() && self.waiters.is_empty()
+        !self.has_live(now) && self.waiters.is_empty()
     }
 
     /// Whether the lock holds any lease record at all, live or not (a restarted server's grant
     /// delay spares resources it has a record of).
     pub fn has_record(&self) -> bool {
-        self.holders().next().is_some()
+        self.lease.is_some() || self.waiters.shared().is_some()
     }
 
     /// The queue, head first.
@@ -650,7 +851,12 @@ impl Lock {
 
     /// When this lock next needs the timer: the first lease deadline or ticket lapse.
     pub fn next_wake(&self) -> Option<Micros> {
-        let lease = self.holders().map(|lease| lease.deadline_mono).min();
+        let exclusive = self.lease.as_ref().map(|lease| lease.deadline_mono);
+        let shared = self.waiters.shared().and_then(SharedLeases::first_deadline);
+        let lease = match (exclusive, shared) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let ticket = self.waiters.first_ticket_lapse();
         match (lease, ticket) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -674,11 +880,10 @@ impl Lock {
     /// shared ones do.
     fn admits(&self, mode: Mode, now: Now) -> bool {
         match mode {
-            Mode::Exclusive => self.live_holders(now).next().is_none(),
+            Mode::Exclusive => !self.has_live(now),
             Mode::Shared { limit } => {
-                let exclusive = self.lease.as_ref().is_some_and(|lease| lease.is_live(now));
-                let shared = self.waiters.shared().iter().filter(|l| l.is_live(now)).count();
-                !exclusive && limit.is_none_or(|n| shared < n as usize)
+                self.live_exclusive(now).is_none()
+                    && limit.is_none_or(|n| self.live_shared(now) < n as usize)
             }
         }
     }
@@ -691,9 +896,8 @@ impl Lock {
             return self.put(lease);
         }
         let mut replaced = self.lease.take().is_some();
-        replaced |= !self.waiters.take_shared(|other| !other.is_live(now)).is_empty();
-        self.waiters.add_shared(lease);
-        replaced
+        replaced |= !self.waiters.expire_shared(now).is_empty();
+        self.waiters.add_shared(lease) || replaced
     }
 
     /// With the head of the line admitted, passes it a new lease; waiters ahead of it that are
@@ -770,12 +974,15 @@ impl Lock {
         fences: &mut FenceCounter,
         rules: Rules,
     ) -> Result<Acquired, DlockError> {
-        if let Some(lease) = self.holder_mut(token).filter(|lease| lease.is_live(now)) {
+        let reacquired = self.update_lease(token, |lease| {
+            if !lease.is_live(now) {
+                return None;
+            }
             if lease.shared != mode.is_shared() {
-                return Err(DlockError::ModeConflict {
+                return Some(Err(DlockError::ModeConflict {
                     held: lease.mode().name(),
                     asked: mode.name(),
-                });
+                }));
             }
             let cap = rules.hold_limit(lease.granted_mono);
             let capped_ms =
@@ -785,7 +992,10 @@ impl Lock {
             if meta.is_some() {
                 lease.token = lease.token.with_meta(meta);
             }
-            return Ok(Acquired::Reacquired { fence: lease.fence });
+            Some(Ok(Acquired::Reacquired { fence: lease.fence }))
+        });
+        if let Some(outcome) = reacquired.flatten() {
+            return outcome;
         }
         if !self.waiters.is_empty() {
             return Ok(Acquired::Busy);
@@ -822,17 +1032,20 @@ impl Lock {
         now: Now,
         rules: Rules,
     ) -> Renewal {
-        let Some(lease) = self.owned_mut(token, fence, now) else {
-            return Renewal::NotHeld;
-        };
-        let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
-        if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
-            return Renewal::PastMaxHold;
-        }
-        lease.extend(ttl_ms, now);
-        lease.renewals = lease.renewals.saturating_add(1);
-        lease.unclaimed = false;
-        Renewal::Renewed
+        let renewal = self.update_lease(token, |lease| {
+            if !(lease.is_live(now) && fence.is_none_or(|f| f == lease.fence)) {
+                return Renewal::NotHeld;
+            }
+            let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
+            if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
+                return Renewal::PastMaxHold;
+            }
+            lease.extend(ttl_ms, now);
+            lease.renewals = lease.renewals.saturating_add(1);
+            lease.unclaimed = false;
+            Renewal::Renewed
+        });
+        renewal.unwrap_or(Renewal::NotHeld)
     }
 
     /// RELEASE: the owner of the live lease gives it up; returns the released lease.
@@ -843,13 +1056,13 @@ impl Lock {
     /// RELEASE with `FENCE`: as [`Lock::release`], and only if the live lease is the grant with
     /// `fence` (when given): a retried or duplicated RELEASE never frees a later grant.
     pub fn release_grant(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<Lease> {
-        let fence = self.owned_mut(token, fence, now)?.fence;
+        let fence = self.owned(token, fence, now)?.fence;
         self.drop_holder(token, fence)
     }
 
     /// FENCECHECK: whether `fence` is the fence of a live lease.
     pub fn fence_check(&self, fence: u64, now: Now) -> bool {
-        self.live_holders(now).any(|lease| lease.fence == fence)
+        self.lease_with_fence(fence).is_some_and(|lease| lease.is_live(now))
     }
 
     /// Removes the leases that have expired at `now`; returns them in grant order.
@@ -858,7 +1071,7 @@ impl Lock {
         if self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
             expired.extend(self.lease.take());
         }
-        expired.extend(self.waiters.take_shared(|lease| !lease.is_live(now)));
+        expired.extend(self.waiters.expire_shared(now));
         expired
     }
 
@@ -908,7 +1121,7 @@ impl Lock {
             gone.push(waiter.id);
         }
         let mut leases: Vec<Lease> = self.lease.take().into_iter().collect();
-        leases.extend(self.waiters.take_shared(|_| true));
+        leases.extend(self.waiters.take_shared());
         (leases, gone)
     }
 
@@ -929,9 +1142,14 @@ impl Lock {
         }
     }
 
-    fn owned_mut(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<&mut Lease> {
-        self.holder_mut(token)
-            .filter(|lease| lease.is_live(now) && fence.is_none_or(|f| f == lease.fence))
+    fn owned(&self, token: &[u8], fence: Option<u64>, now: Now) -> Option<&Lease> {
+        self.holder(token, now).filter(|lease| fence.is_none_or(|f| f == lease.fence))
+    }
+
+    /// Whether the shared leases' indexes agree with the leases (for tests).
+    #[cfg(test)]
+    pub(crate) fn indexes_agree(&self) -> bool {
+        self.waiters.0.as_ref().is_none_or(|line| line.shared.is_consistent())
     }
 }
 

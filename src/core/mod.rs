@@ -18,6 +18,8 @@ pub mod mode;
 mod model_tests;
 pub mod ratelimit;
 #[cfg(test)]
+mod shared_index_tests;
+#[cfg(test)]
 mod shared_tests;
 pub mod stats;
 pub mod step;
