@@ -321,7 +321,8 @@ fn release_usec(admin: &mut redis::Connection, waiting: Waiting) -> Result<f64> 
 
 /// Waits with a `QUEUE` ticket as the clients do: subscribe to the resource's channel first (so
 /// no message after the first ACQUIRE is missed), send the ACQUIRE, and send it again on every
-/// wake-up (a message, or a third of the ticket's life without one); unsubscribe once granted.
+/// wake-up (a `handoff` message naming this token's tag, or a third of the ticket's life
+/// without one); unsubscribe once granted.
 fn ticket_wait(
     con: &mut redis::Connection,
     sub: &mut Subscriber,
@@ -332,6 +333,9 @@ fn ticket_wait(
     *commands += 1;
     sub.subscribe(DLOCK_CHANNEL)?;
     let refresh = Duration::from_millis(TICKET_MS / 3);
+    // `handoff <fence> <tag>`: the tag ends the message, after a space (a fence is 16 digits or
+    // more, so it never matches as " <8 digits>\r\n").
+    let mine = format!(" {:08x}\r\n", tag(token.as_bytes())).into_bytes();
     let granted = loop {
         *commands += 1;
         let fence: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
@@ -350,7 +354,7 @@ fn ticket_wait(
             redis::cmd("DLOCK.RELEASE").arg(RESOURCE).arg(token).query::<i64>(con)?;
             break false;
         }
-        sub.wait(refresh)?;
+        sub.wait_for(refresh, &mine)?;
     };
     *commands += 1;
     sub.unsubscribe(DLOCK_CHANNEL)?;
@@ -448,9 +452,44 @@ impl Subscriber {
         }
     }
 
+    /// Waits up to `timeout` until `needle` arrives (what arrived before this call is dropped).
+    fn wait_for(&mut self, timeout: Duration, needle: &[u8]) -> Result<()> {
+        let until = Instant::now() + timeout;
+        self.buf.clear();
+        let mut chunk = [0u8; 4096];
+        while !self.buf.windows(needle.len()).any(|w| w == needle) {
+            let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
+            else {
+                return Ok(());
+            };
+            self.stream.set_read_timeout(Some(left))?;
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err("subscriber connection closed".into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Sends UNSUBSCRIBE without waiting for its confirmation (the next SUBSCRIBE skips it).
     fn unsubscribe(&mut self, channel: &str) -> Result<()> {
         self.stream.write_all(&resp_command(&[b"UNSUBSCRIBE", channel.as_bytes()]))?;
         Ok(())
     }
+}
+
+/// The tag a `handoff` message names its new holder by: FNV-1a 32-bit of the token.
+fn tag(token: &[u8]) -> u32 {
+    token
+        .iter()
+        .fold(0x811c_9dc5, |hash: u32, &byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193))
 }
