@@ -46,9 +46,29 @@ pub fn flush(server: &Server) -> Result<()> {
 
 /// `used_memory` from `INFO memory`, in bytes.
 pub fn used_memory(server: &Server) -> Result<f64> {
-    let mut con = server.try_client()?;
-    let info: String = redis::cmd("INFO").arg("memory").query(&mut con)?;
+    used_memory_on(&mut server.try_client()?)
+}
+
+/// `used_memory` read on an open connection.
+pub fn used_memory_on(probe: &mut redis::Connection) -> Result<f64> {
+    let info: String = redis::cmd("INFO").arg("memory").query(probe)?;
     Ok(info_value(&info, "used_memory").ok_or("no used_memory")?.parse()?)
+}
+
+/// `used_memory` once it holds still (within 64 KB over a second, for at most 30 s): what an
+/// earlier case left in the server's pool of module clients is trimmed first, so a baseline taken
+/// here is not undercut by that trimming while a case runs.
+pub fn settled_memory(probe: &mut redis::Connection) -> Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = used_memory_on(probe)?;
+    loop {
+        thread::sleep(Duration::from_secs(1));
+        let now = used_memory_on(probe)?;
+        if (now - last).abs() < 64.0 * 1024.0 || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
 }
 
 /// Runs `f` on `clients` threads, each with its own connection and random source, for `seconds`;

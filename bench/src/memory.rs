@@ -2,7 +2,7 @@
 
 use dlock_testkit::Server;
 
-use crate::harness::{Result, flush, used_memory};
+use crate::harness::{Result, flush, settled_memory, used_memory};
 use crate::report::{Report, ratio};
 use crate::schemes::{LUA_ACQUIRE, Op, Scheme, add_op};
 
@@ -33,7 +33,7 @@ fn memory_per_lock(server: &Server, scheme: Scheme, locks: u64) -> Result<f64> {
     let mut con = server.try_client()?;
     let acquire = redis::Script::new(LUA_ACQUIRE);
     acquire.prepare_invoke().load(&mut con)?;
-    let before = used_memory(server)?;
+    let before = settled_memory(&mut con)?;
     for batch in 0..locks / 1_000 {
         let mut pipe = redis::pipe();
         let op = match scheme {

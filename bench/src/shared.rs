@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use dlock_testkit::Server;
 
-use crate::harness::{Result, client_token, flush, run_clients, used_memory};
+use crate::harness::{Result, client_token, flush, run_clients, settled_memory, used_memory};
 use crate::report::{Report, fmt_rate, ratio};
 
 /// The Lua semaphore: drop expired holders, admit while fewer than the limit hold, mint a fence.
@@ -140,7 +140,7 @@ fn memory_per_holder(server: &Server, kind: Kind) -> Result<f64> {
     flush(server)?;
     let lua = script(server)?;
     let mut con = server.try_client()?;
-    let before = used_memory(server)?;
+    let before = settled_memory(&mut con)?;
     for semaphore in 0..SEMS {
         let mut pipe = redis::pipe();
         for holder in 0..PERMITS {

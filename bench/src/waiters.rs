@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use dlock_testkit::{Server, info_value, resp_command};
 use redis::Connection;
 
-use crate::harness::{Result, flush};
+use crate::harness::{Result, flush, settled_memory, used_memory_on};
 use crate::report::{Report, ratio};
 
 /// Waiters per case: below the bench server's `maxclients` (19,900) and the open-file limit of
@@ -39,7 +39,7 @@ const DRAIN_MARKS_S: [u64; 4] = [0, 1, 5, 10];
 pub fn run(server: &Server, report: &mut Report) -> Result<()> {
     memory(server, report)?;
     // Until the server has trimmed the pool the memory tables filled.
-    quiet_memory(&mut server.try_client()?)?;
+    settled_memory(&mut server.try_client()?)?;
     report.section(&format!(
         "{WAITERS} waiters timing out on one resource (worst PING while they join and time out)"
     ));
@@ -211,7 +211,7 @@ fn blocked_cost(
     probe: &mut Connection,
     request: impl Fn(usize) -> Vec<u8>,
 ) -> Result<Cost> {
-    let before = quiet_memory(probe)?;
+    let before = settled_memory(probe)?;
     let mut crowd = Vec::with_capacity(BLOCKED);
     for i in 0..BLOCKED {
         let mut socket = TcpStream::connect(("127.0.0.1", server.port))?;
@@ -220,16 +220,16 @@ fn blocked_cost(
     }
     wait_until(probe, "blocked_clients", |n| n >= BLOCKED)?;
     let per_client_kb = |bytes: f64| (bytes - before) / BLOCKED as f64 / 1024.0;
-    let joined_kb = per_client_kb(used_memory(probe)?);
+    let joined_kb = per_client_kb(used_memory_on(probe)?);
     sleep(SETTLE);
-    let settled_kb = per_client_kb(used_memory(probe)?);
+    let settled_kb = per_client_kb(used_memory_on(probe)?);
     drop(crowd);
     wait_until(probe, "connected_clients", |n| n <= 1)?;
     let gone = Instant::now();
     let mut left_mb = Vec::new();
     for mark in DRAIN_MARKS_S {
         sleep(Duration::from_secs(mark).saturating_sub(gone.elapsed()));
-        left_mb.push((used_memory(probe)? - before) / 1e6);
+        left_mb.push((used_memory_on(probe)? - before) / 1e6);
     }
     Ok(Cost { joined_kb, settled_kb, left_mb })
 }
@@ -238,14 +238,14 @@ fn blocked_cost(
 fn ticket_cost(probe: &mut Connection) -> Result<f64> {
     let _: Option<i64> =
         redis::cmd("DLOCK.ACQUIRE").arg("ticketed").arg("holder").arg(600_000).query(probe)?;
-    let before = quiet_memory(probe)?;
+    let before = settled_memory(probe)?;
     let mut pipe = redis::pipe();
     for i in 0..BLOCKED {
         pipe.cmd("DLOCK.ACQUIRE").arg("ticketed").arg(format!("ticket-{i}")).arg(60_000);
         pipe.arg("QUEUE").arg(600_000).ignore();
     }
     pipe.query::<()>(probe)?;
-    Ok((used_memory(probe)? - before) / BLOCKED as f64)
+    Ok((used_memory_on(probe)? - before) / BLOCKED as f64)
 }
 
 /// Whether `FLOOR.BLOCK` is there (`bench/floor` was built next to the module).
@@ -253,26 +253,6 @@ fn floor_loaded(probe: &mut Connection) -> Result<bool> {
     let info: Vec<redis::Value> =
         redis::cmd("COMMAND").arg("INFO").arg("floor.block").query(probe)?;
     Ok(info.iter().any(|entry| !matches!(entry, redis::Value::Nil)))
-}
-
-fn used_memory(probe: &mut Connection) -> Result<f64> {
-    let info: String = redis::cmd("INFO").arg("memory").query(probe)?;
-    Ok(info_value(&info, "used_memory").ok_or("no used_memory")?.parse()?)
-}
-
-/// `used_memory` once it holds still (within 64 KB over a second, for at most 30 s): what an
-/// earlier case left in the server's pool of module clients is trimmed first.
-fn quiet_memory(probe: &mut Connection) -> Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = used_memory(probe)?;
-    loop {
-        sleep(Duration::from_secs(1));
-        let now = used_memory(probe)?;
-        if (now - last).abs() < 64.0 * 1024.0 || Instant::now() > deadline {
-            return Ok(now);
-        }
-        last = now;
-    }
 }
 
 /// Waits (up to 30 s) until the `INFO clients` field `field` satisfies `done`.
