@@ -55,17 +55,27 @@ pub fn used_memory_on(probe: &mut redis::Connection) -> Result<f64> {
     Ok(info_value(&info, "used_memory").ok_or("no used_memory")?.parse()?)
 }
 
-/// `used_memory` once it holds still (within 64 KB over a second, for at most 30 s): what an
-/// earlier case left in the server's pool of module clients is trimmed first, so a baseline taken
-/// here is not undercut by that trimming while a case runs.
+/// `used_memory` once it holds still (within 16 KB over a second, for at most 3 minutes): what
+/// an earlier case left in the server's pool of module clients is trimmed first (tens of
+/// thousands of them after the waiters case, about 500 a second), so a baseline taken here is not
+/// undercut by that trimming while a case runs.
 pub fn settled_memory(probe: &mut redis::Connection) -> Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(180);
     let mut last = used_memory_on(probe)?;
     loop {
         thread::sleep(Duration::from_secs(1));
         let now = used_memory_on(probe)?;
-        if (now - last).abs() < 64.0 * 1024.0 || Instant::now() > deadline {
+        if (now - last).abs() < 16.0 * 1024.0 {
             return Ok(now);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "used_memory did not settle in {} s (last step {:.0} bytes)",
+                started.elapsed().as_secs(),
+                now - last
+            )
+            .into());
         }
         last = now;
     }

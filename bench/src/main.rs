@@ -8,8 +8,7 @@
 //! scale table stands up, default 10000), `BENCH_V1_MODULE` (the version-1 module to compare
 //! against; `make bench` builds it with `scripts/v1-module.sh`), `BENCH_OUT` (default
 //! `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so), `BENCH_ONLY`
-//! (`throughput`, `versions`, `handover`, `memory`, `waiters`, `waiter-memory` (the memory half
-//! of `waiters`), `shared`, `scale`, `storm` or `ticketstorm`: run only that section). The server is the `redis-server` on the PATH.
+//! (a comma-separated list of sections, see [`SECTIONS`], run in that order on one server). The server is the `redis-server` on the PATH.
 //!
 //! One file per scenario (`throughput`, `versions`, `cycles`, `handover`, `memory`, `waiters`,
 //! `shared`, `scale`, `storm` with the lapsing-ticket storm), each writing its table; `schemes`
@@ -32,65 +31,57 @@ mod waiters;
 use harness::Result;
 use report::Report;
 
+/// Every section, in the order a full run takes them.
+const SECTIONS: [&str; 11] = [
+    "throughput",
+    "versions",
+    "cycles",
+    "handover",
+    "memory",
+    "waiters",
+    "shared",
+    "scale",
+    "storm",
+    "ticketstorm",
+    // The memory half of `waiters`, only when named.
+    "waiter-memory",
+];
+
 fn main() -> Result<()> {
     let seconds: u64 = env_or("BENCH_SECONDS", 3);
     let storm_leases: u64 = env_or("BENCH_STORM_LEASES", 1_000_000);
     let storm_tickets: u64 = env_or("BENCH_STORM_TICKETS", 100_000);
+    let handover_seconds: u64 = env_or("BENCH_HANDOVER_SECONDS", seconds);
+    // BENCH_ONLY=a,b,… runs those sections in that order (one server, as a full run would).
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let chosen: Vec<&str> = if only.is_empty() {
+        SECTIONS[..10].to_vec()
+    } else {
+        only.split(',').map(str::trim).collect()
+    };
+    if let Some(unknown) = chosen.iter().find(|name| !SECTIONS.contains(name)) {
+        return Err(format!(
+            "BENCH_ONLY: no section {unknown:?} (sections: {})",
+            SECTIONS.join(", ")
+        )
+        .into());
+    }
     let server = harness::start_server()?;
     let mut report = Report::new(&server)?;
-    // BENCH_ONLY=storm runs just the expiry storm (for profiling the sweep); BENCH_ONLY=memory
-    // and BENCH_ONLY=throughput just those comparisons.
-    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    if only == "memory" {
-        memory::run(&server, &mut report)?;
-        return report.finish();
-    }
-    if only == "waiters" {
-        waiters::run(&server, &mut report)?;
-        return report.finish();
-    }
-    if only == "waiter-memory" {
-        waiters::memory(&server, &mut report)?;
-        return report.finish();
-    }
-    if only == "shared" {
-        shared::run(&server, &mut report, seconds)?;
-        return report.finish();
-    }
-    let handover_seconds: u64 = env_or("BENCH_HANDOVER_SECONDS", seconds);
-    if only == "handover" {
-        handover::run(&server, &mut report, handover_seconds)?;
-        return report.finish();
-    }
-    if only == "scale" {
-        scale::run(&server, &mut report)?;
-        return report.finish();
-    }
-    if only == "ticketstorm" {
-        storm::run_tickets(&server, &mut report, storm_tickets)?;
-        return report.finish();
-    }
-    if only == "versions" {
-        versions::run(&server, &mut report, seconds)?;
-        return report.finish();
-    }
-    if only == "throughput" {
-        throughput::run(&server, &mut report, seconds)?;
-        return report.finish();
-    }
-    if only != "storm" {
-        throughput::run(&server, &mut report, seconds)?;
-        versions::run(&server, &mut report, seconds)?;
-        cycles::run(&server, &mut report, seconds)?;
-        handover::run(&server, &mut report, handover_seconds)?;
-        memory::run(&server, &mut report)?;
-        waiters::run(&server, &mut report)?;
-        shared::run(&server, &mut report, seconds)?;
-        scale::run(&server, &mut report)?;
-    }
-    storm::run(&server, &mut report, storm_leases)?;
-    if only != "storm" {
-        storm::run_tickets(&server, &mut report, storm_tickets)?;
+    for section in chosen {
+        match section {
+            "throughput" => throughput::run(&server, &mut report, seconds)?,
+            "versions" => versions::run(&server, &mut report, seconds)?,
+            "cycles" => cycles::run(&server, &mut report, seconds)?,
+            "handover" => handover::run(&server, &mut report, handover_seconds)?,
+            "memory" => memory::run(&server, &mut report)?,
+            "waiters" => waiters::run(&server, &mut report)?,
+            "waiter-memory" => waiters::memory(&server, &mut report)?,
+            "shared" => shared::run(&server, &mut report, seconds)?,
+            "scale" => scale::run(&server, &mut report)?,
+            "storm" => storm::run(&server, &mut report, storm_leases)?,
+            _ => storm::run_tickets(&server, &mut report, storm_tickets)?,
+        }
     }
     report.finish()
 }

@@ -100,7 +100,7 @@ pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
     ]);
 
     report.section(&format!(
-        "Memory per permit holder (1,000 semaphores × {PERMITS} holders, 36-byte tokens, bytes)"
+        "Memory per permit holder ({SEMAPHORES} semaphores × {PERMITS} holders, 36-byte tokens, bytes)"
     ));
     report.header(&["Lua semaphore (ZSET + INCR)", "DLOCK SHARED LIMIT", "permit / Lua"]);
     let lua = memory_per_holder(server, Kind::LuaSemaphore)?;
@@ -136,12 +136,11 @@ fn cycles(server: &Server, kind: Kind, seconds: u64) -> Result<f64> {
 }
 
 fn memory_per_holder(server: &Server, kind: Kind) -> Result<f64> {
-    const SEMS: u64 = 1_000;
     flush(server)?;
     let lua = script(server)?;
     let mut con = server.try_client()?;
     let before = settled_memory(&mut con)?;
-    for semaphore in 0..SEMS {
+    for semaphore in 0..SEMAPHORES {
         let mut pipe = redis::pipe();
         for holder in 0..PERMITS {
             let token = format!("{semaphore:018}{holder:018}");
@@ -154,5 +153,5 @@ fn memory_per_holder(server: &Server, kind: Kind) -> Result<f64> {
     }
     let after = used_memory(server)?;
     flush(server)?;
-    Ok((after - before) / (SEMS * PERMITS) as f64)
+    Ok((after - before) / (SEMAPHORES * PERMITS) as f64)
 }
