@@ -14,6 +14,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 # The cross-client tests install redis-py and node-redis into .deps/ with pip and npm.
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# The clock tests build a small preload library (testkit/clockshim) with the C compiler.
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 # The client's end-to-end tests and the chaos harness start a throwaway PostgreSQL server.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # bindgen needs libclang and clang's own headers (stddef.h).

@@ -1,12 +1,13 @@
 //! What dlock's integration tests, benchmarks and chaos harness share, in one place: real
 //! `redis-server` processes with the module loaded (each on its own port and directory, with a
 //! start-up deadline, killed on drop), a primary with a replica, a Redis Cluster, a TCP proxy
-//! for link faults, a seeded random source, INFO parsing, one-line command helpers and a
+//! for link faults, a wall clock that steps, a seeded random source, INFO parsing, one-line command helpers and a
 //! throwaway PostgreSQL.
 //!
 //! Modules name their siblings through `super::`, never `crate::`: `tests/common/mod.rs` compiles
 //! these same files for test crates that do not depend on the kit yet.
 
+mod clock;
 mod cluster;
 mod commands;
 mod info;
@@ -15,6 +16,7 @@ mod proxy;
 mod rng;
 mod server;
 
+pub use clock::{Clock, clock_shim};
 pub use cluster::Cluster;
 pub use commands::{
     acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,

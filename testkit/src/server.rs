@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{eventually, exists, info_value};
+use super::{Clock, eventually, exists, info_value};
 
 /// How long a server may take to answer PING after start.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -50,6 +50,7 @@ pub struct Launch {
     module: Option<PathBuf>,
     args: Vec<String>,
     files: Vec<(String, Vec<u8>)>,
+    env: Vec<(String, String)>,
 }
 
 impl Default for Launch {
@@ -61,7 +62,13 @@ impl Default for Launch {
 impl Launch {
     /// [`server_binary`] with [`module_path`], no extra arguments, an empty directory.
     pub fn new() -> Self {
-        Self { binary: server_binary(), module: None, args: Vec::new(), files: Vec::new() }
+        Self {
+            binary: server_binary(),
+            module: None,
+            args: Vec::new(),
+            files: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     /// Runs this server binary instead of [`server_binary`].
@@ -85,6 +92,12 @@ impl Launch {
     /// Puts a file (a path relative to the server's directory) there before the server starts.
     pub fn file(mut self, name: &str, contents: &[u8]) -> Self {
         self.files.push((name.to_owned(), contents.to_vec()));
+        self
+    }
+
+    /// Runs the server (and its restarts) on `clock`, whose wall clock steps when the test says.
+    pub fn clock(mut self, clock: &Clock) -> Self {
+        self.env.extend(clock.env());
         self
     }
 
@@ -117,6 +130,7 @@ impl Launch {
             binary: self.binary,
             module,
             args: self.args,
+            env: self.env,
         };
         server.spawn(true)?;
         Ok(server)
@@ -132,6 +146,7 @@ pub struct Server {
     binary: String,
     module: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -202,6 +217,7 @@ impl Server {
             .arg("--loadmodule")
             .arg(&self.module)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
