@@ -48,6 +48,7 @@ pub fn clock_shim() -> &'static Path {
 
 /// The offset of one or more servers' wall clocks from the machine's, in microseconds; servers
 /// started with [`crate::Launch::clock`] read it within 2 ms of a change (restarts included).
+#[derive(Debug)]
 pub struct Clock {
     dir: TempDir,
     offset_us: AtomicI64,
