@@ -40,48 +40,38 @@ struct Holder {
 /// Every live lease on every resource, oldest grant first.
 type Leases = Vec<Vec<Holder>>;
 
-fn text(value: &redis::Value) -> Option<String> {
-    match value {
-        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        redis::Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn number(value: &redis::Value) -> i64 {
-    text(value).and_then(|t| t.parse().ok()).unwrap_or(0)
-}
-
 /// The live leases of one resource, read from the raw DLOCK.INFO reply.
 fn holders(con: &mut redis::Connection, resource: &str) -> Vec<Holder> {
     let reply: redis::Value = redis::cmd("DLOCK.INFO").arg(resource).query(con).expect("INFO");
     let redis::Value::Array(items) = reply else { return Vec::new() };
     let field = |name: &str| {
-        items.chunks(2).find(|pair| text(&pair[0]).as_deref() == Some(name)).map(|pair| &pair[1])
+        items
+            .chunks(2)
+            .find(|pair| value_text(&pair[0]).as_deref() == Some(name))
+            .map(|pair| &pair[1])
     };
     if let Some(redis::Value::Array(leases)) = field("leases") {
         return leases
             .iter()
             .filter_map(|lease| match lease {
                 redis::Value::Array(parts) if parts.len() == 4 => Some(Holder {
-                    owner: text(&parts[0]).unwrap_or_default(),
-                    fence: number(&parts[1]),
-                    ttl: number(&parts[2]),
+                    owner: value_text(&parts[0]).unwrap_or_default(),
+                    fence: value_number(&parts[1]),
+                    ttl: value_number(&parts[2]),
                     shared: true,
-                    meta: text(&parts[3]),
+                    meta: value_text(&parts[3]),
                 }),
                 _ => None,
             })
             .collect();
     }
-    match field("owner").and_then(text) {
+    match field("owner").and_then(value_text) {
         Some(owner) => vec![Holder {
             owner,
-            fence: field("fence").map_or(0, number),
-            ttl: field("ttl-ms").map_or(0, number),
+            fence: field("fence").map_or(0, value_number),
+            ttl: field("ttl-ms").map_or(0, value_number),
             shared: false,
-            meta: field("meta").and_then(text),
+            meta: field("meta").and_then(value_text),
         }],
         None => Vec::new(),
     }

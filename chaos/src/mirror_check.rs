@@ -15,7 +15,7 @@
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use dlock_testkit::{Launch, Server, info_value};
+use dlock_testkit::{Launch, Server, info_value, value_number, value_text};
 
 use crate::check::Finding;
 use crate::history::now_ns;
@@ -133,28 +133,18 @@ fn position(con: &mut redis::Connection) -> Option<(String, u64)> {
     Some((id, offset))
 }
 
-fn text(value: &redis::Value) -> Option<String> {
-    match value {
-        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        redis::Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn number(value: &redis::Value) -> i64 {
-    text(value).and_then(|t| t.parse().ok()).unwrap_or(0)
-}
-
 /// A RESP2 `DLOCK.INFO` reply (nil: nothing live, nobody waiting).
 fn parse_info(reply: &redis::Value) -> Resource {
     let redis::Value::Array(items) = reply else { return Resource::default() };
     let field = |name: &str| {
-        items.chunks(2).find(|pair| text(&pair[0]).as_deref() == Some(name)).map(|pair| &pair[1])
+        items
+            .chunks(2)
+            .find(|pair| value_text(&pair[0]).as_deref() == Some(name))
+            .map(|pair| &pair[1])
     };
     let mut resource = Resource {
-        waiters: field("waiters").map_or(0, number) as u64,
-        tickets: field("tickets").map_or(0, number) as u64,
+        waiters: field("waiters").map_or(0, value_number) as u64,
+        tickets: field("tickets").map_or(0, value_number) as u64,
         ..Resource::default()
     };
     if let Some(redis::Value::Array(leases)) = field("leases") {
@@ -162,22 +152,22 @@ fn parse_info(reply: &redis::Value) -> Resource {
             .iter()
             .filter_map(|lease| match lease {
                 redis::Value::Array(parts) if parts.len() == 4 => Some(Lease {
-                    token: text(&parts[0]).unwrap_or_default(),
-                    fence: number(&parts[1]) as u64,
-                    ttl_ms: number(&parts[2]),
+                    token: value_text(&parts[0]).unwrap_or_default(),
+                    fence: value_number(&parts[1]) as u64,
+                    ttl_ms: value_number(&parts[2]),
                     shared: true,
-                    meta: text(&parts[3]),
+                    meta: value_text(&parts[3]),
                 }),
                 _ => None,
             })
             .collect();
-    } else if let Some(token) = field("owner").and_then(text) {
+    } else if let Some(token) = field("owner").and_then(value_text) {
         resource.leases.push(Lease {
             token,
-            fence: field("fence").map_or(0, number) as u64,
-            ttl_ms: field("ttl-ms").map_or(0, number),
-            shared: field("mode").and_then(text).as_deref() == Some("shared"),
-            meta: field("meta").and_then(text),
+            fence: field("fence").map_or(0, value_number) as u64,
+            ttl_ms: field("ttl-ms").map_or(0, value_number),
+            shared: field("mode").and_then(value_text).as_deref() == Some("shared"),
+            meta: field("meta").and_then(value_text),
         });
     }
     resource
@@ -199,8 +189,8 @@ fn read(con: &mut redis::Connection, resources: &[String], digests: bool) -> Opt
         let mut resource = parse_info(&chunk[0]);
         if digests {
             resource.digest = match &chunk[1] {
-                redis::Value::Array(values) => values.first().and_then(text),
-                other => text(other),
+                redis::Value::Array(values) => values.first().and_then(value_text),
+                other => value_text(other),
             };
         }
         out.push(resource);

@@ -52,15 +52,25 @@ pub fn fencecheck(con: &mut redis::Connection, resource: &str, fence: i64) -> i6
     redis::cmd("DLOCK.FENCECHECK").arg(resource).arg(fence).query(con).expect("FENCECHECK")
 }
 
+/// A reply's text: a bulk or simple string, or an integer written out; `None` for anything else.
+pub fn value_text(value: &redis::Value) -> Option<String> {
+    match value {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A reply read as an integer ([`value_text`] parsed), 0 when it is none.
+pub fn value_number(value: &redis::Value) -> i64 {
+    value_text(value).and_then(|t| t.parse().ok()).unwrap_or(0)
+}
+
 /// DLOCK.INFO as (field, value) pairs rendered as strings, or None for nil.
 pub fn info(con: &mut redis::Connection, resource: &str) -> Option<Vec<(String, String)>> {
     let value: redis::Value = redis::cmd("DLOCK.INFO").arg(resource).query(con).expect("INFO");
-    let render = |v: &redis::Value| match v {
-        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        redis::Value::SimpleString(s) => s.clone(),
-        redis::Value::Int(n) => n.to_string(),
-        other => format!("{other:?}"),
-    };
+    let render = |v: &redis::Value| value_text(v).unwrap_or_else(|| format!("{v:?}"));
     match value {
         redis::Value::Nil => None,
         redis::Value::Array(items) => {

@@ -20,7 +20,7 @@ pub use clock::{Clock, clock_shim};
 pub use cluster::Cluster;
 pub use commands::{
     acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
-    release, renew, resp_command, send_wait, send_wait_for,
+    release, renew, resp_command, send_wait, send_wait_for, value_number, value_text,
 };
 pub use info::{cluster_info, info_fields, info_line, info_value, wait_for_background_persistence};
 pub use postgres::{PG_USER, Postgres};
