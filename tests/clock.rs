@@ -152,14 +152,7 @@ fn a_step_across_a_restart_moves_restored_deadlines_by_the_step() {
 
 #[test]
 fn a_replica_with_another_clock_holds_the_primarys_fences_and_promoted_mints_larger_ones() {
-    let primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
+    let primary = Server::start_with(PRIMARY_NO_PERSISTENCE);
     // The replica's clock is 30 s behind its primary's from the start.
     let clock = Clock::new();
     clock.backward(Duration::from_secs(30));

@@ -107,14 +107,7 @@ fn a_promoted_replica_keeps_replicated_leases_sweeps_them_on_time_and_mints_larg
 
 #[test]
 fn a_replica_cut_off_from_grants_mints_larger_fences_than_all_of_them_once_promoted() {
-    let mut primary = Server::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]);
+    let mut primary = Server::start_with(PRIMARY_NO_PERSISTENCE);
     let link = LinkProxy::start(primary.port);
     let replica = Server::start_with(&[
         "--save",

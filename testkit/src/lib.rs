@@ -27,6 +27,6 @@ pub use postgres::{PG_USER, Postgres};
 pub use proxy::LinkProxy;
 pub use rng::{Rng, seed_from_env};
 pub use server::{
-    AOF_ALWAYS, Launch, Server, free_port, module_path, primary_and_replica_with, server_binary,
-    wait_until_replica_streams,
+    AOF_ALWAYS, Launch, PRIMARY_NO_PERSISTENCE, Server, free_port, module_path,
+    primary_and_replica_with, server_binary, wait_until_replica_streams,
 };

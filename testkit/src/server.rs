@@ -14,6 +14,11 @@ use super::{Clock, eventually, exists, info_value};
 /// How long a server may take to answer PING after start.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
+/// Arguments of a primary without persistence that feeds a new replica at once (diskless sync, no
+/// delay).
+pub const PRIMARY_NO_PERSISTENCE: &[&str] =
+    &["--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"];
+
 /// Arguments of a server that fsyncs its AOF before every reply, without RDB snapshots.
 pub const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always", "--save", ""];
 
