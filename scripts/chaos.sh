@@ -5,8 +5,8 @@
 # harness against deliberately broken workers (unfenced SQL writes; mixed workers that ignore the
 # semaphore limit, take shared leases as writers, abandon waiters without a claim window and
 # refresh tickets under new tokens; a harness that deletes a live lock key on the replica before
-# each mirror comparison and loads a stale copy of the AOF) and fails unless every checker meant
-# to catch them does.
+# each mirror comparison and loads a stale copy of the AOF; servers whose monotonic clock steps
+# with their wall clock) and fails unless every checker meant to catch them does.
 # CHAOS_BUILD=release builds optimised (the default is debug, which shares the test build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,17 @@ if [ "$self_check" = yes ]; then
     fi
     caught="$caught, mirror ($copy) $n"
   done
+  # The servers' monotonic clock stepping with their wall clock (every fault a clock step):
+  # leases end early, which the clock checker must see.
+  "$chaos" --seconds 8 --seed "$seed" --broken-clock --rw 1 --sem 1 \
+    > target/chaos-self-check-clock.log 2>&1 || true
+  n=$(grep -c "^VIOLATION (clock-lease)" target/chaos-self-check-clock.log || true)
+  if [ "$n" -eq 0 ]; then
+    cat target/chaos-self-check-clock.log
+    echo "chaos: the self-check found no 'clock-lease' violation: the clock checker is broken" >&2
+    exit 1
+  fi
+  caught="$caught, clock-lease $n"
   echo "chaos: self-check caught $caught"
 fi
 "$chaos" --seconds "${CHAOS_ALWAYS_SECONDS:-$seconds}" --seed "$seed" --profile always

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::check_clock;
 use crate::check_lines::{self, LineReport};
 use crate::check_modes::{self, ModeReport};
 use crate::history::{Event, Kind, Op};
@@ -65,8 +66,10 @@ impl Settings {
     /// held by a stopped or cut-off worker runs out) plus slack, and after a restart or a
     /// promotion also the grant delay.
     pub fn liveness_window(&self, kind: &str) -> u64 {
-        let delay = if matches!(kind, "kill-primary" | "promote" | "failover" | "failover-in-delay")
-        {
+        let delay = if matches!(
+            kind,
+            "kill-primary" | "clock-step-restart" | "promote" | "failover" | "failover-in-delay"
+        ) {
             self.grant_delay_ns
         } else {
             0
@@ -259,6 +262,7 @@ pub fn check(events: &[Event], faults: &[Fault], state: &State, settings: &Setti
     liveness(&grants, faults, settings, &mut report);
     check_modes::check(&operations, &grants, faults, settings, &mut report);
     check_lines::check(&operations, &grants, &samples, faults, settings, &mut report);
+    check_clock::check(&operations, faults, settings, &mut report);
     report
 }
 

@@ -16,9 +16,13 @@
 //! condition and stall past their lease now and then), `--broken-mixed` (mixed workers ignore
 //! the semaphore limit, take shared leases as writers, abandon waiters without a claim window
 //! and refresh tickets under new tokens), `--broken-mirror` (the harness deletes a live lock key
-//! on the replica before each mirror comparison, and loads a two-second-old copy of the AOF).
+//! on the replica before each mirror comparison, and loads a two-second-old copy of the AOF),
+//! `--broken-clock` (the servers' monotonic clock steps forward with their wall clock, every
+//! fault a clock step on the running primary that keeps stepping while it lasts: leases end
+//! early).
 
 mod check;
+mod check_clock;
 mod check_lines;
 mod check_modes;
 mod history;
@@ -100,6 +104,7 @@ fn main() {
         // A self-check has little time: client faults come more often.
         client_faults_every: if broken_mixed { (400, 900) } else { (1_000, 3_000) },
         broken_mirror: args.iter().any(|a| a == "--broken-mirror"),
+        broken_clock: args.iter().any(|a| a == "--broken-clock"),
     };
     let outcome = nemesis::run(&config);
     let report = &outcome.report;

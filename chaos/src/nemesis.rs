@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::thread::{JoinHandle, sleep, spawn};
 use std::time::{Duration, Instant};
 
-use dlock_testkit::{LinkProxy, Postgres, Rng, Server, wait_until_replica_streams};
+use dlock_testkit::{Clock, Launch, LinkProxy, Postgres, Rng, Server, wait_until_replica_streams};
 
 use crate::check::{self, Accepted, Fault, Finding, Report, Settings, State};
 use crate::history::{Event, Kind, now_ns};
@@ -48,6 +48,8 @@ pub struct Config {
     pub client_faults_every: (u64, u64),
     /// The mirror checker's self-check: the harness breaks the replica and the AOF copy.
     pub broken_mirror: bool,
+    /// The clock checker's self-check: the servers' monotonic clock steps with their wall clock.
+    pub broken_clock: bool,
 }
 
 pub struct Outcome {
@@ -134,6 +136,7 @@ fn spawn_worker(
     generation: u64,
     redis_url: &str,
     pg: &str,
+    clock: &Clock,
 ) -> Child {
     let exe = std::env::current_exe().expect("own path");
     let replicas = if config.profile == Profile::Failover { 1 } else { 0 };
@@ -165,6 +168,7 @@ fn spawn_worker(
         ])
         .arg("--log")
         .arg(dir.join(format!("worker-{id}.history")))
+        .envs(clock.env())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
@@ -212,6 +216,96 @@ fn client_nemesis(config: &Config, dir: &Path, stop: Arc<AtomicBool>) -> JoinHan
         }
         faults
     })
+}
+
+/// Client clock steps, drawn from a stream of their own (seed ^ this).
+const CLIENT_CLOCK_STREAM: u64 = 0xc10c_4c11_e475_eed5;
+/// How far the workers' wall clock may drift from the machine's, in seconds.
+const CLIENT_CLOCK_MOST_S: i64 = 900;
+
+/// The client-clock nemesis: every 2–6 s it steps the wall clock of every worker process forward
+/// or backward by 1 s to 10 minutes (within [`CLIENT_CLOCK_MOST_S`] of the machine's), until `stop`.
+/// The workers time leases by the monotonic clock, so nothing may change.
+fn client_clock_nemesis(
+    config: &Config,
+    clock: Arc<Clock>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Vec<Fault>> {
+    let mut rng = Rng::new(config.seed ^ CLIENT_CLOCK_STREAM);
+    spawn(move || {
+        let mut faults = Vec::new();
+        loop {
+            let until = Instant::now() + Duration::from_millis(rng.between(2_000, 6_000));
+            while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                sleep(Duration::from_millis(20));
+            }
+            if stop.load(Ordering::SeqCst) {
+                return faults;
+            }
+            let by = rng.between(1, 600) as i64 * 1_000_000;
+            let offset = clock.offset_us();
+            let forward = rng.below(2) == 0;
+            let next = if forward { offset + by } else { offset - by };
+            let next = if next.abs() > CLIENT_CLOCK_MOST_S * 1_000_000 {
+                offset - next.signum() * by
+            } else {
+                next
+            };
+            let start = now_ns();
+            clock.set_offset_us(next);
+            faults.push(Fault { kind: "client-clock", start, end: start, may_lose_leases: false });
+        }
+    })
+}
+
+/// Server clock steps, drawn from a stream of their own (seed ^ this).
+const CLOCK_STREAM: u64 = 0xc10c_57e9_5eed_0001;
+
+/// The servers' clock steps: `clock-step` steps the wall clock of both servers (one machine's
+/// clock) forward or backward on a running primary, holds it there a while and steps it back;
+/// `clock-step-restart` steps it forward while the primary is down (a crash and restart), then
+/// back once it runs. Steps are 1 s to 2 minutes with `appendfsync always`, and 1–10 s in the
+/// failover profile, which then waits as long as the step before the next fault: there a crash may
+/// lose the fence counter's last second, and the clock must have passed the fences minted ahead
+/// of it again (the one assumption of the fence rule). Returns whether the fault may lose leases.
+fn clock_fault(
+    kind: &str,
+    cluster: &mut Cluster,
+    clock: &Clock,
+    config: &Config,
+    rng: &mut Rng,
+) -> bool {
+    let most = if config.profile == Profile::Always { 120 } else { 10 };
+    let by = Duration::from_millis(rng.between(1_000, most * 1_000));
+    let hold = Duration::from_millis(rng.between(1_000, 3_000));
+    let forward = kind == "clock-step-restart" || config.broken_clock || rng.below(2) == 0;
+    if forward {
+        clock.forward(by)
+    } else {
+        clock.backward(by)
+    }
+    if kind == "clock-step-restart" {
+        let args: Vec<&str> = cluster.args.iter().map(String::as_str).collect();
+        cluster.primary.server.crash_and_restart_with(&args);
+    }
+    if config.broken_clock {
+        // A monotonic clock that keeps jumping ahead: every lease renewed in the hold is cut short.
+        let until = Instant::now() + hold;
+        while Instant::now() < until {
+            sleep(Duration::from_millis(rng.between(200, 500)));
+            clock.forward(Duration::from_millis(rng.between(1_000, 3_000)));
+        }
+    } else {
+        sleep(hold);
+    }
+    // The broken clock stays stepped: its monotonic clock would step back too.
+    if !config.broken_clock {
+        clock.set_offset_us(0);
+        if config.profile == Profile::Failover && forward {
+            sleep(by);
+        }
+    }
+    kind == "clock-step-restart" && config.profile != Profile::Always
 }
 
 /// The worker processes; killed when dropped, so that a failed run leaves none behind.
@@ -335,13 +429,17 @@ pub fn run(config: &Config) -> Outcome {
     .map(|s| s.to_string())
     .collect();
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let primary = Server::start_with(&arg_refs);
+    // One clock for both servers: they share this machine's.
+    let server_clock =
+        if config.broken_clock { Clock::stepping_monotonic_too() } else { Clock::new() };
+    let client_clock = Arc::new(Clock::new());
+    let primary = Launch::new().clock(&server_clock).args(&arg_refs).start();
     let replication = LinkProxy::start(primary.port);
     let clients = LinkProxy::start(primary.port);
     let primary_port = Arc::new(AtomicU16::new(primary.port));
     let mut cluster = Cluster {
         primary: Node { server: primary },
-        replica: Node { server: Server::start_with(&["--save", ""]) },
+        replica: Node { server: Launch::new().clock(&server_clock).args(&["--save", ""]).start() },
         clients,
         replication,
         args,
@@ -359,7 +457,9 @@ pub fn run(config: &Config) -> Outcome {
     let redis_url = format!("redis://127.0.0.1:{}/", cluster.clients.port);
     let mut workers = Workers(
         (0..config.workers + config.mixed_workers)
-            .map(|id| spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config()))
+            .map(|id| {
+                spawn_worker(config, dir.path(), id, 0, &redis_url, &pg.config(), &client_clock)
+            })
             .collect(),
     );
     let mixed = mixed_resources(config);
@@ -371,6 +471,8 @@ pub fn run(config: &Config) -> Outcome {
     .expect("observer history");
     let stop_clients = Arc::new(AtomicBool::new(false));
     let client_faults = client_nemesis(config, dir.path(), stop_clients.clone());
+    let client_clock_faults =
+        client_clock_nemesis(config, client_clock.clone(), stop_clients.clone());
 
     let ttl = config.ttl;
     let mut settings = Settings {
@@ -384,6 +486,7 @@ pub fn run(config: &Config) -> Outcome {
     let mut rng = Rng::new(config.seed);
     let mut pauses = Rng::new(config.seed ^ PAUSE_STREAM);
     let mut in_delay = Rng::new(config.seed ^ IN_DELAY_STREAM);
+    let mut clock_steps = Rng::new(config.seed ^ CLOCK_STREAM);
     let mixed_names: Vec<String> = settings.mixed.keys().cloned().collect();
     let mut promotions = Promotions::default();
     let resources = (0..config.resources).map(|r| format!("res:{{{r}}}"));
@@ -394,7 +497,12 @@ pub fn run(config: &Config) -> Outcome {
     let end = started + Duration::from_secs(config.seconds);
     sleep(Duration::from_millis(rng.between(500, 1_500)));
     while Instant::now() + Duration::from_secs(2) < end {
-        let kind = if config.profile == Profile::Failover && in_delay.below(5) == 0 {
+        // The broken clock steps a running server only: a restart would excuse a short lease.
+        let kind = if config.broken_clock {
+            "clock-step"
+        } else if clock_steps.below(6) == 0 {
+            *clock_steps.pick(&["clock-step", "clock-step-restart"])
+        } else if config.profile == Profile::Failover && in_delay.below(5) == 0 {
             "failover-in-delay"
         } else if pauses.below(4) == 0 {
             *pauses.pick(pause_kinds(config.profile))
@@ -423,6 +531,7 @@ pub fn run(config: &Config) -> Outcome {
                     generation,
                     &redis_url,
                     &pg.config(),
+                    &client_clock,
                 );
             }
             "kill-primary" => {
@@ -475,6 +584,10 @@ pub fn run(config: &Config) -> Outcome {
                     promotions.record(seen);
                 }
             }
+            "clock-step" | "clock-step-restart" => {
+                may_lose_leases =
+                    clock_fault(kind, &mut cluster, &server_clock, config, &mut clock_steps);
+            }
             _ => unreachable!("every kind is handled"),
         }
         faults.push(Fault { kind, start, end: now_ns(), may_lose_leases });
@@ -493,7 +606,9 @@ pub fn run(config: &Config) -> Outcome {
     stop_clients.store(true, Ordering::SeqCst);
     drop(workers);
     observer.stop();
-    let client_faults = client_faults.join().unwrap_or_default();
+    let mut client_faults = client_faults.join().unwrap_or_default();
+    client_faults.extend(client_clock_faults.join().unwrap_or_default());
+    client_faults.sort_by_key(|fault| fault.start);
 
     let events = read_history(dir.path(), config.workers + config.mixed_workers);
     let mut con = cluster.primary.server.client();
