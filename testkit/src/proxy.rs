@@ -28,8 +28,10 @@ struct Shared {
     silent_below: AtomicU64,
     /// The number of the last accepted connection.
     accepted: AtomicU64,
-    /// Both ends of every connection forwarded since the last [`LinkProxy::drop_connections`].
-    open: Mutex<Vec<TcpStream>>,
+    /// Both ends of every connection still open, by number: a connection leaves when either
+    /// direction ends (or [`LinkProxy::drop_connections`] closes it), so none holds its
+    /// descriptors past its end.
+    open: Mutex<Vec<(u64, TcpStream)>>,
 }
 
 impl LinkProxy {
@@ -56,8 +58,8 @@ impl LinkProxy {
                     let shared = accepting.clone();
                     spawn(move || forward(from, to, replies, number, &shared));
                 }
-                open.push(client);
-                open.push(server);
+                open.push((number, client));
+                open.push((number, server));
             }
         });
         Self { port, shared }
@@ -82,7 +84,7 @@ impl LinkProxy {
 
     /// Closes every connection open now; new ones are accepted.
     pub fn drop_connections(&self) {
-        for stream in self.shared.open.lock().expect("proxy streams").drain(..) {
+        for (_, stream) in self.shared.open.lock().expect("proxy streams").drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
     }
@@ -133,4 +135,6 @@ fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, s
         }
     }
     let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+    shared.open.lock().expect("proxy streams").retain(|(n, _)| *n != number);
 }
