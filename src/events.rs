@@ -116,7 +116,9 @@ unsafe extern "C" fn on_server_event(
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {
-            crate::timer::before_sleep(&ctx)
+            let now = crate::clock::now();
+            crate::commands::setfence::backstop(&ctx, now);
+            crate::timer::before_sleep(&ctx, now)
         }
         _ => {}
     }

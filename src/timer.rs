@@ -174,19 +174,31 @@ fn rearm_in(ctx: &Context, delay_ms: u64, now: Now) {
 /// Set when a slice of the sweep yielded with due entries left.
 static BACKLOG: AtomicBool = AtomicBool::new(false);
 
+/// Whether the armed timer should have fired by now (monotonic), with time to spare.
+fn timer_late(now: Now) -> bool {
+    state::with_expiry(|expiry| {
+        expiry.timer.is_some_and(|(_, due)| now.mono > due.saturating_add(clock::TIMER_LATE_US))
+    })
+}
+
 /// Called before the event loop sleeps. A sweep that yielded with work left resumes right after
 /// the clients of this turn are served, instead of 1 ms later: the timer armed from inside a
 /// timer callback cannot fire sooner, one armed here can. Slices stay bounded by the budget.
-pub fn before_sleep(ctx: &Context) {
-    if !BACKLOG.swap(false, Ordering::Relaxed) {
+///
+/// It is also the backstop for Redis's module timers, which run on the wall clock: a timer armed
+/// before the clock stepped back fires that much later (a minute's step held every hand-over and
+/// every waiter's time-out a minute). The event loop turns at least every cron tick, on the
+/// monotonic clock, so a timer found [`clock::TIMER_LATE_US`] past its due is replaced by one due at once.
+pub fn before_sleep(ctx: &Context, now: Now) {
+    let backlog = BACKLOG.swap(false, Ordering::Relaxed);
+    if !backlog && !timer_late(now) {
         // Inserts and waiters of this turn asked for the timer: arm it for the earliest of them.
         if state::take_arm_request() {
-            arm(ctx, clock::now());
+            arm(ctx, now);
         }
         return;
     }
     state::take_arm_request();
-    let now = clock::now();
     let armed = state::with_expiry(|expiry| expiry.timer.take());
     // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
     // is not a timer callback, so the stopped timer is not the one running.

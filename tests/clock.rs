@@ -84,6 +84,51 @@ fn a_backward_step_on_a_running_server_lengthens_no_lease_and_fences_keep_rising
 
 /// Grants, steps the clock back by 10 minutes, restarts with `args` (after `before_restart`),
 /// and returns the fences minted before and after the restart.
+/// Redis runs module timers on the wall clock: without dlock's backstop (the event loop's turns,
+/// on the monotonic clock), a timer armed before a step back fires that much later, and with it
+/// every hand-over to a waiter and every waiter's time-out.
+#[test]
+fn a_backward_step_on_a_running_server_holds_up_no_hand_over_and_no_waiters_time_out() {
+    let (server, clock) = clocked(NO_PERSISTENCE);
+    let mut con = server.client();
+    acquire(&mut con, "job", "first", 1_000).expect("granted");
+    acquire(&mut con, "kept", "holder", 60_000).expect("granted");
+    let started = Instant::now();
+    let wait = |resource: &'static str, wait_ms: u64| {
+        let mut waiter = server.client();
+        std::thread::spawn(move || {
+            let fence: Option<u64> = redis::cmd("DLOCK.ACQUIRE")
+                .arg(resource)
+                .arg("waiter")
+                .arg(5_000)
+                .arg("WAIT")
+                .arg(wait_ms)
+                .query(&mut waiter)
+                .expect("ACQUIRE … WAIT");
+            (fence, started.elapsed())
+        })
+    };
+    let handed = wait("job", 10_000);
+    let timed_out = wait("kept", 1_500);
+    assert!(eventually(Duration::from_secs(5), || info_field(&mut con, "kept", "waiters")
+        .is_some_and(|n| n == "1")));
+    assert!(eventually(Duration::from_secs(5), || info_field(&mut con, "job", "waiters")
+        .is_some_and(|n| n == "1")));
+    clock.backward(Duration::from_secs(60));
+    let (fence, handed_after) = handed.join().expect("waiter");
+    assert!(fence.is_some(), "the waiter was never handed the lease");
+    assert!(
+        handed_after < Duration::from_secs(3),
+        "a 1 s lease was handed over {handed_after:?} after it was granted"
+    );
+    let (fence, timed_out_after) = timed_out.join().expect("waiter");
+    assert_eq!(fence, None, "the lease held for 60 s was handed over");
+    assert!(
+        timed_out_after < Duration::from_millis(3_500),
+        "a 1.5 s wait ended after {timed_out_after:?}"
+    );
+}
+
 fn fences_across_a_backward_step_and_restart(
     args: &[&str],
     before_restart: impl FnOnce(&mut redis::Connection),

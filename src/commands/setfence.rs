@@ -2,11 +2,13 @@
 //! replicas) whenever the server forks, so the counter survives an AOF rewrite without an RDB
 //! preamble even when no lock key holds it. Clients cannot send it.
 
+use std::sync::Mutex;
+
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, internal_only};
-use crate::core::DlockError;
 use crate::core::args::parse_fence;
+use crate::core::{DlockError, Micros, Now};
 use crate::state;
 
 pub const META: CommandMeta = CommandMeta {
@@ -37,13 +39,49 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// BGSAVE, BGREWRITEAOF), and replicating from there marks that command as a write, so the
 /// server would append it to the AOF and the replication stream (a PSYNC replayed from the AOF
 /// crashes the next load).
+///
+/// One timer at a time: it propagates the counter as it is when it fires.
 pub fn propagate_counter_soon(ctx: &Context) {
+    if PENDING.lock().is_ok_and(|pending| pending.is_some()) {
+        return;
+    }
+    propagate_in(ctx, 0);
+}
+
+/// The propagation timer armed, and when it is due (monotonic µs).
+static PENDING: Mutex<Option<(u64, Micros)>> = Mutex::new(None);
+
+/// Arms the propagation timer `delay_ms` from now.
+fn propagate_in(ctx: &Context, delay_ms: u64) {
+    let due = crate::clock::now().mono.saturating_add(delay_ms * 1_000);
     // SAFETY: ctx is live for this call; the timer carries no data.
     unsafe {
         if let Some(create) = raw::RedisModule_CreateTimer {
-            create(ctx.ctx, 0, Some(on_propagate_timer), std::ptr::null_mut());
+            let id =
+                create(ctx.ctx, delay_ms as i64, Some(on_propagate_timer), std::ptr::null_mut());
+            if let Ok(mut pending) = PENDING.lock() {
+                *pending = Some((id, due));
+            }
         }
     }
+}
+
+/// Called before the event loop sleeps: a propagation timer held up by a step back of the wall
+/// clock (Redis runs module timers on it; see `timer::before_sleep`) is replaced by one due at
+/// once.
+pub fn backstop(ctx: &Context, now: Now) {
+    let late = PENDING.lock().ok().and_then(|pending| {
+        pending.filter(|(_, due)| now.mono > due.saturating_add(crate::clock::TIMER_LATE_US))
+    });
+    let Some((id, _)) = late else { return };
+    // SAFETY: ctx is live; the id was returned by CreateTimer and carries no data; this is not
+    // a timer callback, so the stopped timer is not the one running.
+    unsafe {
+        if let Some(stop) = raw::RedisModule_StopTimer {
+            stop(ctx.ctx, id, std::ptr::null_mut());
+        }
+    }
+    propagate_in(ctx, 0);
 }
 
 /// # Safety
@@ -53,18 +91,15 @@ unsafe extern "C" fn on_propagate_timer(
     _data: *mut std::ffi::c_void,
 ) {
     let ctx = Context::new(ctx);
+    if let Ok(mut pending) = PENDING.lock() {
+        *pending = None;
+    }
     if !crate::expiry::decides_expiry(&ctx) {
         return;
     }
     if crate::expiry::writes_paused() {
         // Propagating while writes are paused aborts the server: try again after the pause.
-        // SAFETY: ctx is live for this call; the timer carries no data.
-        unsafe {
-            if let Some(create) = raw::RedisModule_CreateTimer {
-                let delay = crate::expiry::PAUSED_POLL_MS as i64;
-                create(ctx.ctx, delay, Some(on_propagate_timer), std::ptr::null_mut());
-            }
-        }
+        propagate_in(&ctx, crate::expiry::PAUSED_POLL_MS);
         return;
     }
     crate::apply::propagate_fence_counter(&ctx);
