@@ -15,6 +15,18 @@ use dlock_testkit::*;
 /// Room for a slow test machine.
 const SLACK: Duration = Duration::from_secs(10);
 
+/// Waits until `replica` holds `fence` on `resource`. (A WAIT on a connection of the test's own
+/// would not say so: that connection wrote nothing, so WAIT counts every replica at once.)
+fn replica_holds(cluster: &Cluster, replica: u16, resource: &str, fence: u64) {
+    let mut on_replica = cluster.node(replica).client();
+    let _: () = redis::cmd("READONLY").query(&mut on_replica).expect("READONLY");
+    assert!(
+        eventually(SLACK, || info_field(&mut on_replica, resource, "fence")
+            == Some(fence.to_string())),
+        "the replica never held fence {fence} of {resource}"
+    );
+}
+
 async fn cluster_client(cluster: &Cluster, options: ClientOptions) -> Client {
     let seed = cluster.nodes[0].url();
     Client::connect_cluster_with(&[&seed], options).await.expect("connect to the cluster")
@@ -323,10 +335,10 @@ async fn after_a_failover_leases_renew_waiters_are_served_and_calls_go_to_the_ne
     let election = "{failover}:leader";
     let mut changes = client.observe(election);
     assert_eq!(changes.changed().await, None);
-    let _: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut on_old).expect("WAIT");
+    replica_holds(&cluster, replica, resource, fence);
 
     // The replica takes over (TAKEOVER: no election, which a loaded test machine can make time
-    // out). The lease reached it (WAIT above); a renewal the old primary took after that only
+    // out). The lease reached it (above); a renewal the old primary took after that only
     // extended a deadline the replica has earlier.
     let _: () = redis::cmd("CLUSTER")
         .arg("FAILOVER")
@@ -552,8 +564,7 @@ async fn a_killed_primary_taken_over_by_its_replica_is_left_for_the_new_one() {
     let ttl = Duration::from_secs(6);
     let lease = client.acquire(&resource, ttl).await.expect("granted");
     let fence = lease.fence();
-    let _: i64 =
-        redis::cmd("WAIT").arg(1).arg(5_000).query(&mut cluster.node(old).client()).expect("WAIT");
+    replica_holds(&cluster, replica, &resource, fence);
     let (taken_over_tx, taken_over) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(lease.run(move |_cancelled| async move {
         let _ = taken_over.await;
