@@ -66,14 +66,7 @@ impl Settings {
     /// held by a stopped or cut-off worker runs out) plus slack, and after a restart or a
     /// promotion also the grant delay.
     pub fn liveness_window(&self, kind: &str) -> u64 {
-        let delay = if matches!(
-            kind,
-            "kill-primary" | "clock-step-restart" | "promote" | "failover" | "failover-in-delay"
-        ) {
-            self.grant_delay_ns
-        } else {
-            0
-        };
+        let delay = if RESTARTS.contains(&kind) { self.grant_delay_ns } else { 0 };
         self.ttl_ns + delay + self.slack_ns
     }
 }
@@ -231,6 +224,11 @@ pub fn grants(operations: &[Operation]) -> Vec<Operation> {
     }
     grants
 }
+
+/// The faults that restart the primary or put another in its place: leases not yet durable may be
+/// lost there, lines (tickets, blocked waiters) always are, and a grant delay follows.
+pub(crate) const RESTARTS: [&str; 5] =
+    ["kill-primary", "clock-step-restart", "promote", "failover", "failover-in-delay"];
 
 pub(crate) fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
     faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)

@@ -12,15 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::check::{Fault, Finding, Operation, Report, Settings};
+use crate::check::{Fault, Finding, Operation, RESTARTS, Report, Settings};
 use crate::history::{Kind, Op};
 
 /// How far from the ttl a lease's end may be seen: timer slices and the workers' scheduling.
 const TOLERANCE_NS: u64 = 100_000_000;
-
-/// Faults across which a lease may end sooner: restarts and promotions.
-const RESTARTS: [&str; 5] =
-    ["kill-primary", "clock-step-restart", "promote", "failover", "failover-in-delay"];
 
 pub fn check(operations: &[Operation], faults: &[Fault], settings: &Settings, report: &mut Report) {
     let mut leases: BTreeMap<(u32, &str, u64), Vec<&Operation>> = BTreeMap::new();

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::check::{Fault, Finding, Operation, Report, Settings, field, token_of};
+use crate::check::{Fault, Finding, Operation, RESTARTS, Report, Settings, field, token_of};
 use crate::history::{Kind, Op};
 use crate::info::Sample;
 
@@ -202,7 +202,7 @@ struct Kept<'a> {
 
 /// Faults after which a line is gone (tickets are neither persisted nor replicated).
 fn clears_lines(fault: &Fault) -> bool {
-    matches!(fault.kind, "kill-primary" | "promote" | "failover" | "failover-in-delay")
+    RESTARTS.contains(&fault.kind)
 }
 
 /// Every ticket's chain of refreshes, each answered before the previous one's place could have
@@ -255,6 +255,29 @@ fn kept_tickets<'a>(operations: &'a [Operation], faults: &[Fault]) -> Vec<Kept<'
     kept
 }
 
+/// When the server may have made `grant` at the earliest: when its request was sent, or for a
+/// ticket, when the refresh before it answered that it was still in line.
+fn granted_after(grant: &Operation, operations: &[Operation]) -> u64 {
+    if grant.op != Op::Queue {
+        return grant.invoked;
+    }
+    let token = token_of(&grant.request);
+    operations
+        .iter()
+        .filter(|o| {
+            o.op == Op::Queue
+                && o.worker == grant.worker
+                && o.resource == grant.resource
+                && o.outcome == Kind::Fail
+                && o.detail == "queued"
+                && o.completed <= grant.invoked
+                && token_of(&o.request) == token
+        })
+        .map(|o| o.completed)
+        .max()
+        .unwrap_or(grant.requested)
+}
+
 /// Nobody requested after a ticket took its place is granted while the ticket still stands in
 /// line, nor before the ticket's own turn.
 fn fifo(
@@ -272,15 +295,19 @@ fn fifo(
     kept.sort_by_key(|k| (k.placed, k.worker));
     for ticket in &kept {
         report.lines.tickets_kept += usize::from(ticket.granted.is_some());
-        let own = ticket.granted.map(|g| g.fence);
-        let later = by_resource
-            .get(ticket.resource)
-            .into_iter()
-            .flatten()
-            .filter(|g| g.requested > ticket.placed && Some(g.fence) != own);
+        let own = ticket.granted;
+        let later =
+            by_resource.get(ticket.resource).into_iter().flatten().filter(|g| {
+                g.requested > ticket.placed && own.is_none_or(|own| g.fence != own.fence)
+            });
         for grant in later {
             let passed_in_line = grant.completed < ticket.in_line_until;
-            let served_first = own.is_some_and(|fence| grant.fence < fence);
+            // A smaller fence is an earlier grant, unless it surely came after the ticket's own
+            // was answered (fences that fell, with a clock stepped back across a restart without
+            // persistence: the fence checkers' finding, not this one's).
+            let served_first = own.is_some_and(|own| {
+                grant.fence < own.fence && granted_after(grant, operations) < own.completed
+            });
             if grant.completed < ticket.in_line_until || ticket.granted.is_some() {
                 report.lines.fifo_pairs += 1;
             }
@@ -384,10 +411,8 @@ fn stuck_lines(
     };
     let excused = |from: u64, to: u64| {
         faults.iter().any(|f| {
-            matches!(
-                f.kind,
-                "kill-primary" | "promote" | "failover" | "failover-in-delay" | "pause-writes"
-            ) && f.start <= to
+            (RESTARTS.contains(&f.kind) || f.kind == "pause-writes")
+                && f.start <= to
                 && f.end.saturating_add(settings.grant_delay_ns + settings.slack_ns) >= from
         })
     };
@@ -492,6 +517,21 @@ mod tests {
         let mut history = Vec::new();
         ticket(&mut history, 1, "p-1", &[0, 100], Some((200, 11)));
         ticket(&mut history, 2, "p-2", &[10, 110], Some((150, 10)));
+        assert_eq!(checkers(&history), ["ticket-fifo"]);
+    }
+
+    #[test]
+    fn a_smaller_fence_granted_surely_after_a_tickets_own_grant_is_no_ticket_served_first() {
+        // Fences fell (a clock stepped back across a restart without persistence): p-2 was still
+        // in line at 211, after p-1's grant was answered, yet got a smaller fence.
+        let mut history = Vec::new();
+        ticket(&mut history, 1, "p-1", &[0, 100], Some((200, 11)));
+        ticket(&mut history, 2, "p-2", &[10, 110, 210], Some((310, 10)));
+        assert!(checkers(&history).is_empty());
+        // Still in line only until 111: it may have been granted before p-1, and was.
+        let mut history = Vec::new();
+        ticket(&mut history, 1, "p-1", &[0, 100], Some((200, 11)));
+        ticket(&mut history, 2, "p-2", &[10, 110], Some((310, 10)));
         assert_eq!(checkers(&history), ["ticket-fifo"]);
     }
 

@@ -7,8 +7,8 @@
 //! there is a violation.
 //!
 //! `dlock-chaos [--seconds N] [--seed S] [--profile always|failover] [--workers N] [--resources N]
-//! [--mixed-workers N] [--rw N] [--sem N]` (`CHAOS_SECONDS` and `CHAOS_SEED` are the defaults of
-//! the first two). The module is `$DLOCK_MODULE`, else the `libdlock.so` next to this binary.
+//! [--mixed-workers N] [--rw N] [--sem N] [--only KIND]` (`CHAOS_SECONDS` and `CHAOS_SEED` are the
+//! defaults of the first two; `--only` makes every fault of the main nemesis one kind). The module is `$DLOCK_MODULE`, else the `libdlock.so` next to this binary.
 //! `dlock-chaos worker …` and `dlock-chaos mixed-worker …` are how the harness starts its worker
 //! processes.
 //!
@@ -19,7 +19,8 @@
 //! on the replica before each mirror comparison, and loads a two-second-old copy of the AOF),
 //! `--broken-clock` (the servers' monotonic clock steps forward with their wall clock, every
 //! fault a clock step on the running primary that keeps stepping while it lasts: leases end
-//! early).
+//! early), and `--clock-weakness` (the primary runs without persistence and every fault steps its
+//! clock back while it is down: fences fall, which `fence-order` reports, and nothing else may).
 
 mod check;
 mod check_clock;
@@ -89,6 +90,24 @@ fn main() {
         }
     };
     let broken_mixed = args.iter().any(|a| a == "--broken-mixed");
+    let broken_clock = args.iter().any(|a| a == "--broken-clock");
+    let clock_weakness = args.iter().any(|a| a == "--clock-weakness");
+    let only = match arg_value(&args, "--only") {
+        Some(kind) => match nemesis::ALL_KINDS.iter().find(|k| **k == kind) {
+            Some(kind) => Some(*kind),
+            None => {
+                eprintln!(
+                    "dlock-chaos: unknown --only {kind:?} ({})",
+                    nemesis::ALL_KINDS.join(", ")
+                );
+                std::process::exit(2)
+            }
+        },
+        // The broken clock steps a running server only: a restart would excuse a short lease.
+        None if broken_clock => Some("clock-step"),
+        None if clock_weakness => Some("clock-step-restart"),
+        None => None,
+    };
     let config = nemesis::Config {
         seconds: number(&args, "--seconds", Some("CHAOS_SECONDS"), 60),
         seed: number(&args, "--seed", Some("CHAOS_SEED"), 1),
@@ -104,7 +123,9 @@ fn main() {
         // A self-check has little time: client faults come more often.
         client_faults_every: if broken_mixed { (400, 900) } else { (1_000, 3_000) },
         broken_mirror: args.iter().any(|a| a == "--broken-mirror"),
-        broken_clock: args.iter().any(|a| a == "--broken-clock"),
+        broken_clock,
+        clock_weakness,
+        only,
     };
     let outcome = nemesis::run(&config);
     let report = &outcome.report;

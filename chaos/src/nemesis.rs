@@ -50,6 +50,11 @@ pub struct Config {
     pub broken_mirror: bool,
     /// The clock checker's self-check: the servers' monotonic clock steps with their wall clock.
     pub broken_clock: bool,
+    /// The admitted weakness: the primary runs without persistence, and every fault steps its
+    /// clock back while it is down.
+    pub clock_weakness: bool,
+    /// Every fault of the main nemesis is this kind (`--only`, to reproduce one kind's findings).
+    pub only: Option<&'static str>,
 }
 
 pub struct Outcome {
@@ -267,7 +272,9 @@ const CLOCK_STREAM: u64 = 0xc10c_57e9_5eed_0001;
 /// back once it runs. Steps are 1 s to 2 minutes with `appendfsync always`, and 1–10 s in the
 /// failover profile, which then waits as long as the step before the next fault: there a crash may
 /// lose the fence counter's last second, and the clock must have passed the fences minted ahead
-/// of it again (the one assumption of the fence rule). Returns whether the fault may lose leases.
+/// of it again (the one assumption of the fence rule). With `clock_weakness` (a primary without
+/// persistence) `clock-step-restart` steps back instead: the assumption broken on purpose.
+/// Returns whether the fault may lose leases.
 fn clock_fault(
     kind: &str,
     cluster: &mut Cluster,
@@ -278,7 +285,8 @@ fn clock_fault(
     let most = if config.profile == Profile::Always { 120 } else { 10 };
     let by = Duration::from_millis(rng.between(1_000, most * 1_000));
     let hold = Duration::from_millis(rng.between(1_000, 3_000));
-    let forward = kind == "clock-step-restart" || config.broken_clock || rng.below(2) == 0;
+    let forward = !config.clock_weakness
+        && (kind == "clock-step-restart" || config.broken_clock || rng.below(2) == 0);
     if forward {
         clock.forward(by)
     } else {
@@ -305,7 +313,7 @@ fn clock_fault(
             sleep(by);
         }
     }
-    kind == "clock-step-restart" && config.profile != Profile::Always
+    kind == "clock-step-restart" && (config.profile != Profile::Always || config.clock_weakness)
 }
 
 /// The worker processes; killed when dropped, so that a failed run leaves none behind.
@@ -401,6 +409,23 @@ fn pause_kinds(profile: Profile) -> &'static [&'static str] {
     }
 }
 
+/// Every kind of fault the main nemesis may draw (the client faults have threads of their own).
+pub const ALL_KINDS: [&str; 13] = [
+    "pause-worker",
+    "kill-worker",
+    "kill-primary",
+    "delay-link",
+    "drop-link",
+    "partition-clients",
+    "partition-replica",
+    "promote",
+    "pause-writes",
+    "failover",
+    "failover-in-delay",
+    "clock-step",
+    "clock-step-restart",
+];
+
 /// The kinds of fault a profile draws from.
 fn kinds(profile: Profile) -> &'static [&'static str] {
     match profile {
@@ -413,11 +438,12 @@ pub fn run(config: &Config) -> Outcome {
     let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir().expect("run dir");
     let ttl_ms = config.ttl.as_millis().to_string();
     let fsync = if config.profile == Profile::Always { "always" } else { "everysec" };
+    let appendonly = if config.clock_weakness { "no" } else { "yes" };
     let args: Vec<String> = [
         "--save",
         "",
         "--appendonly",
-        "yes",
+        appendonly,
         "--appendfsync",
         fsync,
         "--repl-diskless-sync-delay",
@@ -479,7 +505,7 @@ pub fn run(config: &Config) -> Outcome {
         ttl_ns: ttl.as_nanos() as u64,
         grant_delay_ns: ttl.as_nanos() as u64,
         slack_ns: 2_000_000_000,
-        durable: config.profile == Profile::Always,
+        durable: config.profile == Profile::Always && !config.clock_weakness,
         run_end: u64::MAX,
         mixed,
     };
@@ -497,9 +523,8 @@ pub fn run(config: &Config) -> Outcome {
     let end = started + Duration::from_secs(config.seconds);
     sleep(Duration::from_millis(rng.between(500, 1_500)));
     while Instant::now() + Duration::from_secs(2) < end {
-        // The broken clock steps a running server only: a restart would excuse a short lease.
-        let kind = if config.broken_clock {
-            "clock-step"
+        let kind = if let Some(only) = config.only {
+            only
         } else if clock_steps.below(6) == 0 {
             *clock_steps.pick(&["clock-step", "clock-step-restart"])
         } else if config.profile == Profile::Failover && in_delay.below(5) == 0 {
@@ -599,7 +624,7 @@ pub fn run(config: &Config) -> Outcome {
     let remaining = end.saturating_duration_since(Instant::now());
     sleep(remaining);
     mirror.replica(&cluster.primary.server, &cluster.replica.server, "at the end");
-    if config.profile == Profile::Always {
+    if config.profile == Profile::Always && !config.clock_weakness {
         mirror.aof(&cluster.primary.server);
     }
     settings.run_end = now_ns();
