@@ -93,12 +93,12 @@ fn main() {
     let broken_clock = args.iter().any(|a| a == "--broken-clock");
     let clock_weakness = args.iter().any(|a| a == "--clock-weakness");
     let only = match arg_value(&args, "--only") {
-        Some(kind) => match nemesis::ALL_KINDS.iter().find(|k| **k == kind) {
-            Some(kind) => Some(*kind),
+        Some(kind) => match nemesis::all_kinds().find(|k| *k == kind) {
+            Some(kind) => Some(kind),
             None => {
                 eprintln!(
                     "dlock-chaos: unknown --only {kind:?} ({})",
-                    nemesis::ALL_KINDS.join(", ")
+                    nemesis::all_kinds().collect::<Vec<_>>().join(", ")
                 );
                 std::process::exit(2)
             }

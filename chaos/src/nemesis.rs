@@ -409,22 +409,13 @@ fn pause_kinds(profile: Profile) -> &'static [&'static str] {
     }
 }
 
+/// The kinds drawn from streams of their own: promotions in a grant delay, clock steps.
+const OTHER_KINDS: [&str; 3] = ["failover-in-delay", "clock-step", "clock-step-restart"];
+
 /// Every kind of fault the main nemesis may draw (the client faults have threads of their own).
-pub const ALL_KINDS: [&str; 13] = [
-    "pause-worker",
-    "kill-worker",
-    "kill-primary",
-    "delay-link",
-    "drop-link",
-    "partition-clients",
-    "partition-replica",
-    "promote",
-    "pause-writes",
-    "failover",
-    "failover-in-delay",
-    "clock-step",
-    "clock-step-restart",
-];
+pub fn all_kinds() -> impl Iterator<Item = &'static str> {
+    KINDS.into_iter().chain(pause_kinds(Profile::Failover).iter().copied()).chain(OTHER_KINDS)
+}
 
 /// The kinds of fault a profile draws from.
 fn kinds(profile: Profile) -> &'static [&'static str] {
@@ -526,7 +517,7 @@ pub fn run(config: &Config) -> Outcome {
         let kind = if let Some(only) = config.only {
             only
         } else if clock_steps.below(6) == 0 {
-            *clock_steps.pick(&["clock-step", "clock-step-restart"])
+            *clock_steps.pick(&OTHER_KINDS[1..])
         } else if config.profile == Profile::Failover && in_delay.below(5) == 0 {
             "failover-in-delay"
         } else if pauses.below(4) == 0 {
