@@ -110,14 +110,14 @@ unsafe extern "C" fn on_server_event(
         {
             // An AOF rewrite opens a new increment file before it forks: record the counter
             // there, next to a base that may hold no lock key (and, without a preamble, no aux).
-            crate::commands::setfence::propagate_counter_soon(&ctx);
+            crate::commands::setfence::propagate_counter_soon(crate::clock::now());
         }
         raw::REDISMODULE_EVENT_CONFIG => crate::notify::refresh_log_level(&ctx),
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {
             let now = crate::clock::now();
-            crate::commands::setfence::backstop(&ctx, now);
+            crate::commands::setfence::before_sleep(&ctx, now);
             crate::timer::before_sleep(&ctx, now)
         }
         _ => {}

@@ -72,21 +72,27 @@ pub fn arm(ctx: &Context, now: Now) {
             None => return,
         },
     };
-    let stale_timer = state::with_expiry(|expiry| match expiry.timer {
-        Some((_, due)) if due <= next => None,
-        armed => Some(armed.map(|(id, _)| id)),
-    });
-    let Some(stale_timer) = stale_timer else { return };
-    // SAFETY: ctx is live; the timer ids were returned by CreateTimer and carry no data.
+    if state::with_expiry(|expiry| expiry.timer.is_some_and(|(_, due)| due <= next)) {
+        return;
+    }
+    let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
+    // Record what the timer is for: it fires at `next` or up to 1 ms after (whole
+    // milliseconds), or earlier when the delay was capped. Recording the rounded-up firing
+    // time instead made every later insert for the same `next` re-arm it.
+    let due = now.mono.saturating_add(delay_ms * 1_000).min(next);
+    rearm(ctx, delay_ms, due);
+}
+
+/// Stops the armed timer, if any, and arms one `delay_ms` from now, recorded as due at `due`.
+/// Never from inside a timer callback (see [`before_sleep`]).
+fn rearm(ctx: &Context, delay_ms: u64, due: Micros) {
+    let armed = state::with_expiry(|expiry| expiry.timer.take());
+    // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
+    // is not a timer callback, so the stopped timer is not the one running.
     unsafe {
-        if let (Some(id), Some(stop)) = (stale_timer, raw::RedisModule_StopTimer) {
+        if let (Some((id, _)), Some(stop)) = (armed, raw::RedisModule_StopTimer) {
             stop(ctx.ctx, id, std::ptr::null_mut());
         }
-        let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
-        // Record what the timer is for: it fires at `next` or up to 1 ms after (whole
-        // milliseconds), or earlier when the delay was capped. Recording the rounded-up firing
-        // time instead made every later insert for the same `next` re-arm it.
-        let due = now.mono.saturating_add(delay_ms * 1_000).min(next);
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
             state::with_expiry(|expiry| expiry.timer = Some((id, due)));
@@ -108,7 +114,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     crate::waiters::time_out(started.mono);
     if writes_paused() {
         // Expired leases, gone waiters and lost grants stay as they are until writes resume.
-        rearm_in(&ctx, PAUSED_POLL_MS, started);
+        PAUSED_POLL.store(true, Ordering::Relaxed);
         return;
     }
     let (to_prune, to_release) = state::with_expiry(|expiry| {
@@ -150,29 +156,17 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         }
     }
     if backlog {
-        // Come back on the next turn of the event loop, after clients had theirs: the timer
-        // armed here is the fallback, 1 ms away (Redis's minimum timer period); `before_sleep`
-        // replaces it with one due at once where the server reports its event loop's turns.
-        now = clock::now();
+        // Come back on the next turn of the event loop, after clients had theirs.
         BACKLOG.store(true, Ordering::Relaxed);
-    }
-    arm(&ctx, now);
-}
-
-/// Arms the timer `delay_ms` from `now`, whatever the index says (the timer is not armed).
-fn rearm_in(ctx: &Context, delay_ms: u64, now: Now) {
-    // SAFETY: ctx is live; the timer carries no data.
-    unsafe {
-        if let Some(create) = raw::RedisModule_CreateTimer {
-            let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
-            let due = now.mono.saturating_add(delay_ms * 1_000);
-            state::with_expiry(|expiry| expiry.timer = Some((id, due)));
-        }
+    } else {
+        state::arm_soon();
     }
 }
 
 /// Set when a slice of the sweep yielded with due entries left.
 static BACKLOG: AtomicBool = AtomicBool::new(false);
+/// Set when the timer found writes paused: it looks again [`PAUSED_POLL_MS`] later.
+static PAUSED_POLL: AtomicBool = AtomicBool::new(false);
 
 /// Whether the armed timer should have fired by now (monotonic), with time to spare.
 fn timer_late(now: Now) -> bool {
@@ -181,35 +175,36 @@ fn timer_late(now: Now) -> bool {
     })
 }
 
-/// Called before the event loop sleeps. A sweep that yielded with work left resumes right after
-/// the clients of this turn are served, instead of 1 ms later: the timer armed from inside a
-/// timer callback cannot fire sooner, one armed here can. Slices stay bounded by the budget.
+/// Called before the event loop sleeps: the only place the expiry timer is armed from, besides
+/// server events. A timer callback never arms one itself: Redis fires module timers in a loop
+/// against the wall clock read once as the loop starts, and fires at once any timer created
+/// inside it that is due by then. After a step back of the wall clock in the middle of a
+/// callback, every timer it armed was: the callback ran again and again, serving no client,
+/// until the clock caught up (18 s in a chaos run). So the callback leaves what it needs (a
+/// sweep with work left, a look after a write pause, the next deadline) and it is armed here.
 ///
-/// It is also the backstop for Redis's module timers, which run on the wall clock: a timer armed
-/// before the clock stepped back fires that much later (a minute's step held every hand-over and
-/// every waiter's time-out a minute). The event loop turns at least every cron tick, on the
-/// monotonic clock, so a timer found [`clock::TIMER_LATE_US`] past its due is replaced by one due at once.
+/// A sweep that yielded with work left resumes right after the clients of this turn are served.
+/// Slices stay bounded by the budget.
+///
+/// This is also the backstop for Redis's module timers, which run on the wall clock: a timer
+/// armed before the clock stepped back fires that much later (a minute's step held every
+/// hand-over and every waiter's time-out a minute). The event loop turns at least every cron
+/// tick, on the monotonic clock, so a timer found [`clock::TIMER_LATE_US`] past its due is
+/// replaced by one due at once.
 pub fn before_sleep(ctx: &Context, now: Now) {
     let backlog = BACKLOG.swap(false, Ordering::Relaxed);
-    if !backlog && !timer_late(now) {
-        // Inserts and waiters of this turn asked for the timer: arm it for the earliest of them.
-        if state::take_arm_request() {
-            arm(ctx, now);
-        }
+    let paused = PAUSED_POLL.swap(false, Ordering::Relaxed);
+    // Inserts and waiters of this turn, and the last sweep, ask for the timer.
+    let requested = state::take_arm_request();
+    if backlog || timer_late(now) {
+        rearm(ctx, 0, now.mono);
         return;
     }
-    state::take_arm_request();
-    let armed = state::with_expiry(|expiry| expiry.timer.take());
-    // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
-    // is not a timer callback, so the stopped timer is not the one running.
-    unsafe {
-        if let (Some((id, _)), Some(stop)) = (armed, raw::RedisModule_StopTimer) {
-            stop(ctx.ctx, id, std::ptr::null_mut());
-        }
-        if let Some(create) = raw::RedisModule_CreateTimer {
-            let id = create(ctx.ctx, 0, Some(on_timer), std::ptr::null_mut());
-            state::with_expiry(|expiry| expiry.timer = Some((id, now.mono)));
-        }
+    if paused {
+        rearm(ctx, PAUSED_POLL_MS, now.mono.saturating_add(PAUSED_POLL_MS * 1_000));
+    }
+    if requested {
+        arm(ctx, now);
     }
 }
 

@@ -253,3 +253,59 @@ fn a_clock_that_stepped_the_monotonic_clock_too_would_shorten_a_lease() {
         assert!(ttl_ms(&mut con, "job") > 20_000);
     }
 }
+
+/// Redis fires module timers in a loop against the wall clock read once when the loop starts,
+/// and fires at once any timer created inside it that is due by then. A step back landing while
+/// the module's timer callback ran made every timer it armed due at once: the callback ran again
+/// and again, serving no client, until the wall clock caught up (18 s in a chaos run). Leases
+/// ending every millisecond keep the timer firing; the clock steps back many times meanwhile, so
+/// some step lands inside a callback (without the fix a reply waited the step, 2 s, in 8 runs of 8).
+#[test]
+fn backward_steps_while_leases_keep_expiring_never_stall_the_server() {
+    const LEASES: u64 = 200_000;
+    const STEPS: u32 = 150;
+    let (server, clock) = clocked(NO_PERSISTENCE);
+    let mut con = server.client();
+    // A lease a minute away keeps the timer armed once the others are gone.
+    acquire(&mut con, "far", "holder", 60_000).expect("granted");
+    // The others end one after another, 8 to 18 s from now.
+    let loaded = Instant::now();
+    for chunk in 0..LEASES / 10_000 {
+        let mut pipe = redis::pipe();
+        for i in chunk * 10_000..(chunk + 1) * 10_000 {
+            let ttl = 8_000 + i * 10_000 / LEASES - loaded.elapsed().as_millis() as u64;
+            pipe.cmd("DLOCK.ACQUIRE").arg(format!("storm:{i}")).arg("worker").arg(ttl).ignore();
+        }
+        let () = pipe.query(&mut con).expect("ACQUIRE pipeline");
+    }
+    let before: u64 = redis::cmd("DBSIZE").query(&mut con).expect("DBSIZE");
+    assert_eq!(before, LEASES + 1);
+    let begun = eventually(Duration::from_secs(15), || {
+        redis::cmd("DBSIZE").query::<u64>(&mut con).is_ok_and(|n| n < before)
+    });
+    assert!(begun, "no lease expired");
+    // Until the leases are gone and a while after, with a step back every 50 ms at first.
+    let mut slowest = Duration::ZERO;
+    let mut steps = 0;
+    let mut last_step = Instant::now() - Duration::from_secs(1);
+    let watched = Instant::now();
+    let mut over = None;
+    while over.is_none_or(|over: Instant| over.elapsed() < Duration::from_secs(2)) {
+        assert!(watched.elapsed() < Duration::from_secs(60), "the leases outlived a minute");
+        if steps < STEPS && last_step.elapsed() >= Duration::from_millis(50) {
+            clock.backward(Duration::from_secs(2));
+            steps += 1;
+            last_step = Instant::now();
+        }
+        let sent = Instant::now();
+        let left: u64 = redis::cmd("DBSIZE").query(&mut con).expect("DBSIZE");
+        slowest = slowest.max(sent.elapsed());
+        if left == 1 && over.is_none() {
+            over = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(slowest < Duration::from_secs(1), "a reply waited {slowest:?} while the clock stepped");
+    assert_eq!(steps, STEPS, "the leases were gone before every step was taken");
+    assert!(ttl_ms(&mut con, "far") > 30_000, "the far lease is still held");
+}

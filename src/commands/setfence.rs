@@ -41,47 +41,59 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// crashes the next load).
 ///
 /// One timer at a time: it propagates the counter as it is when it fires.
-pub fn propagate_counter_soon(ctx: &Context) {
-    if PENDING.lock().is_ok_and(|pending| pending.is_some()) {
-        return;
-    }
-    propagate_in(ctx, 0);
+pub fn propagate_counter_soon(now: Now) {
+    want_timer_at(now.mono);
 }
 
-/// The propagation timer armed, and when it is due (monotonic µs).
-static PENDING: Mutex<Option<(u64, Micros)>> = Mutex::new(None);
+/// The propagation timer: when it is wanted (monotonic µs) and, once [`before_sleep`] armed it,
+/// its id. Only `before_sleep` creates the timer (see `timer::before_sleep` for why a timer
+/// callback never does).
+#[derive(Clone, Copy)]
+struct Pending {
+    due: Micros,
+    id: Option<u64>,
+}
 
-/// Arms the propagation timer `delay_ms` from now.
-fn propagate_in(ctx: &Context, delay_ms: u64) {
-    let due = crate::clock::now().mono.saturating_add(delay_ms * 1_000);
+static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
+
+/// Asks for the propagation timer at `due`, unless one is wanted or armed already.
+fn want_timer_at(due: Micros) {
+    if let Ok(mut pending) = PENDING.lock()
+        && pending.is_none()
+    {
+        *pending = Some(Pending { due, id: None });
+    }
+}
+
+/// Called before the event loop sleeps: arms the propagation timer wanted since, and replaces
+/// one held up by a step back of the wall clock (Redis runs module timers on it) by one due at
+/// once.
+pub fn before_sleep(ctx: &Context, now: Now) {
+    let Ok(mut pending) = PENDING.lock() else { return };
+    let Some(Pending { due, id }) = *pending else { return };
+    let delay_ms = match id {
+        None => due.saturating_sub(now.mono).div_ceil(1_000),
+        Some(id) if now.mono > due.saturating_add(crate::clock::TIMER_LATE_US) => {
+            // SAFETY: ctx is live; the id was returned by CreateTimer and carries no data; this
+            // is not a timer callback, so the stopped timer is not the one running.
+            unsafe {
+                if let Some(stop) = raw::RedisModule_StopTimer {
+                    stop(ctx.ctx, id, std::ptr::null_mut());
+                }
+            }
+            0
+        }
+        Some(_) => return,
+    };
     // SAFETY: ctx is live for this call; the timer carries no data.
     unsafe {
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id =
                 create(ctx.ctx, delay_ms as i64, Some(on_propagate_timer), std::ptr::null_mut());
-            if let Ok(mut pending) = PENDING.lock() {
-                *pending = Some((id, due));
-            }
+            let due = now.mono.saturating_add(delay_ms * 1_000);
+            *pending = Some(Pending { due, id: Some(id) });
         }
     }
-}
-
-/// Called before the event loop sleeps: a propagation timer held up by a step back of the wall
-/// clock (Redis runs module timers on it; see `timer::before_sleep`) is replaced by one due at
-/// once.
-pub fn backstop(ctx: &Context, now: Now) {
-    let late = PENDING.lock().ok().and_then(|pending| {
-        pending.filter(|(_, due)| now.mono > due.saturating_add(crate::clock::TIMER_LATE_US))
-    });
-    let Some((id, _)) = late else { return };
-    // SAFETY: ctx is live; the id was returned by CreateTimer and carries no data; this is not
-    // a timer callback, so the stopped timer is not the one running.
-    unsafe {
-        if let Some(stop) = raw::RedisModule_StopTimer {
-            stop(ctx.ctx, id, std::ptr::null_mut());
-        }
-    }
-    propagate_in(ctx, 0);
 }
 
 /// # Safety
@@ -99,7 +111,8 @@ unsafe extern "C" fn on_propagate_timer(
     }
     if crate::expiry::writes_paused() {
         // Propagating while writes are paused aborts the server: try again after the pause.
-        propagate_in(&ctx, crate::expiry::PAUSED_POLL_MS);
+        let now = crate::clock::now();
+        want_timer_at(now.mono.saturating_add(crate::expiry::PAUSED_POLL_MS * 1_000));
         return;
     }
     crate::apply::propagate_fence_counter(&ctx);
