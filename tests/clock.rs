@@ -273,7 +273,8 @@ fn backward_steps_while_leases_keep_expiring_never_stall_the_server() {
     for chunk in 0..LEASES / 10_000 {
         let mut pipe = redis::pipe();
         for i in chunk * 10_000..(chunk + 1) * 10_000 {
-            let ttl = 8_000 + i * 10_000 / LEASES - loaded.elapsed().as_millis() as u64;
+            let ttl =
+                (8_000 + i * 10_000 / LEASES).saturating_sub(loaded.elapsed().as_millis() as u64);
             pipe.cmd("DLOCK.ACQUIRE").arg(format!("storm:{i}")).arg("worker").arg(ttl).ignore();
         }
         let () = pipe.query(&mut con).expect("ACQUIRE pipeline");
