@@ -157,6 +157,10 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
             )
         }),
         Transition::Reacquired { fence } | Transition::Renewed { fence } => {
+            // The holder was answered about this grant: a clean-up of a hand-over whose reply
+            // was lost must not take it back any more.
+            waiters::confirm_grant(*fence);
+            state::confirm_grant(*fence);
             event(ctx, Event::Renewed, name, current(*fence), now);
         }
         Transition::Released(lease) => event(ctx, Event::Released, name, Some(lease), now),

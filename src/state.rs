@@ -73,6 +73,17 @@ pub fn release_later(grant: Grant) {
     with_expiry(|expiry| expiry.to_release.push(grant));
 }
 
+/// The grant with `fence` was answered to its holder since (a repeated ACQUIRE or a RENEW of
+/// the same token): a pending release of it, queued because an earlier reply was lost, is
+/// dropped. A confirmed answer stands.
+pub fn confirm_grant(fence: u64) {
+    with_expiry(|expiry| {
+        if !expiry.to_release.is_empty() {
+            expiry.to_release.retain(|grant| grant.fence != fence);
+        }
+    });
+}
+
 static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
 
 /// Runs `f` on the expiry state. `f` must not call into Redis.

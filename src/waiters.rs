@@ -49,6 +49,9 @@ struct Registry {
     by_id: HashMap<u64, Blocked>,
     by_handle: HashMap<usize, u64>,
     timeouts: BTreeSet<(Micros, u64)>,
+    /// Registrations answered with a grant whose private data Redis has not freed yet, by the
+    /// grant's fence: few, and only until the event loop's next turn.
+    answered_grants: HashMap<u64, u64>,
 }
 
 impl Registry {
@@ -58,8 +61,12 @@ impl Registry {
     fn remove(&mut self, id: u64) -> Option<Blocked> {
         let blocked = self.by_id.remove(&id)?;
         self.by_handle.remove(&blocked.handle);
+        if let State::Answered { grant: Some(grant), .. } = &blocked.state {
+            self.answered_grants.remove(&grant.fence);
+        }
         shrink_if_sparse(&mut self.by_id);
         shrink_if_sparse(&mut self.by_handle);
+        shrink_if_sparse(&mut self.answered_grants);
         Some(blocked)
     }
 }
@@ -143,6 +150,9 @@ pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) -> bool {
             Outcome::Granted(fence) => Some(fence),
             Outcome::Nil => None,
         };
+        if let Some(grant) = &grant {
+            registry.answered_grants.insert(grant.fence, id);
+        }
         blocked.state = State::Answered { fence, grant: grant.map(Box::new), delivered: false };
         Some(blocked.handle)
     });
@@ -156,6 +166,22 @@ pub fn answer(id: u64, outcome: Outcome, grant: Option<Grant>) -> bool {
         }
     }
     true
+}
+
+/// The grant with `fence` was answered to its holder by another command (a repeated ACQUIRE
+/// or a RENEW of the same token): if its hand-over reply is lost after all, the grant stays.
+pub fn confirm_grant(fence: u64) {
+    with_registry(|registry| {
+        if registry.answered_grants.is_empty() {
+            return;
+        }
+        let Some(id) = registry.answered_grants.remove(&fence) else { return };
+        if let Some(Blocked { state: State::Answered { grant, .. }, .. }) =
+            registry.by_id.get_mut(&id)
+        {
+            *grant = None;
+        }
+    });
 }
 
 /// The earliest moment a waiter gives up, for the timer.

@@ -473,3 +473,61 @@ fn a_waiter_that_claims_its_grant_keeps_it_for_its_full_ttl() {
     assert_eq!(info_line(&mut con, "dlock", "dlock_grants_claimed").as_deref(), Some("1"));
     assert_eq!(info_line(&mut con, "dlock", "dlock_claims_lapsed").as_deref(), Some("0"));
 }
+
+/// A waiter is handed the lease, its connection drops before the reply, and the same token's
+/// retry (sent in the same write as the hand-over) is answered the fence. The clean-up of the
+/// lost reply runs after that answer: it must leave the confirmed lease alone.
+#[test]
+fn a_retry_answered_after_a_lost_hand_over_keeps_its_lease() {
+    let server = Server::start();
+    let mut con = server.client();
+    for (round, claim) in [None, Some(5_000u64)].into_iter().enumerate() {
+        for atomic in [false, true] {
+            let resource = format!("job:{round}:{atomic}");
+            acquire(&mut con, &resource, "A", 60_000).expect("granted");
+            let mut waiter = server.client();
+            let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut waiter).expect("CLIENT ID");
+            let resource_for_waiter = resource.clone();
+            let blocked = thread::spawn(move || {
+                let mut wait = redis::cmd("DLOCK.ACQUIRE");
+                wait.arg(resource_for_waiter).arg("tokW").arg(30_000).arg("WAIT").arg(0);
+                if let Some(claim) = claim {
+                    wait.arg("CLAIM").arg(claim);
+                }
+                wait.query::<Option<i64>>(&mut waiter)
+            });
+            until_waiting(&mut con, &resource, 1);
+            let mut pipe = redis::pipe();
+            if atomic {
+                pipe.atomic();
+            }
+            pipe.cmd("DLOCK.RELEASE").arg(&resource).arg("A");
+            pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(id);
+            pipe.cmd("DLOCK.ACQUIRE").arg(&resource).arg("tokW").arg(30_000);
+            let (released, killed, fence): (i64, i64, Option<i64>) =
+                pipe.query(&mut con).expect("the write");
+            let _ = blocked.join();
+            assert_eq!((released, killed), (1, 1));
+            let fence = fence.expect("the retry is answered the handed-over fence");
+            // Give the lost reply's clean-up its turns of the event loop.
+            thread::sleep(Duration::from_millis(400));
+            let _: String = redis::cmd("PING").query(&mut con).expect("PING");
+            let label = format!("claim {claim:?}, atomic {atomic}");
+            assert_eq!(
+                info_field(&mut con, &resource, "owner").as_deref(),
+                Some("tokW"),
+                "{label}: the retried holder still holds"
+            );
+            let renewed: i64 = redis::cmd("DLOCK.RENEW")
+                .arg(&resource)
+                .arg("tokW")
+                .arg(30_000)
+                .arg("FENCE")
+                .arg(fence)
+                .query(&mut con)
+                .expect("RENEW");
+            assert_eq!(renewed, 1, "{label}: its fence is current");
+            assert_eq!(acquire(&mut con, &resource, "C", 1_000), None, "{label}: nobody else");
+        }
+    }
+}
