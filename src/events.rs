@@ -152,9 +152,13 @@ fn index_every_lock(ctx: &Context) {
               key: Option<&redis_module::key::RedisKey>| {
                 let lock = key.and_then(|key| key.get_value::<Lock>(&LOCK_TYPE).ok().flatten());
                 if let Some(lock) = lock {
+                    // What the lock remembers of an earlier term as primary (or nothing) is
+                    // replaced by the entry inserted now: a renewal trusts it to skip the index.
+                    let deadline = lock.index_deadline();
+                    lock.note_index_entry(deadline);
                     found
                         .borrow_mut()
-                        .push((lock.index_deadline(), KeyRef { db, name: name.as_slice().into() }));
+                        .push((deadline, KeyRef { db, name: name.as_slice().into() }));
                 }
             },
         ) {}

@@ -332,3 +332,51 @@ fn digests_differ_only_while_the_primary_keeps_a_lease_less_key_for_its_waiters(
     assert_eq!(dataset_digest(&mut p), dataset_digest(&mut r), "equal once no one waits");
     assert_eq!((dbsize(&mut p), dbsize(&mut r)), (1, 1), "both hold kept alone");
 }
+
+/// Makes `server` a replica of `primary` and waits until writes reach it.
+fn follow(server: &Server, primary: &Server) {
+    let mut con = server.client();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port)
+        .query(&mut con)
+        .expect("REPLICAOF");
+    assert!(wait_until_replica_streams(primary, server), "streams from the new primary");
+}
+
+fn promote(server: &Server) {
+    let _: () =
+        redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut server.client()).expect("promote");
+}
+
+/// A fails over to B and back, the holder renewing on each side: the lease still ends on time
+/// on A and its waiter is handed the lease (the expiry bookkeeping of A's first term was stale).
+#[test]
+fn a_lease_renewed_across_a_failover_and_a_failback_still_ends_on_time() {
+    let (a, b) = primary_and_replica();
+    let mut on_a = a.client();
+    acquire(&mut on_a, "job", "t", 3_000).expect("granted on A");
+    sync(&mut on_a);
+    promote(&b);
+    follow(&a, &b);
+    let mut on_b = b.client();
+    assert_eq!(renew(&mut on_b, "job", "t", 500), 1, "renewed on B");
+    sync(&mut on_b);
+    promote(&a);
+    follow(&b, &a);
+    let mut on_a = a.client();
+    assert_eq!(renew(&mut on_a, "job", "t", 4_000), 1, "renewed on A");
+    let renewed_at = Instant::now();
+    let mut waiter = a.client();
+    let granted: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("job")
+        .arg("w")
+        .arg(1_000)
+        .arg("WAIT")
+        .arg(9_000)
+        .query(&mut waiter)
+        .expect("WAIT");
+    assert!(granted.is_some(), "the waiter is handed the lease when it ends");
+    assert!(renewed_at.elapsed() >= Duration::from_millis(3_900), "not before its deadline");
+    assert!(renewed_at.elapsed() < Duration::from_millis(6_000), "on time");
+}
