@@ -2,12 +2,7 @@
 
 use redis_module::raw;
 
-use crate::core::{Micros, Now};
-
-/// How far past its due (monotonic) a module timer may be before it is taken for one that a step
-/// back of the wall clock holds up (Redis runs module timers on the wall clock) and replaced:
-/// well above a busy event loop's turn, well below a lease.
-pub const TIMER_LATE_US: Micros = 20_000;
+use crate::core::Now;
 
 /// The server's monotonic and wall clocks now, in microseconds.
 pub fn now() -> Now {

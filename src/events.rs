@@ -75,7 +75,7 @@ unsafe extern "C" fn on_server_event(
                 expiry.index.rewrite(|_, _| true, |db| swapped(db, first, second))
             });
             if crate::waiters::dismiss_swapped(first, second) > 0 {
-                crate::timer::arm(&ctx, crate::clock::now());
+                state::arm_soon();
             }
         }
         raw::REDISMODULE_EVENT_FLUSHDB
@@ -102,7 +102,7 @@ unsafe extern "C" fn on_server_event(
         {
             // The grant delay counts from when the data set is back, not from module load.
             config::hold_new_grants(crate::clock::now().mono);
-            crate::timer::arm(&ctx, crate::clock::now()); // for the leases just loaded
+            state::arm_soon(); // for the leases just loaded
         }
         raw::REDISMODULE_EVENT_FORK_CHILD
             if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN
@@ -116,9 +116,7 @@ unsafe extern "C" fn on_server_event(
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {
-            let now = crate::clock::now();
-            crate::commands::setfence::before_sleep(&ctx, now);
-            crate::timer::before_sleep(&ctx, now)
+            crate::timer::before_sleep(&ctx, crate::clock::now())
         }
         _ => {}
     }
@@ -137,7 +135,6 @@ fn swapped(db: i32, first: i32, second: i32) -> i32 {
 
 /// A promoted replica starts deciding expiry: index every lock key it holds.
 fn index_every_lock(ctx: &Context) {
-    let now = crate::clock::now();
     let found = RefCell::new(Vec::new());
     for db in 0.. {
         // SAFETY: ctx is live; SelectDb fails once db is past the configured databases.
@@ -170,7 +167,7 @@ fn index_every_lock(ctx: &Context) {
             expiry.index.insert(deadline, key.db, &key.name);
         }
     });
-    crate::timer::arm(ctx, now);
+    state::arm_soon();
     crate::notify::log(
         ctx,
         crate::notify::Level::Notice,

@@ -10,9 +10,6 @@ use redis_module::{Context, ContextFlags, RedisString, raw};
 use crate::core::{Lock, Micros, Now};
 use crate::state::{self, KeyRef};
 
-/// While writes are paused the timer looks again this often, to catch up soon after the pause.
-pub const PAUSED_POLL_MS: u64 = 10;
-
 /// Whether this server decides expiry: it is a primary (replicas follow their primary).
 pub fn decides_expiry(ctx: &Context) -> bool {
     !ctx.get_flags().contains(ContextFlags::SLAVE)

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::core::Micros;
 use crate::core::expiry::ExpiryIndex;
 use crate::core::fence::FenceCounter;
+use crate::core::schedule::Schedule;
 
 /// Largest fence minted or observed by this server (0 before the first).
 static LAST_FENCE: AtomicU64 = AtomicU64::new(0);
@@ -48,8 +48,8 @@ pub struct KeyRef {
 pub struct Expiry {
     /// Deadline-ordered hints of which key may expire next.
     pub index: ExpiryIndex,
-    /// The armed timer and the monotonic instant it is due, if one is armed.
-    pub timer: Option<(u64, Micros)>,
+    /// When the module's one timer fires, and for what (`timer.rs` performs it).
+    pub schedule: Schedule,
     /// Waiters that left their key's line (timeout, disconnect): taken out of line and the key
     /// settled on the next timer turn.
     pub to_prune: Vec<(KeyRef, u64)>,

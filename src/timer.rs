@@ -5,17 +5,17 @@
 //! that meets lock values arriving under a new name.
 
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
 
 use crate::core::expiry::DueBatch;
 use crate::core::lock::Due;
+use crate::core::schedule::{Plan, SweepWork};
 use crate::core::{Lock, Micros, Now, Step};
 use crate::datatype::LOCK_TYPE;
-use crate::expiry::{PAUSED_POLL_MS, decides_expiry, writes_paused};
-use crate::state;
+use crate::expiry::{decides_expiry, writes_paused};
+use crate::state::{self, Expiry};
 use crate::{apply, clock, expiry};
 
 /// Longest a slice of the sweep may run before yielding to clients.
@@ -24,8 +24,6 @@ const SLICE_BUDGET: Duration = Duration::from_millis(2);
 const SLICE_MAX_ENTRIES: usize = 10_000;
 /// Entries taken from the index at a time; the clock is read after each batch.
 const SWEEP_BATCH: usize = 64;
-/// Longest timer period: a far deadline is approached in steps (Redis timers take i64 ms).
-const MAX_TIMER_DELAY_MS: u64 = 3_600_000;
 
 /// Keyspace events that put an existing lock value under a (new) key name.
 const ARRIVAL_EVENTS: [&str; 5] = ["loaded", "restore", "rename_to", "move_to", "copy_to"];
@@ -56,66 +54,93 @@ pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: 
     expiry::insert(ctx, name, deadline);
 }
 
-/// Arms the timer for the earliest deadline in the index, unless it is armed early enough.
-pub fn arm(ctx: &Context, now: Now) {
-    let pending = state::with_expiry(|expiry| {
-        if expiry.to_prune.is_empty() && expiry.to_release.is_empty() {
-            expiry.index.next_deadline()
-        } else {
-            Some(now.mono)
+/// Before the event loop sleeps (and after a server event that changed what is due): asks the
+/// schedule whether to (re)arm the one module timer, and does it. The only place a module timer
+/// is created or stopped.
+///
+/// Never from inside a timer callback: Redis fires module timers in a loop against the wall
+/// clock read once as the loop starts, and fires at once any timer created inside it that is due
+/// by then. After a step back of the wall clock in the middle of a callback, every timer it armed
+/// was: the callback ran again and again, serving no client, until the clock caught up (18 s in
+/// a chaos run). So the callback tells the schedule what it left, and it is armed here.
+///
+/// The schedule also replaces a timer held up by a step back of the wall clock (Redis runs module
+/// timers on it; a minute's step held every hand-over a minute): the event loop turns at least
+/// every cron tick, on the monotonic clock, and a timer found late is replaced by one due at once.
+pub fn before_sleep(ctx: &Context, now: Now) {
+    let requested = state::take_arm_request();
+    let plan = state::with_expiry(|expiry| {
+        if requested {
+            expiry.schedule.request();
         }
+        let Expiry { schedule, index, to_prune, to_release } = expiry;
+        schedule.plan(now.mono, || SweepWork {
+            index: index.next_deadline(),
+            time_out: crate::waiters::next_timeout(),
+            clean_up: !to_prune.is_empty() || !to_release.is_empty(),
+        })
     });
-    let next = match (pending, crate::waiters::next_timeout()) {
-        (Some(a), Some(b)) => a.min(b),
-        (a, b) => match a.or(b) {
-            Some(next) => next,
-            None => return,
-        },
-    };
-    if state::with_expiry(|expiry| expiry.timer.is_some_and(|(_, due)| due <= next)) {
-        return;
-    }
-    let delay_ms = next.saturating_sub(now.mono).div_ceil(1_000).min(MAX_TIMER_DELAY_MS);
-    // Record what the timer is for: it fires at `next` or up to 1 ms after (whole
-    // milliseconds), or earlier when the delay was capped. Recording the rounded-up firing
-    // time instead made every later insert for the same `next` re-arm it.
-    let due = now.mono.saturating_add(delay_ms * 1_000).min(next);
-    rearm(ctx, delay_ms, due);
+    perform(ctx, plan);
 }
 
-/// Stops the armed timer, if any, and arms one `delay_ms` from now, recorded as due at `due`.
-/// Never from inside a timer callback (see [`before_sleep`]).
-fn rearm(ctx: &Context, delay_ms: u64, due: Micros) {
-    let armed = state::with_expiry(|expiry| expiry.timer.take());
+/// Stops and creates the module timer as the plan says.
+fn perform(ctx: &Context, plan: Plan) {
+    let Plan::Arm { stop, delay_ms, due } = plan else { return };
     // SAFETY: ctx is live; the stopped id was returned by CreateTimer and carries no data; this
     // is not a timer callback, so the stopped timer is not the one running.
     unsafe {
-        if let (Some((id, _)), Some(stop)) = (armed, raw::RedisModule_StopTimer) {
-            stop(ctx.ctx, id, std::ptr::null_mut());
+        if let (Some(id), Some(stop_timer)) = (stop, raw::RedisModule_StopTimer) {
+            stop_timer(ctx.ctx, id, std::ptr::null_mut());
         }
         if let Some(create) = raw::RedisModule_CreateTimer {
             let id = create(ctx.ctx, delay_ms as i64, Some(on_timer), std::ptr::null_mut());
-            state::with_expiry(|expiry| expiry.timer = Some((id, due)));
+            state::with_expiry(|expiry| expiry.schedule.armed(id, due));
+        }
+    }
+    wake_event_loop(delay_ms);
+}
+
+/// Makes the event loop turn once more before it sleeps, so it sees the timer just created.
+/// Redis 7.0 computes how long to sleep before it calls the before-sleep hook, so a timer armed
+/// there waited for the next cron tick (up to a second at `hz 1`); Redis 7.4 and Valkey ask the
+/// hook first, and the extra turn costs them a pipe write. A timer a second or more away needs
+/// no wake: the cron tick comes first.
+fn wake_event_loop(delay_ms: u64) {
+    if delay_ms >= 1_000 {
+        return;
+    }
+    // SAFETY: AddOneShot takes a plain function and no data; the callback does nothing.
+    unsafe {
+        if let Some(add) = raw::RedisModule_EventLoopAddOneShot {
+            add(Some(on_wake), std::ptr::null_mut());
         }
     }
 }
 
 /// # Safety
+/// Called by Redis on its main thread; does nothing (the wake was the point).
+unsafe extern "C" fn on_wake(_data: *mut c_void) {}
+
+/// # Safety
 /// Called by Redis on its main thread with a context valid for this call.
 unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     let ctx = Context::new(ctx);
-    state::with_expiry(|expiry| expiry.timer = None);
+    let started = clock::now();
+    let fired = state::with_expiry(|expiry| expiry.schedule.fired(started.mono));
     if !decides_expiry(&ctx) {
         state::with_expiry(|expiry| expiry.index.clear());
         return;
     }
-    let started = clock::now();
     // Answering a waiter nil changes no data, so time-outs are kept even during a pause.
     crate::waiters::time_out(started.mono);
     if writes_paused() {
-        // Expired leases, gone waiters and lost grants stay as they are until writes resume.
-        PAUSED_POLL.store(true, Ordering::Relaxed);
+        // Expired leases, gone waiters, lost grants and the counter's propagation stay as they
+        // are until writes resume: a propagated write would abort the server.
+        state::with_expiry(|expiry| expiry.schedule.writes_paused(started.mono, fired.propagate));
         return;
+    }
+    if fired.propagate {
+        apply::propagate_fence_counter(&ctx);
     }
     let (to_prune, to_release) = state::with_expiry(|expiry| {
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
@@ -134,7 +159,6 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         });
     }
     let mut now = started;
-    let mut backlog = false;
     let mut seen = 0;
     let mut due = DueBatch::default();
     loop {
@@ -151,60 +175,10 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         if seen >= SLICE_MAX_ENTRIES
             || now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64
         {
-            backlog = true;
+            // Come back on the next turn of the event loop, after clients had theirs.
+            state::with_expiry(|expiry| expiry.schedule.yielded());
             break;
         }
-    }
-    if backlog {
-        // Come back on the next turn of the event loop, after clients had theirs.
-        BACKLOG.store(true, Ordering::Relaxed);
-    } else {
-        state::arm_soon();
-    }
-}
-
-/// Set when a slice of the sweep yielded with due entries left.
-static BACKLOG: AtomicBool = AtomicBool::new(false);
-/// Set when the timer found writes paused: it looks again [`PAUSED_POLL_MS`] later.
-static PAUSED_POLL: AtomicBool = AtomicBool::new(false);
-
-/// Whether the armed timer should have fired by now (monotonic), with time to spare.
-fn timer_late(now: Now) -> bool {
-    state::with_expiry(|expiry| {
-        expiry.timer.is_some_and(|(_, due)| now.mono > due.saturating_add(clock::TIMER_LATE_US))
-    })
-}
-
-/// Called before the event loop sleeps: the only place the expiry timer is armed from, besides
-/// server events. A timer callback never arms one itself: Redis fires module timers in a loop
-/// against the wall clock read once as the loop starts, and fires at once any timer created
-/// inside it that is due by then. After a step back of the wall clock in the middle of a
-/// callback, every timer it armed was: the callback ran again and again, serving no client,
-/// until the clock caught up (18 s in a chaos run). So the callback leaves what it needs (a
-/// sweep with work left, a look after a write pause, the next deadline) and it is armed here.
-///
-/// A sweep that yielded with work left resumes right after the clients of this turn are served.
-/// Slices stay bounded by the budget.
-///
-/// This is also the backstop for Redis's module timers, which run on the wall clock: a timer
-/// armed before the clock stepped back fires that much later (a minute's step held every
-/// hand-over and every waiter's time-out a minute). The event loop turns at least every cron
-/// tick, on the monotonic clock, so a timer found [`clock::TIMER_LATE_US`] past its due is
-/// replaced by one due at once.
-pub fn before_sleep(ctx: &Context, now: Now) {
-    let backlog = BACKLOG.swap(false, Ordering::Relaxed);
-    let paused = PAUSED_POLL.swap(false, Ordering::Relaxed);
-    // Inserts and waiters of this turn, and the last sweep, ask for the timer.
-    let requested = state::take_arm_request();
-    if backlog || timer_late(now) {
-        rearm(ctx, 0, now.mono);
-        return;
-    }
-    if paused {
-        rearm(ctx, PAUSED_POLL_MS, now.mono.saturating_add(PAUSED_POLL_MS * 1_000));
-    }
-    if requested {
-        arm(ctx, now);
     }
 }
 

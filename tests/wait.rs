@@ -531,3 +531,47 @@ fn a_retry_answered_after_a_lost_hand_over_keeps_its_lease() {
         }
     }
 }
+
+/// Median of a few measurements, in ms.
+fn median_ms(mut samples: Vec<Duration>) -> u128 {
+    samples.sort();
+    samples[samples.len() / 2].as_millis()
+}
+
+/// At `hz 1` the server's cron ticks once a second. Redis 7.0 computes how long to sleep before
+/// it calls the module's before-sleep hook, so a timer armed there waited for that tick: a
+/// 20 ms wait answered up to a second late, and a 300 ms lease was handed over as late.
+#[test]
+fn time_outs_and_hand_overs_are_on_time_whatever_hz() {
+    let server = Server::start_with(&["--hz", "1"]);
+    let mut con = server.client();
+    acquire(&mut con, "held", "A", 60_000).expect("granted");
+    let mut time_outs = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let reply: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+            .arg("held")
+            .arg("B")
+            .arg(1_000)
+            .arg("WAIT")
+            .arg(20)
+            .query(&mut con)
+            .expect("WAIT");
+        assert_eq!(reply, None, "the holder keeps it");
+        time_outs.push(started.elapsed().saturating_sub(Duration::from_millis(20)));
+    }
+    let mut hand_overs = Vec::new();
+    for round in 0..5 {
+        let resource = format!("short:{round}");
+        let granted = Instant::now();
+        acquire(&mut con, &resource, "A", 300).expect("granted");
+        let waiter = wait_in_thread(&server, &resource, "B", 1_000, 5_000);
+        let (reply, answered) = waiter.join().expect("waiter");
+        assert!(reply.expect("WAIT").is_some(), "handed over");
+        hand_overs
+            .push(answered.duration_since(granted).saturating_sub(Duration::from_millis(300)));
+    }
+    let (late_time_out, late_hand_over) = (median_ms(time_outs), median_ms(hand_overs));
+    assert!(late_time_out < 150, "a 20 ms wait answered {late_time_out} ms late (median)");
+    assert!(late_hand_over < 150, "a 300 ms lease handed over {late_hand_over} ms late (median)");
+}

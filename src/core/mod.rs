@@ -17,6 +17,7 @@ pub mod mode;
 #[cfg(test)]
 mod model_tests;
 pub mod ratelimit;
+pub mod schedule;
 #[cfg(test)]
 mod shared_index_tests;
 #[cfg(test)]
