@@ -87,8 +87,22 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     }));
     // SAFETY: all-zero is the documented "unset" value of every field of these C structs,
     // and a zeroed key spec terminates the key spec array.
-    let key_specs: &mut [raw::RedisModuleCommandKeySpec; 2] =
+    let key_specs: &mut [raw::RedisModuleCommandKeySpec; 3] =
         Box::leak(Box::new(unsafe { zeroed() }));
+    if meta.movable_keys {
+        // Keys the server cannot find from the arguments alone: it asks the command instead
+        // (ACL, Cluster routing, TRYAGAIN during a migration, CROSSSLOT, COMMAND GETKEYS).
+        let more = &mut key_specs[1];
+        // Servers require one access flag; the command reports each key's own.
+        more.flags = u64::from(
+            raw::REDISMODULE_CMD_KEY_RW
+                | raw::REDISMODULE_CMD_KEY_INCOMPLETE
+                | raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS,
+        );
+        more.begin_search_type =
+            raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_UNKNOWN;
+        more.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_UNKNOWN;
+    }
     let spec = &mut key_specs[0];
     spec.flags = u64::from(meta.key_flags);
     spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;

@@ -192,3 +192,95 @@ fn ownership_changes_reach_shard_subscribers_on_the_keys_own_node() {
         assert!(plain.recv_response().is_err(), "no plain PUBLISH in Cluster");
     }
 }
+
+fn setslot(con: &mut redis::Connection, slot: i64, state: &str, node: &str) {
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(state)
+        .arg(node)
+        .query(con)
+        .unwrap_or_else(|e| panic!("SETSLOT {state}: {e}"));
+}
+
+fn migrate(source: &mut redis::Connection, to: u16, keys: &[&str]) {
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(keys)
+        .query(source)
+        .expect("MIGRATE");
+}
+
+fn fenced_push(con: &mut redis::Connection, fence: i64, item: &str) -> redis::RedisResult<i64> {
+    redis::cmd("DLOCK.FENCED")
+        .arg("{r}lock")
+        .arg(fence)
+        .arg("RPUSH")
+        .arg("{r}data")
+        .arg(item)
+        .query(con)
+}
+
+/// A slot moves in batches of keys (`redis-cli --cluster reshard` moves 10 at a time), so the lock
+/// key can reach the target before its data key. A fenced write then must not follow the lock
+/// key there: it would create a second `{r}data` on the target, and one of the two lists is lost
+/// when the migration ends. The server knows every key of the call, so it answers TRYAGAIN on
+/// both sides until both keys are on one node, as for a native multi-key command.
+#[test]
+fn a_fenced_write_during_a_slot_migration_waits_until_its_keys_are_together() {
+    let cluster = Cluster::start();
+    let from = cluster.owner("{r}lock");
+    let to = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|&p| {
+            p != from
+                && info_line(&mut cluster.node(p).client(), "replication", "role").as_deref()
+                    == Some("master")
+        })
+        .expect("another primary");
+    let mut source = cluster.node(from).client();
+    let fence = acquire(&mut source, "{r}lock", "w", 60_000).expect("granted");
+    assert_eq!(fenced_push(&mut source, fence, "before").expect("fenced write"), 1);
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg("{r}lock").query(&mut source).expect("KEYSLOT");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    let mut target = cluster.node(to).client();
+    setslot(&mut target, slot, "IMPORTING", &from_id);
+    setslot(&mut source, slot, "MIGRATING", &to_id);
+    migrate(&mut source, to, &["{r}lock"]);
+
+    let on_source = error_text(fenced_push(&mut source, fence, "during").map(redis::Value::Int));
+    assert!(on_source.starts_with("TRYAGAIN"), "the source: {on_source}");
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore();
+    pipe.cmd("DLOCK.FENCED").arg("{r}lock").arg(fence).arg("RPUSH").arg("{r}data").arg("during");
+    let on_target =
+        error_text(pipe.query::<Vec<redis::Value>>(&mut target).map(|mut v| v.remove(0)));
+    assert!(on_target.starts_with("TRYAGAIN"), "the target after ASKING: {on_target}");
+    assert!(!exists_asking(&mut target, "{r}data"), "no second copy of the data key");
+
+    migrate(&mut source, to, &["{r}data"]);
+    for port in [to, from] {
+        setslot(&mut cluster.node(port).client(), slot, "NODE", &to_id);
+    }
+    assert!(eventually(Duration::from_secs(10), || cluster.owner("{r}lock") == to), "moved");
+    assert_eq!(fenced_push(&mut target, fence, "after").expect("fenced write on the new node"), 2);
+    let items: Vec<String> =
+        redis::cmd("LRANGE").arg("{r}data").arg(0).arg(-1).query(&mut target).expect("LRANGE");
+    assert_eq!(items, ["before", "after"], "every acknowledged write, in one list");
+}
+
+/// EXISTS on a node importing the key's slot (ASKING first).
+fn exists_asking(con: &mut redis::Connection, key: &str) -> bool {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore().cmd("EXISTS").arg(key);
+    let (found,): (i64,) = pipe.query(con).expect("EXISTS");
+    found == 1
+}

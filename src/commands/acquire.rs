@@ -27,6 +27,7 @@ pub const META: CommandMeta = CommandMeta {
     // from the key, so no `ACCESS`. `UPDATE` rather than `INSERT`: a grant may replace an expired
     // lease or extend the holder's own (Redis allows only one of INSERT, UPDATE and DELETE).
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    movable_keys: false,
     summary: "Acquires a lease on a resource and returns its fencing token",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log W) for W waiters and O(log S) for S shared leases on the resource",
     args: &[

@@ -14,6 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: 4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
+    movable_keys: false,
     summary: "Internal: ends one shared lease as the primary decided (replication stream and AOF only)",
     complexity: "O(log S) where S is the number of shared leases on the resource",
     args: &[

@@ -11,6 +11,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 3,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    movable_keys: false,
     summary: "Tells whether a fence is the fence of the live lease on a resource",
     complexity: "O(1) for an exclusive lease, O(log S) for S shared leases on the resource",
     args: &[

@@ -15,9 +15,10 @@ use crate::{clock, metrics};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.fenced",
-    flags: "write",
+    flags: "write getkeys-api",
     arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    movable_keys: true,
     summary: "Runs a command only if a fence is the fence of the live lease on a resource",
     complexity: "O(1) plus the complexity of the fenced command",
     args: &[
@@ -43,6 +44,10 @@ pub const META: CommandMeta = CommandMeta {
 const CALL_FLAGS: &[u8] = b"v!CEMS0\0";
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if is_keys_position_request(ctx) {
+        declare_keys(ctx, args);
+        return Ok(RedisValue::NoReply);
+    }
     let [_, resource, fence, command, inner_args @ ..] = args else {
         return Err(DlockError::WrongArity(META.name).into());
     };
@@ -83,6 +88,99 @@ fn check_fence(ctx: &Context, resource: &RedisString, fence: u64) -> Result<(), 
     Err(DlockError::Stale { fence, resource: printable(resource.as_slice()), current })
 }
 
+fn is_keys_position_request(ctx: &Context) -> bool {
+    // SAFETY: ctx is the live context of this call.
+    unsafe { raw::RedisModule_IsKeysPositionRequest.is_some_and(|f| f(ctx.ctx) != 0) }
+}
+
+/// Tells the server every key the call touches: the resource (read) and the inner command's
+/// keys with the inner command's own flags. Cluster then routes, redirects and answers
+/// `TRYAGAIN` or `CROSSSLOT` as for a native multi-key command, so during a slot migration a
+/// fenced write never follows the lock key to a node that lacks its data key (which created a
+/// second copy of the data key there), and ACL key rules see every key.
+fn declare_keys(ctx: &Context, args: &[RedisString]) {
+    const RESOURCE: usize = 1;
+    const INNER: usize = 3;
+    let key_at = |pos: usize, flags: u32| {
+        // SAFETY: ctx is a key position request; pos is an index into this call's argv.
+        unsafe {
+            if let Some(key_at) = raw::RedisModule_KeyAtPosWithFlags {
+                key_at(ctx.ctx, pos as c_int, flags as c_int);
+            } else if let Some(key_at) = raw::RedisModule_KeyAtPos {
+                key_at(ctx.ctx, pos as c_int);
+            }
+        }
+    };
+    if args.len() <= RESOURCE {
+        return;
+    }
+    key_at(RESOURCE, META.key_flags);
+    if args.len() <= INNER {
+        return;
+    }
+    if let Ok(keys) = inner_keys(ctx, &args[INNER..]) {
+        for (at, flags) in keys {
+            key_at(INNER + at, flags);
+        }
+    }
+}
+
+/// Why the server could not tell an inner command's keys.
+enum NoKeys {
+    /// An unknown command or a wrong arity: running it gives the server's own error.
+    Invalid,
+    /// The server cannot tell, or the command takes none.
+    Keyless(&'static str),
+}
+
+/// The positions (in `inner`, the command name at 0) and flags (`REDISMODULE_CMD_KEY_*`) of the
+/// inner command's keys, from its own key specs: a renamed command is judged like the original.
+fn inner_keys(ctx: &Context, inner: &[RedisString]) -> Result<Vec<(usize, u32)>, NoKeys> {
+    let mut argv: Vec<*mut raw::RedisModuleString> = inner.iter().map(|arg| arg.inner).collect();
+    let mut count: c_int = 0;
+    let mut flags: *mut c_int = std::ptr::null_mut();
+    // SAFETY: argv holds live strings of this call; the returned arrays are freed below.
+    unsafe {
+        let positions = if let Some(get_keys) = raw::RedisModule_GetCommandKeysWithFlags {
+            get_keys(ctx.ctx, argv.as_mut_ptr(), argv.len() as c_int, &mut count, &mut flags)
+        } else if let Some(get_keys) = raw::RedisModule_GetCommandKeys {
+            get_keys(ctx.ctx, argv.as_mut_ptr(), argv.len() as c_int, &mut count)
+        } else {
+            return Err(NoKeys::Keyless("this server cannot tell which keys a command uses"));
+        };
+        if positions.is_null() {
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            return Err(if matches!(errno, Some(ENOENT | EINVAL)) {
+                NoKeys::Invalid
+            } else {
+                NoKeys::Keyless(KEYLESS)
+            });
+        }
+        let count = count.max(0) as usize;
+        let positions_of = std::slice::from_raw_parts(positions, count);
+        let flags_of = (!flags.is_null()).then(|| std::slice::from_raw_parts(flags, count));
+        let keys = positions_of
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &at)| {
+                let at = usize::try_from(at).ok().filter(|&at| at < inner.len())?;
+                let declared = flags_of.map_or(INNER_KEY_FLAGS, |flags| flags[i] as u32);
+                Some((at, declared))
+            })
+            .collect();
+        if let Some(free) = raw::RedisModule_Free {
+            free(positions.cast());
+            if !flags.is_null() {
+                free(flags.cast());
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// What an inner key is declared as when the server does not say (it may be written).
+const INNER_KEY_FLAGS: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE;
+
 /// The inner command must name a key, never the lock key itself, and in Redis Cluster every key
 /// must live in the resource's slot. Keys are found from the command's own key specs, so a
 /// renamed command is judged like the original: keyless server, admin and keyspace-wide commands
@@ -94,31 +192,10 @@ fn check_keys(
 ) -> Result<(), DlockError> {
     let command = printable(inner[0].as_slice());
     let refused = |reason| DlockError::FencedRefused { command: command.clone(), reason };
-    let mut argv: Vec<*mut raw::RedisModuleString> = inner.iter().map(|arg| arg.inner).collect();
-    let mut count: c_int = 0;
-    // SAFETY: argv holds live strings of this call; the returned positions are freed below.
-    let keys: Vec<&RedisString> = unsafe {
-        let Some(get_keys) = raw::RedisModule_GetCommandKeys else {
-            return Err(refused("this server cannot tell which keys a command uses"));
-        };
-        let positions = get_keys(ctx.ctx, argv.as_mut_ptr(), argv.len() as c_int, &mut count);
-        if positions.is_null() {
-            // An unknown command or a wrong arity: running it gives the server's own error.
-            let errno = std::io::Error::last_os_error().raw_os_error();
-            return if matches!(errno, Some(ENOENT | EINVAL)) {
-                Ok(())
-            } else {
-                Err(refused(KEYLESS))
-            };
-        }
-        let keys = std::slice::from_raw_parts(positions, count.max(0) as usize)
-            .iter()
-            .filter_map(|&at| inner.get(usize::try_from(at).ok()?))
-            .collect();
-        if let Some(free) = raw::RedisModule_Free {
-            free(positions.cast());
-        }
-        keys
+    let keys: Vec<&RedisString> = match inner_keys(ctx, inner) {
+        Ok(keys) => keys.into_iter().map(|(at, _)| &inner[at]).collect(),
+        Err(NoKeys::Invalid) => return Ok(()),
+        Err(NoKeys::Keyless(reason)) => return Err(refused(reason)),
     };
     if keys.is_empty() {
         return Err(refused(KEYLESS));

@@ -28,6 +28,9 @@ pub struct CommandMeta {
     pub arity: i32,
     /// Key spec flags for the one key at position 1 (`REDISMODULE_CMD_KEY_*`); 0: no key.
     pub key_flags: u32,
+    /// More keys follow, found by the command itself (`getkeys-api`): declared to the server as
+    /// an incomplete key spec with variable flags, so it asks the command (`DLOCK.FENCED`).
+    pub movable_keys: bool,
     /// One line for `COMMAND DOCS`.
     pub summary: &'static str,
     /// Time complexity for `COMMAND DOCS`.

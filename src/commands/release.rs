@@ -13,6 +13,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write fast",
     arity: -3,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
+    movable_keys: false,
     summary: "Releases the caller's live lease",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log S) for S shared leases on the resource and O(W) for W waiters when the lease passes to one",
     args: &[

@@ -14,6 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write fast",
     arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    movable_keys: false,
     summary: "Extends the caller's live lease to ttl-ms from now",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log S) for S shared leases on the resource",
     args: &[

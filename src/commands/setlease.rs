@@ -16,6 +16,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: -5,
     key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    movable_keys: false,
     summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
     complexity: "O(log N) where N is the number of leases with a deadline",
     args: &[
