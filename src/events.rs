@@ -71,6 +71,9 @@ unsafe extern "C" fn on_server_event(
             // SAFETY: for SWAPDB, data is a RedisModuleSwapDbInfo.
             let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
             let (first, second) = (info.dbnum_first, info.dbnum_second);
+            if first == second {
+                return; // SWAPDB of a database with itself changes nothing for Redis either
+            }
             state::with_expiry(|expiry| {
                 expiry.index.rewrite(|_, _| true, |db| swapped(db, first, second))
             });

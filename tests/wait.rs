@@ -575,3 +575,19 @@ fn time_outs_and_hand_overs_are_on_time_whatever_hz() {
     assert!(late_time_out < 150, "a 20 ms wait answered {late_time_out} ms late (median)");
     assert!(late_hand_over < 150, "a 300 ms lease handed over {late_hand_over} ms late (median)");
 }
+
+/// `SWAPDB 0 0` changes nothing for Redis, and nothing for the waiters of database 0.
+#[test]
+fn swapdb_of_a_database_with_itself_leaves_its_waiters_waiting() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "swapped", "A", 60_000).expect("granted");
+    let waiter = wait_in_thread(&server, "swapped", "B", 1_000, 10_000);
+    until_waiting(&mut con, "swapped", 1);
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(0).query(&mut con).expect("SWAPDB");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(waiters(&mut con, "swapped"), 1, "still in line");
+    assert_eq!(release(&mut con, "swapped", "A"), 1);
+    let (reply, _) = waiter.join().expect("waiter");
+    assert!(reply.expect("WAIT").is_some(), "handed the lease, not dismissed");
+}
