@@ -65,39 +65,11 @@ fn locks_spread_over_shards_route_by_key_fence_with_hash_tags_and_survive_slot_m
         redis::cmd("CLUSTER").arg("KEYSLOT").arg(resource).query(&mut source).expect("KEYSLOT");
     let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
     let mut target = cluster.node(to).client();
-    let _: () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("IMPORTING")
-        .arg(&from_id)
-        .query(&mut target)
-        .expect("IMPORTING");
-    let _: () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("MIGRATING")
-        .arg(&to_id)
-        .query(&mut source)
-        .expect("MIGRATING");
-    let _: String = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to)
-        .arg("")
-        .arg(0)
-        .arg(5_000)
-        .arg("KEYS")
-        .arg(resource)
-        .query(&mut source)
-        .expect("MIGRATE");
+    setslot(&mut target, slot, "IMPORTING", &from_id);
+    setslot(&mut source, slot, "MIGRATING", &to_id);
+    migrate(&mut source, to, &[resource]);
     for port in [to, from] {
-        let mut con = cluster.node(port).client();
-        let _: () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("NODE")
-            .arg(&to_id)
-            .query(&mut con)
-            .expect("SETSLOT NODE");
+        setslot(&mut cluster.node(port).client(), slot, "NODE", &to_id);
     }
     assert!(eventually(Duration::from_secs(10), || cluster.owner(resource) == to), "slot moved");
     assert_eq!(info_field(&mut target, resource, "owner").as_deref(), Some("holder"));
