@@ -123,14 +123,12 @@ async fn leases_on_all_three_shards_go_straight_to_their_primaries_without_a_red
         let stored: Option<u64> =
             redis::cmd("HGET").arg(&data).arg("fence").query(&mut on_owner).expect("HGET");
         assert_eq!(stored, Some(lease.fence()));
-        // Another slot's key is refused as such, and nothing is written.
+        // Another slot's key is refused as such, and nothing is written: the server answers
+        // CROSSSLOT itself, as for a native multi-key command (FENCED declares the inner keys).
         let mut elsewhere = redis::cmd("SET");
         elsewhere.arg(format!("elsewhere:{i}")).arg("x");
         let refused = lease.fenced::<()>(&elsewhere).await;
-        assert!(
-            matches!(&refused, Err(FencedError::CrossSlot(detail)) if detail.contains("elsewhere")),
-            "{refused:?}"
-        );
+        assert!(matches!(&refused, Err(FencedError::CrossSlot(_))), "{refused:?}");
         assert!(lease.release().await.expect("released"));
         assert_eq!(info_field(&mut on_owner, &resource, "owner"), None, "released on its shard");
     }
