@@ -86,6 +86,7 @@ class Server:
         self.dir = tempfile.mkdtemp(prefix="dlock-py-")
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self._extra = extra
         for _attempt in range(5):
             self.port = free_port()
             if self._start(extra):
@@ -142,6 +143,18 @@ class Server:
     def continue_process(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """``kill -9``: the server is gone at once, its connections refused from then on."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+    def restart(self) -> None:
+        """Starts the server again after :meth:`kill`, on the same port, in the same dir (a
+        Cluster node reads its ``nodes.conf`` there)."""
+        if not self._start(self._extra):
+            raise RuntimeError(f"could not restart {server_binary()}; see {self.dir}/server.log")
 
     def info(self) -> dict[str, Any]:
         with self.client() as probe:

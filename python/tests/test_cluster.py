@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Iterator
+from typing import Any, Callable
 
 import pytest
 import redis
 import redis.asyncio.cluster
 import redis.cluster
+from redis._parsers import BaseParser
 
 import dlock
 import dlock.asyncio
 from conftest import Server, cmd, fields, wait_until
+from dlock import _common as common
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="needs redis-cli")
 
@@ -30,12 +31,27 @@ def cluster_ok(node: Server) -> bool:
     return "cluster_state:ok" in text
 
 
+def role(node: Server) -> list[Any]:
+    """The node's ``ROLE`` reply, or ``[]`` while it answers nothing."""
+    try:
+        with node.client(socket_timeout=1) as probe:
+            reply: list[Any] = cmd(probe, "ROLE")
+            return reply
+    except redis.RedisError:
+        return []
+
+
 class Cluster:
-    def __init__(self) -> None:
+    """Three primaries with the module, each with ``replicas`` replicas; ``extra``: more
+    options for every node."""
+
+    def __init__(self, replicas: int = 0, *extra: str) -> None:
         self.nodes = [
-            Server("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            for _ in range(3)
+            Server("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *extra)
+            for _ in range(3 * (1 + replicas))
         ]
+        self.replicas = replicas
+        self.down: set[int] = set()  # ports of the nodes killed and not restarted
         subprocess.run(
             [
                 "redis-cli",
@@ -43,23 +59,65 @@ class Cluster:
                 "create",
                 *(f"127.0.0.1:{node.port}" for node in self.nodes),
                 "--cluster-replicas",
-                "0",
+                str(replicas),
                 "--cluster-yes",
             ],
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        for node in self.nodes:
-            assert wait_until(functools.partial(cluster_ok, node), 30, 0.05), node.port
+        assert wait_until(self.settled, 30, 0.05), "the cluster did not settle"
+
+    def live(self) -> list[Server]:
+        return [node for node in self.nodes if node.port not in self.down]
+
+    def settled(self) -> bool:
+        """Every live node sees the cluster ok, and every primary has its replicas, in sync."""
+        nodes = self.live()
+        if not all(cluster_ok(node) for node in nodes):
+            return False
+        primaries = [node for node in nodes if role(node)[:1] == [b"master"]]
+        if len(primaries) != 3:
+            return False
+        return all(
+            len([replica for replica in nodes if self._replicates(replica, primary)])
+            == self.replicas
+            for primary in primaries
+        )
+
+    @staticmethod
+    def _replicates(replica: Server, primary: Server) -> bool:
+        reply = role(replica)
+        return reply[:1] == [b"slave"] and reply[2] == primary.port and reply[3] == b"connected"
 
     def owner(self, key: str) -> Server:
         """The primary that serves ``key``'s slot now."""
-        with self.nodes[0].client() as probe:
+        with self.live()[0].client() as probe:
             slot = cmd(probe, "CLUSTER", "KEYSLOT", key)
             for start, end, primary, *_replicas in cmd(probe, "CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     return next(node for node in self.nodes if node.port == primary[1])
         raise AssertionError(f"no owner for {key}")
+
+    def replica_of(self, primary: Server) -> Server:
+        return next(node for node in self.live() if self._replicates(node, primary))
+
+    def failover(self, replica: Server) -> None:
+        """``CLUSTER FAILOVER`` on ``replica``: it becomes the primary of its shard, its primary
+        one of its replicas. Returns once both say so."""
+        primary = next(node for node in self.live() if self._replicates(replica, node))
+        with replica.client() as admin:
+            assert cmd(admin, "CLUSTER", "FAILOVER") == b"OK"
+        assert wait_until(lambda: self._replicates(primary, replica), 10, 0.01)
+
+    def kill(self, node: Server) -> None:
+        node.kill()
+        self.down.add(node.port)
+
+    def restart(self, node: Server) -> None:
+        """Starts a killed node again: it rejoins as a replica of its shard's new primary."""
+        node.restart()
+        self.down.discard(node.port)
+        assert wait_until(self.settled, 30, 0.05), "the cluster did not settle"
 
     def close(self) -> None:
         for node in self.nodes:
@@ -71,6 +129,27 @@ def cluster() -> Iterator[Cluster]:
     started = Cluster()
     yield started
     started.close()
+
+
+# A node is failed after 1.5 s without an answer: a killed primary's replica is promoted within
+# about 3 s.
+NODE_TIMEOUT_MS = 1500
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[Cluster]:
+    """Three primaries with one replica each, for failovers. A test leaves it as it found it
+    (every primary with a replica in sync), though not with the same primaries."""
+    started = Cluster(1, "--cluster-node-timeout", str(NODE_TIMEOUT_MS))
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def shard(replicated: Cluster) -> Cluster:
+    """The replicated cluster, settled (a previous test may have just restarted a node)."""
+    assert wait_until(replicated.settled, 30, 0.05), "the cluster did not settle"
+    return replicated
 
 
 def test_holds_follow_each_resource_to_its_shard(cluster: Cluster) -> None:
@@ -233,3 +312,422 @@ def test_asyncio_tickets_in_a_cluster(cluster: Cluster) -> None:
         await client.aclose()
 
     asyncio.run(asyncio.wait_for(test(), 60))
+
+
+# Failovers and migrations: what a client of a Cluster meets while a slot changes hands.
+
+
+def parsed(reply: str) -> redis.RedisError:
+    """The exception redis-py raises for the error reply ``reply`` (its parser strips the code
+    of the errors it has a type for: a MOVED's message is ``3999 127.0.0.1:7001``)."""
+    parser: Any = BaseParser  # untyped
+    error: redis.RedisError = parser.parse_error(reply)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "redirect", "map_update"),
+    [
+        (parsed("MOVED 3999 127.0.0.1:7001"), ("moved", "127.0.0.1", 7001), "moved"),
+        (parsed("ASK 3999 127.0.0.1:7002"), ("ask", "127.0.0.1", 7002), None),
+        (parsed("TRYAGAIN Multiple keys request during rehashing of slot"), None, "stale"),
+        (parsed("CLUSTERDOWN The cluster is down"), None, "stale"),
+        (parsed("CLUSTERDOWN Hash slot not served"), None, "stale"),
+        (
+            parsed(
+                "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."
+            ),
+            None,
+            "stale",
+        ),
+        (parsed("LOADING Redis is loading the dataset in memory"), None, "stale"),
+        (
+            parsed(
+                "UNBLOCKED force unblock from blocking operation, instance state changed"
+                " (master -> replica?)"
+            ),
+            None,
+            "stale",
+        ),
+        (redis.exceptions.ClusterError("TTL exhausted"), None, "stale"),
+        (redis.exceptions.SlotNotCoveredError('Slot "3999" not covered'), None, "stale"),
+        (
+            redis.ConnectionError("Error 111 connecting to 127.0.0.1:7001. Connection refused."),
+            None,
+            "stale",
+        ),
+        (redis.TimeoutError("Timeout reading from socket"), None, "stale"),
+    ],
+)
+def test_cluster_errors_are_followed_or_retried(
+    error: BaseException, redirect: tuple[str, str, int] | None, map_update: str | None
+) -> None:
+    """Each error a Cluster answers while a slot changes hands, as redis-py raises it: a MOVED or
+    ASK is followed to the node it names, the others are retried with the same token until the
+    caller's deadline, and the slot map learns what it should."""
+    assert common.is_ambiguous(error)
+    assert common.redirect(error) == redirect
+    assert common.map_update(error) == map_update
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        parsed("ERR wrong number of arguments for 'dlock.acquire' command"),
+        parsed("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        parsed("CROSSSLOT Keys in request don't hash to the same slot"),
+        parsed("NOPERM User locker has no permissions to access the 'other' key"),
+        parsed("READONLY You can't write against a read only replica."),
+        parsed("WRONGPASS invalid username-password pair or user is disabled."),
+        redis.exceptions.RedisClusterException("Cluster mode is not enabled on this node"),
+    ],
+)
+def test_errors_of_the_request_itself_are_not_retried(error: BaseException) -> None:
+    assert common.redirect(error) is None
+    assert not common.is_ambiguous(error)
+    assert common.map_update(error) is None
+
+
+def test_the_codes_are_read_from_the_types_not_the_text() -> None:
+    moved = parsed("MOVED 3999 127.0.0.1:7001")
+    assert isinstance(moved, redis.exceptions.MovedError)
+    assert not str(moved).startswith("MOVED")  # what the client used to look for
+    assert common.not_carried_out(moved)
+    assert common.not_carried_out(parsed("TRYAGAIN Multiple keys request during rehashing"))
+    # A wait the server ended may have been granted just before: not "surely nothing".
+    assert not common.not_carried_out(parsed("UNBLOCKED client unblocked via CLIENT UNBLOCK"))
+
+
+def keyslot(node: Server, key: str) -> int:
+    with node.client() as probe:
+        slot: int = cmd(probe, "CLUSTER", "KEYSLOT", key)
+        return slot
+
+
+def in_line(node: Server, resource: str) -> bool:
+    """Whether one waiter (a blocked ACQUIRE, or a ticket) stands in ``resource``'s line."""
+    with node.client() as probe:
+        info = fields(cmd(probe, "DLOCK.INFO", resource))
+        return bool(info[b"waiters"] + info[b"tickets"] == 1)
+
+
+def fence_on(node: Server, resource: str, fence: int) -> int:
+    with node.client() as probe:
+        checked: int = cmd(probe, "DLOCK.FENCECHECK", resource, fence)
+        return checked
+
+
+@pytest.mark.parametrize("wait", ["block", "tickets"])
+def test_hold_during_a_failover_of_its_primary(shard: Cluster, wait: str) -> None:
+    """``CLUSTER FAILOVER`` of the slot's primary while holds come and go and one waits in line
+    there: no MOVED (nor UNBLOCKED, what Redis answers a waiter when its primary turns into a
+    replica) escapes ``hold()``; the waiter and the holds after it are granted on the new
+    primary."""
+    free, held = f"failover:{{{wait}}}", f"failover:{{{wait}}}:held"
+    primary = shard.owner(free)
+    replica = shard.replica_of(primary)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+    locks = dlock.Locks(client, request_timeout=1, wait=wait)
+    with locks.hold(free, ttl=2, timeout=5):
+        pass  # the slot map and the server's options read before the failover
+    with primary.client() as admin:
+        cmd(admin, "DLOCK.ACQUIRE", held, "holder", 2000)  # replicated, ends on the new primary
+    errors: list[BaseException] = []
+    holds = [0]
+    stop = threading.Event()
+
+    def come_and_go() -> None:
+        while not stop.is_set():
+            try:
+                with locks.hold(free, ttl=2, timeout=5):
+                    holds[0] += 1
+            except Exception as error:
+                errors.append(error)
+                time.sleep(0.05)
+
+    waited: list[int] = []
+
+    def wait_in_line() -> None:
+        try:
+            with locks.hold(held, ttl=5, timeout=10) as lease:
+                waited.append(lease.fence)
+                assert fence_on(replica, held, lease.fence) == 1
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=come_and_go), threading.Thread(target=wait_in_line)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_until(lambda: in_line(primary, held), 5)
+        time.sleep(0.2)
+        shard.failover(replica)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+    assert errors == []
+    assert holds[0] > 0
+    assert len(waited) == 1
+    assert wait_until(lambda: shard.owner(free) is replica, 5)
+    with locks.hold(free, ttl=2, timeout=1) as lease:
+        assert fence_on(replica, free, lease.fence) == 1
+    client.close()
+    locks.close()
+
+
+def test_a_lease_keeps_renewing_through_a_failover_of_its_primary(shard: Cluster) -> None:
+    """A held lease whose primary fails over: its renewals, answered MOVED by the old primary,
+    go to the new one, and the lease is never reported lost."""
+    resource = "renewed:{c}"
+    primary = shard.owner(resource)
+    replica = shard.replica_of(primary)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+    locks = dlock.Locks(client, request_timeout=0.5)
+    ttl = 1.5
+    with locks.hold(resource, ttl=ttl, timeout=2) as lease:
+        shard.failover(replica)
+        time.sleep(2 * ttl)  # the grant's own deadline is long gone: renewals kept it
+        lease.check()
+        assert fence_on(replica, resource, lease.fence) == 1
+    assert not lease.lost.is_set()
+    assert fence_on(replica, resource, lease.fence) == 0  # released on the new primary
+    client.close()
+    locks.close()
+
+
+def test_hold_after_a_primary_is_killed(shard: Cluster) -> None:
+    """``kill -9`` of the slot's primary: ``hold()`` keeps trying (connections refused, then the
+    Cluster client's map refreshed) and is granted on the promoted replica within its timeout; a
+    lease held across the crash keeps renewing there."""
+    resource, kept = "killed:{d}", "killed:{d}:kept"
+    primary = shard.owner(resource)
+    replica = shard.replica_of(primary)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+    locks = dlock.Locks(client, request_timeout=0.5)
+    try:
+        with locks.hold(kept, ttl=9, timeout=2) as held:
+            with primary.client() as admin:
+                assert cmd(admin, "WAIT", 1, 1000) == 1  # the grant reached the replica
+            shard.kill(primary)
+            killed = time.monotonic()
+            with locks.hold(resource, ttl=5, timeout=10) as lease:
+                assert role(replica)[:1] == [b"master"]
+                assert fence_on(replica, resource, lease.fence) == 1
+            assert time.monotonic() - killed < 10
+            held.check()
+            assert fence_on(replica, kept, held.fence) == 1
+        assert not held.lost.is_set()
+    finally:
+        client.close()
+        locks.close()
+        if primary.port in shard.down:
+            shard.restart(primary)
+
+
+def test_a_lease_keeps_renewing_while_its_slot_migrates(shard: Cluster) -> None:
+    """A reshard of the slot of a held lease, step by step: while the slot is migrating its
+    renewals follow the ASK to the importing node (where the key went), and a new lease in the
+    slot is made there; once the slot is moved, MOVED leads them all there."""
+    resource, new = "migrated:{e}", "migrated:{e}:new"
+    source = shard.owner(resource)
+    target = next(
+        node for node in shard.live() if role(node)[:1] == [b"master"] and node is not source
+    )
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+    locks = dlock.Locks(client, request_timeout=0.5)
+    slot = keyslot(source, resource)
+
+    def node_id(node: Server) -> Any:
+        with node.client() as probe:
+            return cmd(probe, "CLUSTER", "MYID")
+
+    ttl = 1.5
+    with target.client() as admin:
+        admin.config_resetstat()
+    with locks.hold(resource, ttl=ttl, timeout=2) as lease:
+        with target.client() as admin:
+            cmd(admin, "CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        with source.client() as admin:
+            cmd(admin, "CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+            cmd(admin, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", resource)
+        time.sleep(2 * ttl)
+        lease.check()
+        assert target.info()["dlock_renew_ok"] >= 2  # through ASKING: the slot is not its yet
+        with locks.hold(new, ttl=ttl, timeout=1) as other, target.client() as admin:
+            assert cmd(admin, "ASKING")
+            assert cmd(admin, "DLOCK.FENCECHECK", new, other.fence) == 1
+        for node in shard.live():
+            if role(node)[:1] == [b"master"]:
+                with node.client() as admin:
+                    cmd(admin, "CLUSTER", "SETSLOT", slot, "NODE", node_id(target))
+        assert wait_until(lambda: shard.owner(resource) is target, 10)
+        time.sleep(2 * ttl)
+        lease.check()
+        assert fence_on(target, resource, lease.fence) == 1
+    assert not lease.lost.is_set()
+    client.close()
+    locks.close()
+
+
+def in_thread(function: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """A blocking step of a test (a failover, a kill) run beside the event loop."""
+    return asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+@pytest.mark.parametrize("wait", ["block", "tickets"])
+def test_asyncio_hold_during_a_failover_of_its_primary(shard: Cluster, wait: str) -> None:
+    """As ``test_hold_during_a_failover_of_its_primary``, with the asyncio client."""
+    free, held = f"afailover:{{{wait}}}", f"afailover:{{{wait}}}:held"
+    primary = shard.owner(free)
+    replica = shard.replica_of(primary)
+
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+        locks = dlock.asyncio.Locks(client, request_timeout=1, wait=wait)
+        async with locks.hold(free, ttl=2, timeout=5):
+            pass
+        with primary.client() as admin:
+            cmd(admin, "DLOCK.ACQUIRE", held, "holder", 2000)
+        errors: list[BaseException] = []
+        holds = [0]
+        stop = asyncio.Event()
+
+        async def come_and_go() -> None:
+            while not stop.is_set():
+                try:
+                    async with locks.hold(free, ttl=2, timeout=5):
+                        holds[0] += 1
+                except Exception as error:
+                    errors.append(error)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0)
+
+        async def wait_in_line() -> int:
+            async with locks.hold(held, ttl=5, timeout=10) as lease:
+                assert fence_on(replica, held, lease.fence) == 1
+                return lease.fence
+
+        coming = asyncio.ensure_future(come_and_go())
+        waiting = asyncio.ensure_future(wait_in_line())
+        try:
+            assert await in_thread(wait_until, lambda: in_line(primary, held), 5)
+            await asyncio.sleep(0.2)
+            await in_thread(shard.failover, replica)
+            await asyncio.sleep(0.5)
+        finally:
+            stop.set()
+        await coming
+        assert await waiting > 0
+        assert errors == []
+        assert holds[0] > 0
+        assert wait_until(lambda: shard.owner(free) is replica, 5)
+        async with locks.hold(free, ttl=2, timeout=1) as lease:
+            assert fence_on(replica, free, lease.fence) == 1
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_asyncio_a_lease_keeps_renewing_through_a_failover_of_its_primary(
+    shard: Cluster,
+) -> None:
+    resource = "arenewed:{c}"
+    primary = shard.owner(resource)
+    replica = shard.replica_of(primary)
+    ttl = 1.5
+
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+        locks = dlock.asyncio.Locks(client, request_timeout=0.5)
+        async with locks.hold(resource, ttl=ttl, timeout=2) as lease:
+            await in_thread(shard.failover, replica)
+            await asyncio.sleep(2 * ttl)
+            lease.check()
+            assert fence_on(replica, resource, lease.fence) == 1
+        assert not lease.lost.is_set()
+        assert fence_on(replica, resource, lease.fence) == 0
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_asyncio_hold_after_a_primary_is_killed(shard: Cluster) -> None:
+    resource, kept = "akilled:{d}", "akilled:{d}:kept"
+    primary = shard.owner(resource)
+    replica = shard.replica_of(primary)
+
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+        locks = dlock.asyncio.Locks(client, request_timeout=0.5)
+        try:
+            async with locks.hold(kept, ttl=9, timeout=2) as held:
+                with primary.client() as admin:
+                    assert cmd(admin, "WAIT", 1, 1000) == 1
+                shard.kill(primary)
+                killed = time.monotonic()
+                async with locks.hold(resource, ttl=5, timeout=10) as lease:
+                    assert role(replica)[:1] == [b"master"]
+                    assert fence_on(replica, resource, lease.fence) == 1
+                assert time.monotonic() - killed < 10
+                held.check()
+                assert fence_on(replica, kept, held.fence) == 1
+            assert not held.lost.is_set()
+        finally:
+            await locks.aclose()
+            await client.aclose()
+
+    try:
+        asyncio.run(asyncio.wait_for(test(), 30))
+    finally:
+        if primary.port in shard.down:
+            shard.restart(primary)
+
+
+def test_asyncio_a_lease_keeps_renewing_while_its_slot_migrates(shard: Cluster) -> None:
+    resource, new = "amigrated:{e}", "amigrated:{e}:new"
+    source = shard.owner(resource)
+    target = next(
+        node for node in shard.live() if role(node)[:1] == [b"master"] and node is not source
+    )
+    ttl = 1.5
+
+    def node_id(node: Server) -> Any:
+        with node.client() as probe:
+            return cmd(probe, "CLUSTER", "MYID")
+
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+        locks = dlock.asyncio.Locks(client, request_timeout=0.5)
+        slot = keyslot(source, resource)
+        with target.client() as admin:
+            admin.config_resetstat()
+        async with locks.hold(resource, ttl=ttl, timeout=2) as lease:
+            with target.client() as admin:
+                cmd(admin, "CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+            with source.client() as admin:
+                cmd(admin, "CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+                cmd(admin, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", resource)
+            await asyncio.sleep(2 * ttl)
+            lease.check()
+            assert target.info()["dlock_renew_ok"] >= 2
+            async with locks.hold(new, ttl=ttl, timeout=1) as other:
+                with target.client() as admin:
+                    assert cmd(admin, "ASKING")
+                    assert cmd(admin, "DLOCK.FENCECHECK", new, other.fence) == 1
+            for node in shard.live():
+                if role(node)[:1] == [b"master"]:
+                    with node.client() as admin:
+                        cmd(admin, "CLUSTER", "SETSLOT", slot, "NODE", node_id(target))
+            assert await in_thread(wait_until, lambda: shard.owner(resource) is target, 10)
+            await asyncio.sleep(2 * ttl)
+            lease.check()
+            assert fence_on(target, resource, lease.fence) == 1
+        assert not lease.lost.is_set()
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 30))

@@ -409,21 +409,100 @@ def release_command(features: Features, resource: str, token: str, fence: int) -
     return args
 
 
+# What a failed request means, from redis-py's exception types: its parsers strip the error code
+# from the message of the ones they know (``str(MovedError)`` is ``"3999 127.0.0.1:7001"``), so the
+# code is never read from the text, except for UNBLOCKED, which has no type of its own.
+
+# The server refused to run the request on this node for now, said so, and ran nothing: a MOVED or
+# ASK redirect (``MovedError`` is an ``AskError``), TRYAGAIN (a slot in migration), CLUSTERDOWN and
+# MASTERDOWN (``MasterDownError`` is a ``ClusterDownError``), LOADING (``BusyLoadingError``). A
+# retry may get past it, on the node the redirect names or once the cluster has settled.
+_REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.BusyLoadingError,
+)
+
+# The caller's Cluster client knows no node for the resource's slot (its map is out of date, or a
+# refresh of it reached no node): nothing was sent.
+_NO_NODE: tuple[type[BaseException], ...] = tuple(
+    getattr(redis.exceptions, name)
+    for name in ("SlotNotCoveredError", "RedisClusterUnreachableError")
+    if hasattr(redis.exceptions, name)
+)
+
+# Everything a request to a server can fail with: redis-py's errors, the Cluster client's own
+# (``SlotNotCoveredError`` is not a ``RedisError``) and the socket's.
+FAILURES: tuple[type[BaseException], ...] = (
+    redis.RedisError,
+    redis.exceptions.RedisClusterException,
+    OSError,
+)
+
+
+def redirect(error: BaseException) -> tuple[str, str, int] | None:
+    """Where a MOVED or ASK reply sends the request: ``("moved" or "ask", host, port)``, or
+    ``None`` for any other error. The request was not run; it is sent again to the node named
+    (after ``ASKING`` for an ASK, which holds for that one request only)."""
+    if isinstance(error, redis.exceptions.MovedError):
+        return ("moved", error.host, error.port)
+    if isinstance(error, redis.exceptions.AskError):
+        return ("ask", error.host, error.port)
+    return None
+
+
+def _unblocked(error: BaseException) -> bool:
+    """A wait ended by the server, not answered: ``UNBLOCKED …`` (a primary that turned into a
+    replica, with Redis's own words ``instance state changed (master -> replica?)``, or
+    ``CLIENT UNBLOCK … ERROR``). redis-py has no type for it and keeps the code in the text."""
+    return isinstance(error, redis.ResponseError) and str(error).startswith("UNBLOCKED")
+
+
 def is_ambiguous(error: BaseException) -> bool:
-    """An error after which the request may or may not have been carried out, or that a retry
-    may get past (a server loading its data, a failover in progress)."""
+    """An error that a retry with the same token may get past: the request may or may not have
+    been carried out (a connection that failed, a timeout, a wait the server ended), or the server
+    ran nothing for now (:data:`_REFUSED_FOR_NOW`: a redirect, a slot in migration, a cluster
+    that is down or failing over, a server loading its data), or a Cluster client that knows no
+    node for the slot yet. An ACQUIRE is retried until the caller's deadline, each time after a
+    longer pause (:meth:`AcquirePlan.retry_pause`), with its token: it can never be granted
+    twice."""
     if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
         return False
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return True
-    if isinstance(error, redis.ResponseError):
-        code = str(error).split(" ", 1)[0]
-        return code in ("LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK")
-    return False
+    if isinstance(error, _REFUSED_FOR_NOW + _NO_NODE):
+        return True
+    # redis-py's own Cluster client gave up retrying (the base of ClusterDownError), or a wait
+    # the server ended.
+    return isinstance(error, redis.exceptions.ClusterError) or _unblocked(error)
 
 
-def is_refused(error: BaseException) -> bool:
-    """A connection that was never made: the request cannot have reached the server."""
+# A MOVED or ASK is followed to the node it names at most this many times per request (within
+# the request's own timeout); then its error is retried like any ambiguous one.
+MAX_REDIRECTS = 5
+
+# At most one refresh of a Cluster client's slot map per this many seconds.
+MAP_REFRESH_PAUSE = 0.1
+
+
+def map_update(error: BaseException) -> str | None:
+    """What a failure tells a Cluster client about its slot map: ``"moved"``, the slot has a new
+    owner, the one the MOVED names (the map is updated with it); ``"stale"``, the map may be out
+    of date (a failover or a migration in progress, a node that fails or answers no more, no node
+    for the slot): a refresh is asked for; ``None`` for an ASK (the slot has not moved yet) and
+    for any error that is the request's own."""
+    found = redirect(error)
+    if found is not None:
+        return "moved" if found[0] == "moved" else None
+    return "stale" if is_ambiguous(error) else None
+
+
+def not_carried_out(error: BaseException) -> bool:
+    """A failure after which the request surely did nothing in the server: a connection that was
+    never made, nothing sent (no node for the slot), or a refusal of :data:`_REFUSED_FOR_NOW`."""
+    if isinstance(error, _REFUSED_FOR_NOW + _NO_NODE):
+        return True
     cause = error.__cause__ or error.__context__
     return isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(error)
 
@@ -441,8 +520,10 @@ def as_int(reply: object) -> int | None:
 # A lease cut to end with max_hold ends up to this much before it (milliseconds round down).
 MAX_HOLD_ROUNDING = 0.002
 
-# Pause between retries of an acquire whose outcome was unknown.
+# Pause between retries of an acquire whose outcome was unknown: this long after the first
+# failure, twice as long after each further one in a row, at most MAX_RETRY_PAUSE.
 RETRY_PAUSE = 0.05
+MAX_RETRY_PAUSE = 0.4
 
 # After an acquire that failed on this side, the RELEASE of its token goes out once the failed
 # connection is closed: what that connection carried reaches the server before its close, so the
@@ -488,6 +569,7 @@ class AcquirePlan:
         self.request_timeout = request_timeout
         self.failing_for = max(5 * request_timeout, 1.0)
         self.failing_since: float | None = None
+        self.failures = 0  # in a row, since the last answer
         self.reached_server = False
         self._wait_next = False
         # The server's longest wait, once it refused a longer one.
@@ -555,7 +637,8 @@ class AcquirePlan:
             return True
         if not is_ambiguous(error):
             return False
-        self.reached_server |= not is_refused(error)
+        self.reached_server |= not not_carried_out(error)
+        self.failures += 1
         now = time.monotonic()
         if self.failing_since is None:
             self.failing_since = now
@@ -567,11 +650,20 @@ class AcquirePlan:
         self._wait_next = self.left() > 0
         return True
 
+    def retry_pause(self) -> float:
+        """How long to pause before the retry :meth:`retry_after` allowed: ``RETRY_PAUSE`` after
+        one failure, doubled after each further one in a row up to ``MAX_RETRY_PAUSE`` (a
+        failover takes seconds; many waiters need not knock every 50 ms), never much past the
+        caller's deadline."""
+        pause: float = RETRY_PAUSE * 2 ** min(max(self.failures - 1, 0), 8)
+        return max(RETRY_PAUSE, min(pause, MAX_RETRY_PAUSE, self.left()))
+
     def answered(self, fence: int | None, waited: bool) -> str:
         """What this reply means: ``granted`` (ours, with a known deadline), ``confirm`` (granted
         from the queue at some instant during the wait: send a plain ACQUIRE by the same token
         next, whatever the time left), or ``nil`` (not granted: see :meth:`gives_up`)."""
         self.failing_since = None
+        self.failures = 0
         if fence is not None:
             if waited:
                 self._wait_next = False

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from . import _common as common
-from ._channels import Watch
+from ._channels import Channels, Watch
 from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
@@ -120,6 +120,9 @@ class Locks(common.Handles[Hold]):
                     reply = connections.call(common.FEATURES_COMMAND, self.request_timeout)
                 except redis.ResponseError:
                     reply = None  # no COMMAND DOCS: version 1 only
+                except common.FAILURES as error:
+                    self._nodes.learn(error)
+                    raise
                 connections.features = Features.from_docs(reply)
             return connections.features
 
@@ -149,7 +152,7 @@ class Locks(common.Handles[Hold]):
                 try:
                     reply = self._call(name, ("DLOCK.INFO", name), self.request_timeout)
                     leader = common.leader_from_info(reply)
-                except redis.RedisError as error:
+                except common.FAILURES as error:
                     log.debug("dlock: reading the leader of %s failed: %s", name, error)
                 else:
                     if leader != last:
@@ -161,13 +164,50 @@ class Locks(common.Handles[Hold]):
 
     # The commands.
 
-    def _call(self, resource: str, args: Any, timeout: float) -> Any:
-        try:
-            return self._nodes.for_resource(resource).call(args, timeout)
-        except redis.ResponseError as error:
-            if str(error).startswith(("MOVED", "ASK")):
-                self._nodes.refresh()
-            raise
+    def _call(
+        self,
+        resource: str,
+        args: Any,
+        timeout: float,
+        *,
+        wait: float | None = None,
+        alone: bool = False,
+    ) -> Any:
+        """Sends ``args`` to the server of ``resource`` and returns its reply, within
+        ``timeout``: on a pooled connection, on one of its own (``alone``), or one that blocks in
+        the server up to ``wait`` seconds (its reply comes after the wait). A MOVED or ASK is
+        followed to the node it names (the request was not run), within the same timeout, at
+        most ``common.MAX_REDIRECTS`` times; every failure is shown to the Cluster client's
+        slot map (``Nodes.learn``) and raised as redis-py raised it."""
+        deadline = time.monotonic() + timeout
+        connections = None
+        asking = False
+        for hop in range(common.MAX_REDIRECTS + 1):
+            left = max(0.001, deadline - time.monotonic())
+            try:
+                if connections is None:
+                    connections = self._nodes.for_resource(resource)
+                if asking:
+                    return connections.call_asking(args, left, wait)
+                if wait is not None:
+                    return connections.call_blocking(args, wait)
+                if alone:
+                    return connections.call_alone(args, left)
+                return connections.call(args, left)
+            except common.FAILURES as error:
+                self._nodes.learn(error)
+                target = common.redirect(error)
+                if (
+                    target is None
+                    or connections is None
+                    or hop == common.MAX_REDIRECTS
+                    or (wait is None and time.monotonic() >= deadline)
+                ):
+                    raise
+                kind, host, port = target
+                connections = self._nodes.at(connections, host, port)
+                asking = kind == "ask"
+        raise AssertionError("unreachable")
 
     def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
@@ -195,6 +235,7 @@ class Locks(common.Handles[Hold]):
             ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
         watch: Watch | None = None
+        channels: Channels | None = None
         try:
             while True:
                 if plan.queued and plan.left() <= 0:
@@ -208,11 +249,15 @@ class Locks(common.Handles[Hold]):
                     features = self.features(resource)
                     command, wait_ms, queue_ms = plan.next_command(features, request)
                     if queue_ms is not None:
-                        if watch is None:
-                            # Subscribed before the first ticket: no hand-over goes unheard.
-                            watch = self._nodes.channels(resource).join(
-                                resource, common.token_tag(plan.token)
-                            )
+                        serving = self._nodes.channels(resource)
+                        if serving is not channels:
+                            # Subscribed before the first ticket, and again where a failover or a
+                            # migration moved the resource: no hand-over goes unheard.
+                            if watch is not None and channels is not None:
+                                channels.leave(watch)
+                                watch = None
+                            channels = serving
+                            watch = channels.join(resource, common.token_tag(plan.token))
                             sent = time.monotonic()
                         plan.queued = True
                         connections = self._nodes.for_resource(resource)
@@ -221,12 +266,12 @@ class Locks(common.Handles[Hold]):
                     elif wait_ms is None:
                         reply = self._call(resource, command, self.request_timeout)
                     else:
-                        connections = self._nodes.for_resource(resource)
-                        reply = connections.call_blocking(command, wait_ms / 1000)
+                        wait = wait_ms / 1000
+                        reply = self._call(resource, command, self.request_timeout, wait=wait)
                     fence = common.as_int(reply)
                 except Exception as error:
                     if plan.retry_after(error):
-                        time.sleep(common.RETRY_PAUSE)
+                        time.sleep(plan.retry_pause())
                         continue
                     if plan.reached_server:
                         self._forget(resource, plan.token)
@@ -250,8 +295,8 @@ class Locks(common.Handles[Hold]):
                 elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                     raise NotAcquired(resource, request.timeout)
         finally:
-            if watch is not None:
-                self._nodes.channels(resource).leave(watch)
+            if watch is not None and channels is not None:
+                channels.leave(watch)  # where it joined, wherever the resource is served now
 
     def _withdraw(self, request: Request, token: str) -> None:
         """At the caller's deadline: a RELEASE without ``FENCE`` takes the ticket out of line,
@@ -261,7 +306,7 @@ class Locks(common.Handles[Hold]):
         try:
             with self._nodes.for_resource(resource).ticket_requests:
                 self._call(resource, common.forget_command(resource, token), self.release_timeout)
-        except redis.RedisError as error:
+        except common.FAILURES as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
             self._forget(resource, token)
 
@@ -276,9 +321,10 @@ class Locks(common.Handles[Hold]):
             if attempt:
                 time.sleep(common.FORGET_AGAIN_AFTER)
             try:
-                connections = self._nodes.for_resource(resource)
-                released = common.as_int(connections.call_alone(command, self.release_timeout))
-            except redis.RedisError as error:
+                released = common.as_int(
+                    self._call(resource, command, self.release_timeout, alone=True)
+                )
+            except common.FAILURES as error:
                 log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
                 return
             if released == 1:
@@ -288,15 +334,18 @@ class Locks(common.Handles[Hold]):
     def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         """One RENEW: ``True`` renewed (the local expiry moves on), ``False`` refused, ``None``
         no answer in time (both counted as renewal failures)."""
-        command = common.renew_command(
-            self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
-        )
         sent = time.monotonic()
         try:
+            features = self.features(state.resource)
+            command = common.renew_command(
+                features, state.resource, state.token, ttl_ms, state.fence
+            )
             renewed = common.as_int(
                 self._call(state.resource, command, state.renew_timeout(sent, self.request_timeout))
             )
-        except redis.RedisError as error:
+        except common.FAILURES as error:
+            # Not a refusal (a failover, a migration, a node that answers no more): tried again
+            # soon, on the node that serves the resource by then, until the local expiry.
             log.debug("dlock: renewal of %s failed: %s", state.resource, error)
             state.renewal_failed(refused=False)
             return None
@@ -309,11 +358,10 @@ class Locks(common.Handles[Hold]):
     def _finish(self, state: LeaseState) -> None:
         """Releases the lease when its block exits, bounded by ``release_timeout``. Never
         raises: a failure is logged and counted, and a lease found gone counts as lost."""
-        command = common.release_command(
-            self.features(state.resource), state.resource, state.token, state.fence
-        )
         ok = False
         try:
+            features = self.features(state.resource)
+            command = common.release_command(features, state.resource, state.token, state.fence)
             released = common.as_int(self._call(state.resource, command, self.release_timeout))
             ok = released == 1
             if not ok:

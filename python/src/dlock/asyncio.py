@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
@@ -37,6 +38,9 @@ class _Connections:
     """dlock's own connections to one server (see ``dlock._connections``), for one event loop."""
 
     def __init__(self, connection_class: Any, kwargs: dict[str, Any], timeout: float) -> None:
+        self.connection_class = connection_class
+        # The caller's settings, as its client has them (another node of a Cluster: the same).
+        self.kwargs = kwargs
         self._class = connection_class
         self._settings = connection_settings(kwargs, timeout, timeout)
         self._settings["retry"] = Retry(NoBackoff(), 0)
@@ -111,6 +115,27 @@ class _Connections:
         finally:
             await self._drop(connection)
 
+    async def call_asking(
+        self, args: Sequence[Any], timeout: float, wait: float | None = None
+    ) -> Any:
+        """After an ASK redirect: ``ASKING`` and the command on a connection opened for them and
+        closed after them (see ``dlock._connections.Connections.call_asking``)."""
+        settings = dict(self._settings)
+        if wait is not None:
+            settings["socket_timeout"] = wait + self._timeout
+        connection = self._class(**settings)
+        try:
+            await asyncio.wait_for(connection.send_command("ASKING"), self._timeout)
+            await asyncio.wait_for(connection.send_command(*args), self._timeout)
+            await asyncio.wait_for(connection.read_response(), timeout)
+            if wait is None:
+                return await asyncio.wait_for(connection.read_response(), timeout)
+            return await connection.read_response()
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(f"dlock: no reply within {timeout:.3f} s") from None
+        finally:
+            await self._drop(connection)
+
     async def call_blocking(self, args: Sequence[Any], wait: float) -> Any:
         """A command that blocks in the server up to ``wait``: a connection of its own, a
         socket timeout above the wait, no retries: one call is one server-side wait."""
@@ -132,21 +157,18 @@ class _Connections:
 
 
 class _Nodes:
+    """dlock's connections to each server (see ``dlock._connections.Nodes``), and what dlock
+    tells the caller's Cluster client about its slot map."""
+
     def __init__(self, client: Any, timeout: float) -> None:
         self._client = client
+        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._timeout = timeout
         self._by_address: dict[tuple[Any, ...], _Connections] = {}
+        self._refresh_wanted = False
+        self._refresher: asyncio.Task[None] | None = None
 
-    async def for_resource(self, resource: str) -> _Connections:
-        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-            await self._client.initialize()
-            node = self._client.get_node_from_key(resource)
-            if node is None:
-                raise redis.exceptions.SlotNotCoveredError(f"dlock: no node serves {resource!r}")
-            connection_class, kwargs = node.connection_class, dict(node.connection_kwargs)
-        else:
-            pool = self._client.connection_pool
-            connection_class, kwargs = pool.connection_class, dict(pool.connection_kwargs)
+    def _connections(self, connection_class: Any, kwargs: dict[str, Any]) -> _Connections:
         address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
         connections = self._by_address.get(address)
         if connections is None:
@@ -154,16 +176,83 @@ class _Nodes:
             self._by_address[address] = connections
         return connections
 
-    async def channels(self, resource: str) -> Channels:
-        sharded = isinstance(self._client, redis.asyncio.cluster.RedisCluster)
-        return (await self.for_resource(resource)).channels(sharded)
+    async def for_resource(self, resource: str) -> _Connections:
+        if self._cluster:
+            try:
+                await self._client.initialize()
+                node = self._client.get_node_from_key(resource)
+                if node is None:
+                    raise redis.exceptions.SlotNotCoveredError(
+                        f"dlock: no node serves {resource!r}"
+                    )
+            except common.FAILURES as error:
+                await self.learn(error)
+                raise
+            return self._connections(node.connection_class, dict(node.connection_kwargs))
+        pool = self._client.connection_pool
+        return self._connections(pool.connection_class, dict(pool.connection_kwargs))
 
-    async def refresh(self) -> None:
-        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-            with contextlib.suppress(redis.RedisError):
+    def at(self, near: _Connections, host: str, port: int) -> _Connections:
+        """The server a redirect names, with the settings of ``near`` (see
+        ``dlock._connections.Nodes.at``)."""
+        remap = getattr(getattr(self._client, "nodes_manager", None), "remap_host_port", None)
+        if remap is not None:
+            host, port = remap(host, port)
+        return self._connections(near.connection_class, {**near.kwargs, "host": host, "port": port})
+
+    async def channels(self, resource: str) -> Channels:
+        return (await self.for_resource(resource)).channels(self._cluster)
+
+    async def learn(self, error: BaseException) -> None:
+        """What a failed request tells the caller's Cluster client about its slot map (see
+        ``dlock._connections.Nodes.learn``)."""
+        if not self._cluster:
+            return
+        update = common.map_update(error)
+        if update == "moved" and await self._move_slot(error):
+            return
+        if update is not None:
+            self.refresh_soon()
+
+    async def _move_slot(self, error: BaseException) -> bool:
+        manager = self._client.nodes_manager
+        move = getattr(manager, "move_slot", None) or getattr(
+            manager, "update_moved_exception", None
+        )
+        if move is None:
+            return False
+        try:
+            moved = move(error)
+            if inspect.isawaitable(moved):  # redis-py 8's move_slot is a coroutine
+                await moved
+        except Exception as failure:  # the client's own update of its map: refresh it instead
+            log.debug("dlock: could not apply %r to the slot map: %s", error, failure)
+            return False
+        return True
+
+    def refresh_soon(self) -> None:
+        """Asks for a refresh of the caller's Cluster client's slot map, made by a task of its
+        own (see ``dlock._connections.Nodes.refresh_soon``)."""
+        self._refresh_wanted = True
+        task, loop = self._refresher, asyncio.get_running_loop()
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._refresher = loop.create_task(self._refresh(), name="dlock-cluster-map")
+
+    async def _refresh(self) -> None:
+        while self._refresh_wanted:
+            self._refresh_wanted = False
+            try:
                 await self._client.nodes_manager.initialize()
+            except Exception as error:  # no node answered: the next failure asks again
+                log.debug("dlock: refreshing the Cluster slot map failed: %s", error)
+            await asyncio.sleep(common.MAP_REFRESH_PAUSE)
 
     async def close(self) -> None:
+        task, self._refresher = self._refresher, None
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         all_connections, self._by_address = list(self._by_address.values()), {}
         for connections in all_connections:
             await connections.close()
@@ -312,6 +401,9 @@ class Locks(common.Handles[Hold]):
                 reply = await connections.call(common.FEATURES_COMMAND, self.request_timeout)
             except redis.ResponseError:
                 reply = None  # no COMMAND DOCS: version 1 only
+            except common.FAILURES as error:
+                await self._nodes.learn(error)
+                raise
             connections.features = Features.from_docs(reply)
         return connections.features
 
@@ -338,7 +430,7 @@ class Locks(common.Handles[Hold]):
                 try:
                     reply = await self._call(name, ("DLOCK.INFO", name), self.request_timeout)
                     leader = common.leader_from_info(reply)
-                except redis.RedisError as error:
+                except common.FAILURES as error:
                     log.debug("dlock: reading the leader of %s failed: %s", name, error)
                 else:
                     if leader != last:
@@ -349,14 +441,46 @@ class Locks(common.Handles[Hold]):
         finally:
             await channels.leave(watch)
 
-    async def _call(self, resource: str, args: Any, timeout: float) -> Any:
-        connections = await self._nodes.for_resource(resource)
-        try:
-            return await connections.call(args, timeout)
-        except redis.ResponseError as error:
-            if str(error).startswith(("MOVED", "ASK")):
-                await self._nodes.refresh()
-            raise
+    async def _call(
+        self,
+        resource: str,
+        args: Any,
+        timeout: float,
+        *,
+        wait: float | None = None,
+        alone: bool = False,
+    ) -> Any:
+        """Sends ``args`` to the server of ``resource`` and returns its reply, following MOVED
+        and ASK (see :meth:`dlock.Locks._call`)."""
+        deadline = time.monotonic() + timeout
+        connections = None
+        asking = False
+        for hop in range(common.MAX_REDIRECTS + 1):
+            left = max(0.001, deadline - time.monotonic())
+            try:
+                if connections is None:
+                    connections = await self._nodes.for_resource(resource)
+                if asking:
+                    return await connections.call_asking(args, left, wait)
+                if wait is not None:
+                    return await connections.call_blocking(args, wait)
+                if alone:
+                    return await connections.call_alone(args, left)
+                return await connections.call(args, left)
+            except common.FAILURES as error:
+                await self._nodes.learn(error)
+                target = common.redirect(error)
+                if (
+                    target is None
+                    or connections is None
+                    or hop == common.MAX_REDIRECTS
+                    or (wait is None and time.monotonic() >= deadline)
+                ):
+                    raise
+                kind, host, port = target
+                connections = self._nodes.at(connections, host, port)
+                asking = kind == "ask"
+        raise AssertionError("unreachable")
 
     async def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
@@ -384,6 +508,7 @@ class Locks(common.Handles[Hold]):
             ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
         watch: Watch | None = None
+        channels: Channels | None = None
         try:
             while True:
                 if plan.queued and plan.left() <= 0:
@@ -397,9 +522,14 @@ class Locks(common.Handles[Hold]):
                     features = await self.features(resource)
                     command, wait_ms, queue_ms = plan.next_command(features, request)
                     if queue_ms is not None:
-                        if watch is None:
-                            # Subscribed before the first ticket: no hand-over goes unheard.
-                            channels = await self._nodes.channels(resource)
+                        serving = await self._nodes.channels(resource)
+                        if serving is not channels:
+                            # Subscribed before the first ticket, and again where a failover or a
+                            # migration moved the resource: no hand-over goes unheard.
+                            if watch is not None and channels is not None:
+                                await channels.leave(watch)
+                                watch = None
+                            channels = serving
                             watch = await channels.join(resource, common.token_tag(plan.token))
                             sent = time.monotonic()
                         plan.queued = True
@@ -409,8 +539,8 @@ class Locks(common.Handles[Hold]):
                     elif wait_ms is None:
                         reply = await self._call(resource, command, self.request_timeout)
                     else:
-                        connections = await self._nodes.for_resource(resource)
-                        reply = await connections.call_blocking(command, wait_ms / 1000)
+                        wait = wait_ms / 1000
+                        reply = await self._call(resource, command, self.request_timeout, wait=wait)
                     fence = common.as_int(reply)
                 except asyncio.CancelledError:
                     # The caller gave up: a grant (or a ticket) under our token may exist.
@@ -418,7 +548,7 @@ class Locks(common.Handles[Hold]):
                     raise
                 except Exception as error:
                     if plan.retry_after(error):
-                        await asyncio.sleep(common.RETRY_PAUSE)
+                        await asyncio.sleep(plan.retry_pause())
                         continue
                     if plan.reached_server:
                         await self._forget(resource, plan.token)
@@ -439,8 +569,8 @@ class Locks(common.Handles[Hold]):
                 elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
                     raise NotAcquired(resource, request.timeout)
         finally:
-            if watch is not None:
-                await (await self._nodes.channels(resource)).leave(watch)
+            if watch is not None and channels is not None:
+                await channels.leave(watch)  # where it joined, wherever the resource is now
 
     async def _withdraw(self, request: Request, token: str) -> None:
         """At the caller's deadline: the ticket taken out of line, or whatever it was granted
@@ -450,7 +580,7 @@ class Locks(common.Handles[Hold]):
             async with (await self._nodes.for_resource(resource)).ticket_requests:
                 forget = common.forget_command(resource, token)
                 await self._call(resource, forget, self.release_timeout)
-        except redis.RedisError as error:
+        except common.FAILURES as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
             await self._forget(resource, token)
 
@@ -463,11 +593,10 @@ class Locks(common.Handles[Hold]):
             if attempt:
                 await asyncio.sleep(common.FORGET_AGAIN_AFTER)
             try:
-                connections = await self._nodes.for_resource(resource)
                 released = common.as_int(
-                    await connections.call_alone(command, self.release_timeout)
+                    await self._call(resource, command, self.release_timeout, alone=True)
                 )
-            except redis.RedisError as error:
+            except common.FAILURES as error:
                 log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
                 return
             if released == 1:
@@ -475,17 +604,20 @@ class Locks(common.Handles[Hold]):
                 return
 
     async def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
-        command = common.renew_command(
-            await self.features(state.resource), state.resource, state.token, ttl_ms, state.fence
-        )
         sent = time.monotonic()
         try:
+            features = await self.features(state.resource)
+            command = common.renew_command(
+                features, state.resource, state.token, ttl_ms, state.fence
+            )
             renewed = common.as_int(
                 await self._call(
                     state.resource, command, state.renew_timeout(sent, self.request_timeout)
                 )
             )
-        except redis.RedisError as error:
+        except common.FAILURES as error:
+            # Not a refusal: tried again soon, on the node that serves the resource by then,
+            # until the local expiry (see dlock.Locks._renew).
             log.debug("dlock: renewal of %s failed: %s", state.resource, error)
             state.renewal_failed(refused=False)
             return None
@@ -496,11 +628,10 @@ class Locks(common.Handles[Hold]):
         return False
 
     async def _finish(self, state: LeaseState) -> None:
-        command = common.release_command(
-            await self.features(state.resource), state.resource, state.token, state.fence
-        )
         ok = False
         try:
+            features = await self.features(state.resource)
+            command = common.release_command(features, state.resource, state.token, state.fence)
             released = common.as_int(
                 await self._call(state.resource, command, self.release_timeout)
             )
