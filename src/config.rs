@@ -19,6 +19,15 @@ pub static RESTART_GRANT_DELAY_MS: AtomicI64 = AtomicI64::new(0);
 /// renewed, so a stuck worker's renewal loop cannot keep a lock forever (0: no limit).
 pub static MAX_HOLD_MS: AtomicI64 = AtomicI64::new(0);
 
+/// `dlock.fence-lead-ms`: how far ahead of its wall clock a server puts its fence counter when it
+/// starts or is promoted, so that a deposed primary that goes on granting for up to this long
+/// (minus the clock difference between the two hosts) mints below its successor.
+pub static FENCE_LEAD_MS: AtomicI64 = AtomicI64::new(DEFAULT_FENCE_LEAD_MS);
+/// Default of `dlock.fence-lead-ms`: 30 seconds.
+pub const DEFAULT_FENCE_LEAD_MS: i64 = 30_000;
+/// Upper bound of `dlock.fence-lead-ms`: one day.
+pub const FENCE_LEAD_MS_LIMIT: i64 = 86_400_000;
+
 /// Monotonic instant until which new grants are held back (0: none).
 static GRANTS_HELD_UNTIL: AtomicU64 = AtomicU64::new(0);
 
@@ -40,6 +49,15 @@ pub fn hold_new_grants(now_mono: Micros) {
     let delay_ms = RESTART_GRANT_DELAY_MS.load(Ordering::Acquire).max(0) as u64;
     let until = now_mono.saturating_add(delay_ms.saturating_mul(1_000));
     GRANTS_HELD_UNTIL.store(until, Ordering::Release);
+}
+
+/// Puts the fence counter `dlock.fence-lead-ms` ahead of the wall clock `now_wall` (start-up,
+/// end of loading, promotion).
+pub fn lead_fences(now_wall: Micros) {
+    let lead_ms = FENCE_LEAD_MS.load(Ordering::Acquire).clamp(0, FENCE_LEAD_MS_LIMIT) as u64;
+    let mut counter = crate::state::fence_counter();
+    counter.lead(now_wall, lead_ms * 1_000);
+    crate::state::keep_fences(&counter);
 }
 
 /// Whether new grants are still held back at `now_mono`.

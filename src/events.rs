@@ -1,7 +1,7 @@
 //! Server events that move, drop or orphan lock keys behind the module's back (SWAPDB, FLUSHDB /
-//! FLUSHALL, role changes), start the grant delay (end of loading, promotion), or need the fence
-//! counter written down (a fork for an AOF rewrite); and the event loop's turns, where a sweep
-//! with work left resumes.
+//! FLUSHALL, role changes), start the grant delay and the fence lead (end of loading, promotion),
+//! or need the fence counter written down (a fork for an AOF rewrite); and the event loop's
+//! turns, where a sweep with work left resumes.
 
 use std::cell::RefCell;
 use std::os::raw::c_void;
@@ -92,7 +92,10 @@ unsafe extern "C" fn on_server_event(
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-                config::hold_new_grants(crate::clock::now().mono);
+                let now = crate::clock::now();
+                config::hold_new_grants(now.mono);
+                // Above whatever the deposed primary may still mint (docs/guarantees.md).
+                config::lead_fences(now.wall);
                 index_every_lock(&ctx);
             } else {
                 // The server answers blocked clients itself when it turns into a replica.
@@ -103,8 +106,11 @@ unsafe extern "C" fn on_server_event(
             if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
                 && expiry::decides_expiry(&ctx) =>
         {
-            // The grant delay counts from when the data set is back, not from module load.
-            config::hold_new_grants(crate::clock::now().mono);
+            // The grant delay counts from when the data set is back, not from module load, and
+            // the fence lead from the clock then.
+            let now = crate::clock::now();
+            config::hold_new_grants(now.mono);
+            config::lead_fences(now.wall);
             state::arm_soon(); // for the leases just loaded
         }
         raw::REDISMODULE_EVENT_FORK_CHILD

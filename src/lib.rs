@@ -40,7 +40,9 @@ use redis_module::alloc::RedisAlloc as Allocator;
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
-    config::hold_new_grants(clock::now().mono);
+    let now = clock::now();
+    config::hold_new_grants(now.mono);
+    config::lead_fences(now.wall);
     notify::refresh_log_level(ctx);
     if report::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
         return Status::Err;
@@ -73,6 +75,7 @@ redis_module! {
             ["max-ttl-ms", &config::MAX_TTL_MS, DEFAULT_MAX_TTL_MS as i64, 1, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["restart-grant-delay-ms", &config::RESTART_GRANT_DELAY_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["max-hold-ms", &config::MAX_HOLD_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["fence-lead-ms", &config::FENCE_LEAD_MS, config::DEFAULT_FENCE_LEAD_MS, 0, config::FENCE_LEAD_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

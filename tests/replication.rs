@@ -380,3 +380,62 @@ fn a_lease_renewed_across_a_failover_and_a_failback_still_ends_on_time() {
     assert!(renewed_at.elapsed() >= Duration::from_millis(3_900), "not before its deadline");
     assert!(renewed_at.elapsed() < Duration::from_millis(6_000), "on time");
 }
+
+/// A primary is paused (SIGSTOP) with an ACQUIRE queued on an open connection, its replica is
+/// promoted and grants the same resource, and the old primary resumes `resume_after` later and
+/// answers the queued ACQUIRE before anyone tells it it was deposed. Returns the deposed
+/// primary's fence and its successor's. `lead_ms` sets `dlock.fence-lead-ms` on both.
+fn deposed_and_successor_fences(lead_ms: Option<u64>, resume_after: Duration) -> (i64, i64) {
+    let lead = lead_ms.map(|ms| ms.to_string());
+    let args: Vec<&str> =
+        lead.as_deref().map(|ms| vec!["--dlock.fence-lead-ms", ms]).unwrap_or_default();
+    let (a, b) = primary_and_replica_with(&args, &args);
+    let mut on_a = a.client();
+    acquire(&mut on_a, "other", "t", 60_000).expect("granted on A");
+    sync(&mut on_a);
+    let mut queued = a.client();
+    a.pause();
+    let stale =
+        redis::cmd("DLOCK.ACQUIRE").arg("job").arg("stale").arg(10_000).get_packed_command();
+    queued.send_packed_command(&stale).expect("queued on the paused A");
+    promote(&b);
+    let successor = acquire(&mut b.client(), "job", "current", 10_000).expect("granted on B");
+    sleep(resume_after);
+    a.resume();
+    let reply = queued.recv_response().expect("A answers once resumed");
+    let deposed: i64 = redis::from_redis_value(&reply).expect("A granted the queued ACQUIRE");
+    (deposed, successor)
+}
+
+/// The paused-primary case of docs/guarantees.md: resumed 1.1 s after its replica took over, the
+/// old primary still grants, and a store keeping the highest fence must side with the new one.
+#[test]
+fn a_primary_paused_past_its_failover_mints_below_its_successor() {
+    let (deposed, successor) = deposed_and_successor_fences(None, Duration::from_millis(1_100));
+    assert!(deposed < successor, "deposed {deposed} must stay below successor {successor}");
+}
+
+/// The assumption as a number, at its edge: a deposed primary that goes on granting for less
+/// than `dlock.fence-lead-ms` after its successor's promotion stays below it; past the lead it
+/// does not (docs/guarantees.md says so).
+#[test]
+fn the_fence_lead_bounds_how_long_a_deposed_primary_may_go_on_granting() {
+    let (deposed, successor) =
+        deposed_and_successor_fences(Some(1_000), Duration::from_millis(300));
+    assert!(deposed < successor, "within the lead: {deposed} < {successor}");
+    let (deposed, successor) =
+        deposed_and_successor_fences(Some(1_000), Duration::from_millis(1_800));
+    assert!(deposed > successor, "past the lead: {deposed} > {successor}");
+}
+
+/// A promoted server mints ahead of its clock; restarted without persistence right after, it
+/// leads again from its new start, so it never mints a fence at or below its last run's.
+#[test]
+fn a_restart_without_persistence_after_a_promotion_mints_above_the_last_run() {
+    let (_a, mut b) = primary_and_replica();
+    promote(&b);
+    let before = acquire(&mut b.client(), "job", "t", 10_000).expect("granted on B");
+    b.crash_and_restart_with(PRIMARY_NO_PERSISTENCE);
+    let after = acquire(&mut b.client(), "job", "t", 10_000).expect("granted after restart");
+    assert!(after > before, "{after} must be above {before}");
+}
