@@ -125,7 +125,9 @@ unsafe extern "C" fn on_server_event(
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {
-            crate::timer::before_sleep(&ctx, crate::clock::now())
+            let now = crate::clock::now();
+            crate::cluster::before_sleep(&ctx, now);
+            crate::timer::before_sleep(&ctx, now)
         }
         _ => {}
     }

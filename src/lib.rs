@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod clock;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod core;
@@ -44,7 +45,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     config::hold_new_grants(now.mono);
     config::lead_fences(now.wall);
     notify::refresh_log_level(ctx);
-    if report::register(ctx) == Status::Err || events::subscribe(ctx) == Status::Err {
+    if report::register(ctx) == Status::Err
+        || events::subscribe(ctx) == Status::Err
+        || cluster::register(ctx) == Status::Err
+    {
         return Status::Err;
     }
     keyspec::register_all(ctx)

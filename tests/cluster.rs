@@ -1,6 +1,6 @@
 //! Redis Cluster: three shards with a replica each, the module on every node.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_testkit::*;
 
@@ -255,4 +255,109 @@ fn exists_asking(con: &mut redis::Connection, key: &str) -> bool {
     pipe.cmd("ASKING").ignore().cmd("EXISTS").arg(key);
     let (found,): (i64,) = pipe.query(con).expect("EXISTS");
     found == 1
+}
+
+/// `DLOCK.ACQUIRE` on a node taking the resource's slot (ASKING first while it imports it),
+/// retried while the node answers TRYAGAIN; the fence, and how many TRYAGAINs came first.
+fn acquire_moving(con: &mut redis::Connection, resource: &str, asking: bool) -> (i64, u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut tries = 0;
+    loop {
+        let mut pipe = redis::pipe();
+        if asking {
+            pipe.cmd("ASKING").ignore();
+        }
+        pipe.cmd("DLOCK.ACQUIRE").arg(resource).arg("t").arg(60_000);
+        match pipe.query::<(Option<i64>,)>(con) {
+            Ok((Some(fence),)) => return (fence, tries),
+            Ok((None,)) => panic!("{resource} not granted"),
+            Err(e) if e.code() == Some("TRYAGAIN") && Instant::now() < deadline => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("ACQUIRE {resource}: {e}"),
+        }
+    }
+}
+
+/// A slot moves to a node whose clock is ten minutes behind (far past `dlock.fence-lead-ms`):
+/// a free resource's next fence there is still larger than its last on the old node, during the
+/// import (through ASK) and after it; a held one carries its fence in its key.
+#[test]
+fn fences_keep_rising_across_a_slot_move_to_a_node_whose_clock_is_behind() {
+    // Behind from the start, so that its counter's start-up lead is behind too.
+    let behind = Clock::new();
+    behind.backward(Duration::from_secs(600));
+    let cluster =
+        Cluster::start_with(|i| if i == 1 { Launch::new().clock(&behind) } else { Launch::new() });
+    let (from, to) = (cluster.nodes[0].port, cluster.nodes[1].port);
+    let mut source = cluster.node(from).client();
+    let mut target = cluster.node(to).client();
+    for (port, con) in [(from, &mut source), (to, &mut target)] {
+        let role = info_line(con, "replication", "role");
+        assert_eq!(role.as_deref(), Some("master"), "node {port} is a primary");
+    }
+    // Three resources of one slot that node 0 serves.
+    let tag = (0..)
+        .map(|i| format!("{{m{i}}}"))
+        .find(|tag| cluster.owner(tag) == from)
+        .expect("a tag on node 0");
+    let [during, after, held] = ["during", "after", "held"].map(|name| format!("{tag}{name}"));
+    let mut last_on_source = std::collections::HashMap::new();
+    for resource in [&during, &after] {
+        let fence = acquire(&mut source, resource, "old", 60_000).expect("granted on the source");
+        assert_eq!(release(&mut source, resource, "old"), 1);
+        last_on_source.insert(resource.clone(), fence);
+    }
+    let held_fence = acquire(&mut source, &held, "old", 60_000).expect("granted on the source");
+
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag).query(&mut source).expect("KEYSLOT");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    setslot(&mut target, slot, "IMPORTING", &from_id);
+    setslot(&mut source, slot, "MIGRATING", &to_id);
+    let (fence, tries) = acquire_moving(&mut target, &during, true);
+    assert!(tries > 0, "the first grant during the import waits for the source's counter");
+    assert!(
+        fence > last_on_source[&during],
+        "during the import: {fence} after {}",
+        last_on_source[&during]
+    );
+
+    migrate(&mut source, to, &[&held]);
+    for port in [to, from] {
+        setslot(&mut cluster.node(port).client(), slot, "NODE", &to_id);
+    }
+    let (fence, _) = acquire_moving(&mut target, &after, false);
+    assert!(
+        fence > last_on_source[&after],
+        "after the move: {fence} after {}",
+        last_on_source[&after]
+    );
+    assert_eq!(release(&mut target, &held, "old"), 1, "the held lease moved with its key");
+    let (fence, _) = acquire_moving(&mut target, &held, false);
+    assert!(fence > held_fence, "a moved key's next fence: {fence} after {held_fence}");
+}
+
+/// The old owner does not answer (paused): the node taking the slot stops waiting after 2 s and
+/// grants, on its lead (docs/scaling.md states the limit).
+#[test]
+fn a_slot_whose_old_owner_does_not_answer_is_granted_after_the_wait_limit() {
+    let cluster = Cluster::start();
+    let (from, to) = (cluster.nodes[0].port, cluster.nodes[1].port);
+    let tag =
+        (0..).map(|i| format!("{{p{i}}}")).find(|tag| cluster.owner(tag) == from).expect("tag");
+    let mut source = cluster.node(from).client();
+    let mut target = cluster.node(to).client();
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag).query(&mut source).expect("KEYSLOT");
+    setslot(&mut target, slot, "IMPORTING", &cluster.node_id(from));
+    cluster.node(from).pause();
+    let started = Instant::now();
+    let (fence, tries) = acquire_moving(&mut target, &format!("{tag}r"), true);
+    let waited = started.elapsed();
+    cluster.node(from).resume();
+    assert!(fence > 0 && tries > 0);
+    assert!(waited >= Duration::from_millis(1_900), "granted after {waited:?}, before the limit");
+    assert!(waited < Duration::from_secs(5), "still waiting after {waited:?}");
 }

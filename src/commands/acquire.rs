@@ -51,7 +51,11 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut fresh = None;
     let lock = match lock_at(&key)? {
         Some(lock) => lock,
-        None => fresh.insert(Lock::default()),
+        None => {
+            // A free resource of a slot moving here: its last fence is the old owner's.
+            crate::cluster::gate(ctx, resource.as_slice(), now)?;
+            fresh.insert(Lock::default())
+        }
     };
     let (outcome, changes) = apply::decide(now, |step| {
         let outcome =

@@ -55,6 +55,9 @@ pub enum DlockError {
     BadMeta { max: usize },
     /// An option (first) that only makes sense with another (second).
     OptionNeeds(&'static str, &'static str),
+    /// A grant of a key-less resource whose slot this node is taking, before the old owner's
+    /// fence counter arrived (`core::slotfloor`).
+    SlotMoving,
     /// The token holds a lease of the other mode (`held`: "shared" or "exclusive").
     ModeConflict { held: &'static str, asked: &'static str },
 }
@@ -134,6 +137,11 @@ impl fmt::Display for DlockError {
                     article(asked)
                 )
             }
+            Self::SlotMoving => write!(
+                f,
+                "TRYAGAIN this node is taking the resource's slot and waits for the fence counter \
+                 of its previous owner; retry"
+            ),
             Self::InternalCommand(name) => write!(
                 f,
                 "ERR {name} is internal: only the primary's replication stream and the AOF may send it"
@@ -186,6 +194,7 @@ mod tests {
                 .starts_with("CROSSSLOT ")
         );
         assert!(DlockError::WrongType.to_string().starts_with("WRONGTYPE "));
+        assert!(DlockError::SlotMoving.to_string().starts_with("TRYAGAIN "));
         for (error, names) in cases {
             let text = error.to_string();
             assert!(text.starts_with("ERR "), "{text}");

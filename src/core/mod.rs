@@ -22,6 +22,7 @@ pub mod schedule;
 mod shared_index_tests;
 #[cfg(test)]
 mod shared_tests;
+pub mod slotfloor;
 pub mod stats;
 pub mod step;
 pub mod token;

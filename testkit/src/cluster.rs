@@ -3,7 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{Server, cluster_info, eventually, info_line};
+use super::{Launch, Server, cluster_info, eventually, info_line};
 
 /// Six nodes made into a cluster by `redis-cli --cluster create`; every node is `ok` and every
 /// replica streams before [`Cluster::start`] returns.
@@ -15,22 +15,30 @@ pub struct Cluster {
 impl Cluster {
     /// Starts six nodes and joins them: three primaries, one replica each.
     pub fn start() -> Self {
+        Self::start_with(|_| Launch::new())
+    }
+
+    /// [`Cluster::start`], node `i` started from `launch(i)` (its own clock, say). Nodes 0, 1
+    /// and 2 become the primaries, 3, 4 and 5 their replicas.
+    pub fn start_with(launch: impl Fn(usize) -> Launch) -> Self {
         let nodes: Vec<Server> = (0..6)
-            .map(|_| {
-                Server::start_with(&[
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "15000",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
+            .map(|i| {
+                launch(i)
+                    .args(&[
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "15000",
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ])
+                    .start()
             })
             .collect();
         let addresses: Vec<String> =

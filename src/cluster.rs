@@ -1,0 +1,269 @@
+//! Fences across a slot move: the cluster bus side of `core::slotfloor`.
+//!
+//! A command filter sees `CLUSTER SETSLOT` on this node (the module API has no event for it);
+//! a grant of a key-less resource in a slot this node is taking asks the slot's old owner for
+//! its fence counter over the cluster bus, answers `TRYAGAIN` until the answer is in, and the
+//! answer raises this node's counter. Every node answers the question with its counter.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::c_char;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use redis_module::{Context, ContextFlags, raw};
+
+use crate::core::slotfloor::{Floors, Gate, NodeId, Question, key_slot};
+use crate::core::{DlockError, Now};
+use crate::notify::{self, Level};
+use crate::{config, state};
+
+/// Cluster bus message types of this module.
+const QUESTION: u8 = 1;
+const ANSWER: u8 = 2;
+
+/// A `CLUSTER SETSLOT` the filter saw, applied before the next gate or event-loop sleep.
+enum SlotChange {
+    Importing(u16, NodeId),
+    Node(u16, NodeId),
+    Stable(u16),
+}
+
+#[derive(Default)]
+struct Taking {
+    floors: Floors,
+    changes: Vec<SlotChange>,
+    outbox: Vec<Question>,
+}
+
+static TAKING: Mutex<Option<Taking>> = Mutex::new(None);
+/// Set while a slot is being taken or a change waits: a grant checks the gate only then.
+static BUSY: AtomicBool = AtomicBool::new(false);
+
+fn with_taking<T>(f: impl FnOnce(&mut Taking) -> T) -> T {
+    let mut guard: MutexGuard<'_, Option<Taking>> =
+        TAKING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let taking = guard.get_or_insert_with(Taking::default);
+    let result = f(taking);
+    BUSY.store(!taking.floors.is_idle() || !taking.changes.is_empty(), Ordering::Release);
+    result
+}
+
+/// In cluster mode: answers other nodes' questions and watches `CLUSTER SETSLOT`.
+pub fn register(ctx: &Context) -> redis_module::Status {
+    if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
+        return redis_module::Status::Ok;
+    }
+    // SAFETY: ctx is the load context; the receiver and the filter are plain functions.
+    unsafe {
+        let (Some(receiver), Some(filter)) = (
+            raw::RedisModule_RegisterClusterMessageReceiver,
+            raw::RedisModule_RegisterCommandFilter,
+        ) else {
+            return redis_module::Status::Err;
+        };
+        receiver(ctx.ctx, QUESTION, Some(on_message));
+        receiver(ctx.ctx, ANSWER, Some(on_message));
+        if filter(ctx.ctx, Some(on_command), raw::REDISMODULE_CMDFILTER_NOSELF as i32).is_null() {
+            return redis_module::Status::Err;
+        }
+    }
+    redis_module::Status::Ok
+}
+
+/// A grant of the key-less `resource` at `now`: `Err` (TRYAGAIN) while its slot waits for the
+/// old owner's counter.
+pub fn gate(ctx: &Context, resource: &[u8], now: Now) -> Result<(), DlockError> {
+    if !BUSY.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let gate = with_taking(|taking| {
+        apply_changes(taking, now);
+        let gate = taking.floors.gate(key_slot(resource), resource, now.mono);
+        if let Gate::TryAgain { ask: Some(question) } = &gate {
+            taking.outbox.push(*question);
+        }
+        gate
+    });
+    flush(ctx);
+    match gate {
+        Gate::Mint => Ok(()),
+        Gate::TryAgain { .. } => Err(DlockError::SlotMoving),
+        Gate::GaveUp { source } => {
+            config::lead_fences(now.wall);
+            notify::log(
+                ctx,
+                Level::Warning,
+                &format!(
+                    "dlock: node {} did not answer with its fence counter; fences of the slot it \
+                     gave this node rely on dlock.fence-lead-ms now",
+                    String::from_utf8_lossy(&source)
+                ),
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Before the event loop sleeps: applies the `SETSLOT`s seen and sends the questions they need.
+pub fn before_sleep(ctx: &Context, now: Now) {
+    if BUSY.load(Ordering::Acquire) {
+        with_taking(|taking| apply_changes(taking, now));
+        flush(ctx);
+    }
+}
+
+fn apply_changes(taking: &mut Taking, now: Now) {
+    let me = my_id();
+    for change in std::mem::take(&mut taking.changes) {
+        match change {
+            SlotChange::Importing(slot, source) => taking.floors.importing(slot, source),
+            SlotChange::Node(slot, node) if Some(node) == me => {
+                if let Some(question) = taking.floors.owned(slot, now.mono) {
+                    taking.outbox.push(question);
+                }
+            }
+            SlotChange::Node(slot, _) | SlotChange::Stable(slot) => taking.floors.stable(slot),
+        }
+    }
+}
+
+/// Sends the questions waiting in the outbox (the gate's too).
+fn flush(ctx: &Context) {
+    let outbox = with_taking(|taking| std::mem::take(&mut taking.outbox));
+    for question in outbox {
+        send(ctx, &question.to, QUESTION, &question.seq.to_le_bytes());
+    }
+}
+
+fn send(ctx: &Context, to: &NodeId, kind: u8, payload: &[u8]) {
+    let Ok(target) = CString::new(to.to_vec()) else { return };
+    // SAFETY: ctx is live; target is a NUL-terminated node name; payload outlives the call.
+    unsafe {
+        if let Some(send) = raw::RedisModule_SendClusterMessage {
+            send(ctx.ctx, target.as_ptr(), kind, payload.as_ptr().cast(), payload.len() as u32);
+        }
+    }
+}
+
+fn my_id() -> Option<NodeId> {
+    // SAFETY: GetMyClusterID returns this node's NUL-terminated name, or null outside a cluster.
+    let id = unsafe { raw::RedisModule_GetMyClusterID.map(|f| f())? };
+    if id.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated.
+    node_id(unsafe { CStr::from_ptr(id) }.to_bytes())
+}
+
+fn node_id(bytes: &[u8]) -> Option<NodeId> {
+    bytes.try_into().ok()
+}
+
+/// # Safety
+/// Called by Redis on its main thread; `sender` points to a node name of 40 bytes and `payload`
+/// to `len` bytes, both valid for this call.
+unsafe extern "C" fn on_message(
+    ctx: *mut raw::RedisModuleCtx,
+    sender: *const c_char,
+    kind: u8,
+    payload: *const u8,
+    len: u32,
+) {
+    if sender.is_null() || (payload.is_null() && len > 0) {
+        return;
+    }
+    // SAFETY: as documented above.
+    let (sender, payload) = unsafe {
+        (
+            std::slice::from_raw_parts(sender.cast::<u8>(), 40),
+            std::slice::from_raw_parts(payload, len as usize),
+        )
+    };
+    let Some(sender) = node_id(sender) else { return };
+    let ctx = Context::new(ctx);
+    match (kind, payload.len()) {
+        (QUESTION, 8) => {
+            let mut answer = payload.to_vec();
+            answer.extend_from_slice(&state::last_fence().to_le_bytes());
+            send(&ctx, &sender, ANSWER, &answer);
+        }
+        (ANSWER, 16) => {
+            let (seq, counter) = payload.split_at(8);
+            let seq = u64::from_le_bytes(seq.try_into().unwrap_or_default());
+            let counter = u64::from_le_bytes(counter.try_into().unwrap_or_default());
+            state::observe_fence(counter);
+            with_taking(|taking| taking.floors.answered(sender, seq));
+        }
+        _ => {}
+    }
+}
+
+/// # Safety
+/// Called by Redis for every command, with a filter context valid for this call.
+unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    // SAFETY: fctx is valid; argument strings live for this call.
+    let change = unsafe {
+        let (Some(count), Some(arg)) =
+            (raw::RedisModule_CommandFilterArgsCount, raw::RedisModule_CommandFilterArgGet)
+        else {
+            return;
+        };
+        let count = count(fctx);
+        if !(4..=5).contains(&count) {
+            return;
+        }
+        let text = |pos| {
+            let string = arg(fctx, pos);
+            let mut len = 0;
+            let ptr =
+                raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(string, &mut len));
+            if ptr.is_null() { &[][..] } else { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
+        };
+        if !text(0).eq_ignore_ascii_case(b"cluster") || !text(1).eq_ignore_ascii_case(b"setslot") {
+            return;
+        }
+        slot_change(text(2), text(3), (count == 5).then(|| text(4)))
+    };
+    if let Some(change) = change {
+        with_taking(|taking| taking.changes.push(change));
+    }
+}
+
+/// `CLUSTER SETSLOT slot state [node]`, read; `None` if it is not one that matters here (or
+/// malformed: the server refuses it).
+fn slot_change(slot: &[u8], state: &[u8], node: Option<&[u8]>) -> Option<SlotChange> {
+    let slot: u16 = std::str::from_utf8(slot).ok()?.parse().ok()?;
+    if slot >= crate::core::slotfloor::SLOTS {
+        return None;
+    }
+    let node = node.and_then(node_id);
+    if state.eq_ignore_ascii_case(b"importing") {
+        Some(SlotChange::Importing(slot, node?))
+    } else if state.eq_ignore_ascii_case(b"node") {
+        Some(SlotChange::Node(slot, node?))
+    } else if state.eq_ignore_ascii_case(b"stable") {
+        Some(SlotChange::Stable(slot))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setslot_arguments_read_as_the_server_reads_them() {
+        let id = [b'f'; 40];
+        assert!(matches!(
+            slot_change(b"7", b"IMPORTING", Some(&id)),
+            Some(SlotChange::Importing(7, node)) if node == id
+        ));
+        assert!(matches!(slot_change(b"7", b"node", Some(&id)), Some(SlotChange::Node(7, _))));
+        assert!(matches!(slot_change(b"16383", b"STABLE", None), Some(SlotChange::Stable(16_383))));
+        assert!(slot_change(b"16384", b"STABLE", None).is_none());
+        assert!(slot_change(b"x", b"STABLE", None).is_none());
+        assert!(slot_change(b"7", b"MIGRATING", Some(&id)).is_none());
+        assert!(slot_change(b"7", b"IMPORTING", Some(b"short")).is_none());
+    }
+}
