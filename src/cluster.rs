@@ -1,7 +1,7 @@
 //! Fences across a slot move: the cluster bus side of `core::slotfloor`.
 //!
 //! A command filter sees `CLUSTER SETSLOT` on this node (the module API has no event for it);
-//! a grant of a key-less resource in a slot this node is taking asks the slot's old owner for
+//! an `ACQUIRE` of a resource in a slot this node is taking asks the slot's old owner for
 //! its fence counter over the cluster bus, answers `TRYAGAIN` until the answer is in, and the
 //! answer raises this node's counter. Every node answers the question with its counter.
 
@@ -70,7 +70,7 @@ pub fn register(ctx: &Context) -> redis_module::Status {
     redis_module::Status::Ok
 }
 
-/// A grant of the key-less `resource` at `now`: `Err` (TRYAGAIN) while its slot waits for the
+/// An `ACQUIRE` of `resource` at `now`: `Err` (TRYAGAIN) while its slot waits for the
 /// old owner's counter.
 pub fn gate(ctx: &Context, resource: &[u8], now: Now) -> Result<(), DlockError> {
     if !BUSY.load(Ordering::Acquire) {

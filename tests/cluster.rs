@@ -260,6 +260,17 @@ fn exists_asking(con: &mut redis::Connection, key: &str) -> bool {
 /// `DLOCK.ACQUIRE` on a node taking the resource's slot (ASKING first while it imports it),
 /// retried while the node answers TRYAGAIN; the fence, and how many TRYAGAINs came first.
 fn acquire_moving(con: &mut redis::Connection, resource: &str, asking: bool) -> (i64, u32) {
+    acquire_moving_as(con, resource, "t", asking, &[])
+}
+
+/// [`acquire_moving`] for `token`, with options (`SHARED`, …).
+fn acquire_moving_as(
+    con: &mut redis::Connection,
+    resource: &str,
+    token: &str,
+    asking: bool,
+    options: &[&str],
+) -> (i64, u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut tries = 0;
     loop {
@@ -267,7 +278,7 @@ fn acquire_moving(con: &mut redis::Connection, resource: &str, asking: bool) -> 
         if asking {
             pipe.cmd("ASKING").ignore();
         }
-        pipe.cmd("DLOCK.ACQUIRE").arg(resource).arg("t").arg(60_000);
+        pipe.cmd("DLOCK.ACQUIRE").arg(resource).arg(token).arg(60_000).arg(options);
         match pipe.query::<(Option<i64>,)>(con) {
             Ok((Some(fence),)) => return (fence, tries),
             Ok((None,)) => panic!("{resource} not granted"),
@@ -282,7 +293,8 @@ fn acquire_moving(con: &mut redis::Connection, resource: &str, asking: bool) -> 
 
 /// A slot moves to a node whose clock is ten minutes behind (far past `dlock.fence-lead-ms`):
 /// a free resource's next fence there is still larger than its last on the old node, during the
-/// import (through ASK) and after it; a held one carries its fence in its key.
+/// import (through ASK) and after it; a held one carries its fence in its key; a reader of a
+/// shared lock whose newest reader left before the key moved still gets a larger fence.
 #[test]
 fn fences_keep_rising_across_a_slot_move_to_a_node_whose_clock_is_behind() {
     // Behind from the start, so that its counter's start-up lead is behind too.
@@ -310,6 +322,17 @@ fn fences_keep_rising_across_a_slot_move_to_a_node_whose_clock_is_behind() {
         last_on_source.insert(resource.clone(), fence);
     }
     let held_fence = acquire(&mut source, &held, "old", 60_000).expect("granted on the source");
+    let shared = format!("{tag}shared");
+    let read = |con: &mut redis::Connection, token: &str| -> Option<i64> {
+        redis::cmd("DLOCK.ACQUIRE")
+            .arg(&shared)
+            .arg(token)
+            .arg(60_000)
+            .arg("SHARED")
+            .query(con)
+            .expect("ACQUIRE SHARED")
+    };
+    read(&mut source, "reader-1").expect("first reader");
 
     let slot: i64 =
         redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag).query(&mut source).expect("KEYSLOT");
@@ -318,6 +341,16 @@ fn fences_keep_rising_across_a_slot_move_to_a_node_whose_clock_is_behind() {
     setslot(&mut source, slot, "MIGRATING", &to_id);
     let (fence, tries) = acquire_moving(&mut target, &during, true);
     assert!(tries > 0, "the first grant during the import waits for the source's counter");
+    // The source still serves the shared key (it is there): newer readers come and go, then the
+    // key moves with only the first reader in it.
+    let mut newest_reader = 0;
+    for _ in 0..5 {
+        newest_reader = read(&mut source, "reader-2").expect("second reader");
+        assert_eq!(release(&mut source, &shared, "reader-2"), 1);
+    }
+    migrate(&mut source, to, &[&shared]);
+    let (fence, _) = acquire_moving_as(&mut target, &shared, "reader-3", true, &["SHARED"]);
+    assert!(fence > newest_reader, "a reader after the move: {fence} after {newest_reader}");
     assert!(
         fence > last_on_source[&during],
         "during the import: {fence} after {}",

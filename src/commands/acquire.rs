@@ -49,13 +49,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
     let mut fresh = None;
+    // A slot moving here: the resource's last fence may be known only to the old owner (a free
+    // resource has no key; a shared lease released there left no trace in the key that moved).
+    crate::cluster::gate(ctx, resource.as_slice(), now)?;
     let lock = match lock_at(&key)? {
         Some(lock) => lock,
-        None => {
-            // A free resource of a slot moving here: its last fence is the old owner's.
-            crate::cluster::gate(ctx, resource.as_slice(), now)?;
-            fresh.insert(Lock::default())
-        }
+        None => fresh.insert(Lock::default()),
     };
     let (outcome, changes) = apply::decide(now, |step| {
         let outcome =

@@ -2,14 +2,15 @@
 //!
 //! A resource whose slot moves to another node must keep getting larger fences there, whatever
 //! the two nodes' clocks say. A lease that is held moves with its key (the key carries its
-//! fence, and loading it raises the counter). A resource that is free has no key: the only
-//! record of its last fence is the old owner's counter. So the node taking a slot asks the old
-//! owner for its counter over the cluster bus, and mints nothing for a key-less resource of that
-//! slot until an answer sent after the question arrived:
+//! fence, and loading it raises the counter). A resource that is free has no key, and a shared
+//! lease released before its key moved left no trace in it: the only record of their last fences
+//! is the old owner's counter. So the node taking a slot asks the old owner for its counter over
+//! the cluster bus, and grants nothing (no `ACQUIRE` of that slot, which is also the only way
+//! into a line that a hand-over later serves) until an answer sent after the question arrived:
 //!
 //! - while the slot is being imported (`CLUSTER SETSLOT <slot> IMPORTING <source>`), a client
-//!   reaches this node for a key-less resource only after the source, which migrates the slot,
-//!   found no key there and redirected it: the source mints nothing more for that resource. An
+//!   reaches this node for a resource only after the source, which migrates the slot, found no
+//!   key there and redirected it: the source mints nothing more for that resource. An
 //!   answer to a question sent after the resource's first attempt here covers every fence the
 //!   source minted for it;
 //! - once the slot is this node's (`CLUSTER SETSLOT <slot> NODE <me>`, after every key moved), the
@@ -69,7 +70,7 @@ pub struct Question {
     pub seq: u64,
 }
 
-/// What to do with a grant of a key-less resource.
+/// What to do with an `ACQUIRE` of a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Gate {
     /// Mint: the counter is above every fence the old owner minted for the resource.
@@ -87,7 +88,7 @@ struct Taking {
     source: NodeId,
     /// Whether the slot is still being imported (else it is ours, waiting for one answer).
     importing: bool,
-    /// Importing: for each key-less resource seen, the question its grant waits for.
+    /// Importing: for each resource seen, the question its grants wait for.
     asked: HashMap<Box<[u8]>, u64>,
     /// Ours: the question the whole slot waits for.
     settles_with: u64,
@@ -168,7 +169,7 @@ impl Floors {
         });
     }
 
-    /// A grant of the key-less `resource` in `slot` at `now` (monotonic).
+    /// An `ACQUIRE` of `resource` in `slot` at `now` (monotonic).
     pub fn gate(&mut self, slot: u16, resource: &[u8], now: Micros) -> Gate {
         let Some(taking) = self.taking.get_mut(&slot) else {
             return Gate::Mint;
