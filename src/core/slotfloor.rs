@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 
 use super::Micros;
+pub use super::fenced::key_slot;
 
 /// A cluster node's name (`CLUSTER MYID`).
 pub type NodeId = [u8; 40];
@@ -35,31 +36,6 @@ pub const FLOOR_WAIT_LIMIT_US: Micros = 2_000_000;
 
 /// Number of hash slots in a cluster.
 pub const SLOTS: u16 = 16_384;
-
-/// The hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag (the bytes between the
-/// first `{` and the next `}`, when not empty), modulo 16384 — the rule every cluster node uses.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|b| *b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|b| *b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS
-}
-
-/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in bytes {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
-}
 
 /// A question to send: "what is your fence counter?", numbered `seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,17 +195,6 @@ mod tests {
 
     const SOURCE: NodeId = [b'a'; 40];
     const OTHER: NodeId = [b'b'; 40];
-
-    #[test]
-    fn slots_follow_the_cluster_rule_and_its_hash_tags() {
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot(b"foo"), 12_182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"), "an empty tag hashes all");
-        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
-        assert_eq!(key_slot(b"{app:x}"), key_slot(b"app:x"));
-    }
 
     #[test]
     fn a_slot_no_one_imports_mints_at_once() {
