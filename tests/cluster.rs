@@ -133,7 +133,7 @@ fn next_shard_message(con: &mut redis::Connection) -> (String, String) {
 fn ownership_changes_reach_shard_subscribers_on_the_keys_own_node() {
     let cluster = Cluster::start();
     for (resource, channel) in
-        [("invoice:{7}", "dlock:invoice:{7}"), ("plain:9", "dlock:{plain:9}")]
+        [("invoice:{7}", "dlock:key:invoice:{7}"), ("plain:9", "dlock:{plain:9}")]
     {
         let owner = cluster.owner(resource);
         assert_eq!(cluster.owner(channel), owner, "{channel} hashes to {resource}'s slot");

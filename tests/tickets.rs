@@ -117,6 +117,31 @@ fn ownership_changes_are_published_on_the_resources_channel() {
     assert!(handed > a);
 }
 
+/// `app:x` and `{app:x}` are two resources: a subscriber of one hears nothing of the other (both
+/// names used to publish on `dlock:{app:x}`).
+#[test]
+fn two_resources_never_share_a_channel() {
+    let server = Server::start();
+    let mut con = server.client();
+    let mut subscriber = server.client();
+    subscriber.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("dlock:{app:x}").expect("SUBSCRIBE");
+    let tagged = acquire(&mut con, "{app:x}", "A", 60_000).expect("granted");
+    assert!(pubsub.get_message().is_err(), "nothing of {{app:x}} on app:x's channel");
+    let plain = acquire(&mut con, "app:x", "A", 60_000).expect("granted");
+    let heard = pubsub.get_message().expect("app:x's own grant");
+    assert_eq!(heard.get_payload::<String>().expect("text"), format!("acquired {plain}"));
+    drop(pubsub);
+    let mut subscriber = server.client();
+    subscriber.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("dlock:key:{app:x}").expect("SUBSCRIBE");
+    assert_eq!(release(&mut con, "{app:x}", "A"), 1);
+    let heard = pubsub.get_message().expect("{app:x}'s release");
+    assert_eq!(heard.get_payload::<String>().expect("text"), format!("released {tagged}"));
+}
+
 /// The tag a `handoff` message names its new holder by: FNV-1a 32-bit of the token, in hex
 /// (computed here apart from the module's own).
 fn tag(token: &str) -> String {

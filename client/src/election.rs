@@ -257,11 +257,12 @@ impl Watch {
 }
 
 /// The channel the server publishes `resource`'s ownership changes on: `dlock:{resource}`, or
-/// `dlock:resource` when the name has braces of its own (it keeps its hash tag, or has none
-/// that could be added without changing its Cluster slot).
-pub(crate) fn channel_of(resource: &str) -> String {
+/// `dlock:key:resource` when the name has braces of its own (it keeps its hash tag, or has none
+/// that could be added without changing its Cluster slot); no two resources share one
+/// (`protocol/vectors/channels.tsv`).
+pub fn channel_of(resource: &str) -> String {
     if resource.contains(['{', '}']) {
-        format!("dlock:{resource}")
+        format!("dlock:key:{resource}")
     } else {
         format!("dlock:{{{resource}}}")
     }
@@ -310,9 +311,12 @@ mod tests {
     fn the_channel_is_the_one_the_server_publishes_on() {
         // As src/core/channel.rs names it (and docs/commands/dlock.acquire.md documents).
         assert_eq!(channel_of("invoice:123"), "dlock:{invoice:123}");
-        assert_eq!(channel_of("invoice:{7}"), "dlock:invoice:{7}");
-        assert_eq!(channel_of("odd}name"), "dlock:odd}name");
-        assert_eq!(channel_of("a{b"), "dlock:a{b");
+        assert_eq!(channel_of("invoice:{7}"), "dlock:key:invoice:{7}");
+        let vectors = include_str!("../../protocol/vectors/channels.tsv");
+        for line in vectors.lines().filter(|line| !line.starts_with('#') && !line.is_empty()) {
+            let (resource, channel) = line.split_once('\t').expect("resource<TAB>channel");
+            assert_eq!(channel_of(resource), channel, "the shared vector for {resource}");
+        }
     }
 
     fn bulk(text: &str) -> redis::Value {

@@ -83,7 +83,7 @@ mod tickets;
 
 pub use acquire::{AcquireOptions, Mode, WaitStrategy};
 pub use connection::Client;
-pub use election::{Leader, LeaderChanges, Leadership};
+pub use election::{Leader, LeaderChanges, Leadership, channel_of};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::Lease;
 

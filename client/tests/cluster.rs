@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use dlock_client::{
     AcquireError, AcquireOptions, Client, ClientOptions, FencedError, Replicas, WaitStrategy,
+    channel_of,
 };
 use dlock_testkit::*;
 
@@ -243,11 +244,7 @@ async fn ticket_waiters_and_observers_subscribe_once_per_shard_and_are_all_serve
             );
         }
         // The shard's subscriber listens on the shard channel, on the resource's own primary.
-        let channel = if resource.contains('{') {
-            format!("dlock:{resource}")
-        } else {
-            format!("dlock:{{{resource}}}")
-        };
+        let channel = channel_of(resource);
         let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
             .arg("SHARDNUMSUB")
             .arg(&channel)
@@ -420,7 +417,7 @@ async fn a_slot_moved_to_another_shard_is_followed_by_ask_then_moved_and_subscri
     };
     let client = cluster_client(&cluster, options).await;
     let resource = "{moving}:lock";
-    let channel = "dlock:{moving}:lock";
+    let channel = channel_of(resource);
     let from = cluster.owner(resource);
     let to = *primaries(&cluster).iter().find(|&&p| p != from).expect("another primary");
     let ttl = Duration::from_secs(30);
@@ -441,7 +438,10 @@ async fn a_slot_moved_to_another_shard_is_followed_by_ask_then_moved_and_subscri
     let mut changes = client.observe(resource);
     let first = changes.changed().await.expect("the holder leads");
     assert_eq!(first.token, holder.token());
-    assert!(eventually(SLACK, || shard_subscribers(&cluster, from, channel) == 2), "hub, observer");
+    assert!(
+        eventually(SLACK, || shard_subscribers(&cluster, from, &channel) == 2),
+        "hub, observer"
+    );
 
     // The key migrates: the old shard answers ASK for it, which the client follows.
     let slot: i64 =
@@ -486,7 +486,7 @@ async fn a_slot_moved_to_another_shard_is_followed_by_ask_then_moved_and_subscri
     };
     assert_eq!(leader.fence, next.fence());
     assert!(
-        eventually(SLACK, || shard_subscribers(&cluster, to, channel) >= 1),
+        eventually(SLACK, || shard_subscribers(&cluster, to, &channel) >= 1),
         "the observer subscribed on the new shard"
     );
     assert!(next.release().await.expect("released"));

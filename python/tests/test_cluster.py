@@ -267,7 +267,7 @@ def release_when_in_line(cluster: Cluster, resource: str) -> float:
 
         assert wait_until(in_line, 5)
         # The shard channel on the owner: what the module publishes to in a Cluster.
-        assert cmd(admin, "PUBSUB", "SHARDNUMSUB", f"dlock:{resource}")[1] == 1
+        assert cmd(admin, "PUBSUB", "SHARDNUMSUB", common.channel_name(resource))[1] == 1
         released = time.monotonic()
         assert cmd(admin, "DLOCK.RELEASE", resource, "holder") == 1
         return released

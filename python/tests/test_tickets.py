@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,12 +45,20 @@ def run(test: Any) -> None:
     asyncio.run(asyncio.wait_for(test(), 50))
 
 
-def test_channel_names_keep_the_hash_tag() -> None:
+def test_channel_names_follow_the_shared_vectors() -> None:
     from dlock._common import channel_name
 
     assert channel_name("invoice:123") == "dlock:{invoice:123}"
-    assert channel_name("invoice:{7}") == "dlock:invoice:{7}"
-    assert channel_name("odd}name") == "dlock:odd}name"
+    assert channel_name("invoice:{7}") == "dlock:key:invoice:{7}"
+    vectors = Path(__file__).parents[2] / "protocol" / "vectors" / "channels.tsv"
+    lines = vectors.read_text(encoding="utf-8").splitlines()
+    checked = 0
+    for line in lines:
+        if line and not line.startswith("#"):
+            resource, channel = line.split("\t")
+            assert channel_name(resource) == channel, resource
+            checked += 1
+    assert checked >= 10
 
 
 def test_the_wait_option_is_checked() -> None:

@@ -1,19 +1,24 @@
 //! The channel where a resource's ownership changes are published, so that a client holding a
 //! ticket (or watching a lock) learns of its turn without polling.
 //!
-//! The name hashes to the resource's own Cluster slot: a resource with a hash tag keeps it
-//! (`dlock:invoice:{123}`), any other is wrapped in one (`dlock:{invoice:123}`). A name with
-//! braces but no usable tag cannot be wrapped without changing its slot; its channel is the
-//! plain prefixed name (on a single server, or with `SUBSCRIBE`, that makes no difference).
+//! The name hashes to the resource's own Cluster slot and belongs to that resource alone: a
+//! resource without braces is wrapped in a hash tag (`dlock:{invoice:123}`); any other keeps its
+//! bytes, and its own tag, behind `dlock:key:` (`dlock:key:invoice:{123}`). The two forms differ
+//! in the byte after `dlock:` (`{` or `k`), so `app:x` and `{app:x}` never share a channel. A
+//! name with braces but no usable tag has no channel in its own slot (on a single server, or
+//! with `SUBSCRIBE`, that makes no difference). `protocol/vectors/channels.tsv` holds examples
+//! every client checks its rule against.
 
 use super::decimal::{MAX_DIGITS, decimal};
 
 /// What every channel name starts with.
 pub const PREFIX: &[u8] = b"dlock:";
+/// What follows [`PREFIX`] for a resource with braces of its own.
+pub const KEEPS_ITS_BRACES: &[u8] = b"key:";
 
 /// The channel of `resource`.
 pub fn name(resource: &[u8]) -> Vec<u8> {
-    let mut channel = Vec::with_capacity(PREFIX.len() + resource.len() + 2);
+    let mut channel = Vec::with_capacity(PREFIX.len() + KEEPS_ITS_BRACES.len() + resource.len());
     write_name(resource, &mut channel);
     channel
 }
@@ -21,21 +26,14 @@ pub fn name(resource: &[u8]) -> Vec<u8> {
 /// Appends the channel of `resource` to `out` (the publishing path reuses one buffer).
 pub fn write_name(resource: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(PREFIX);
-    if has_hash_tag(resource) || resource.contains(&b'}') || resource.contains(&b'{') {
+    if resource.contains(&b'}') || resource.contains(&b'{') {
+        out.extend_from_slice(KEEPS_ITS_BRACES);
         out.extend_from_slice(resource);
     } else {
         out.push(b'{');
         out.extend_from_slice(resource);
         out.push(b'}');
     }
-}
-
-/// Whether Redis Cluster would hash `key` by a tag: a `{` followed later by a `}` with at least
-/// one byte between them.
-fn has_hash_tag(key: &[u8]) -> bool {
-    key.iter().position(|&b| b == b'{').is_some_and(|open| {
-        key[open + 1..].iter().position(|&b| b == b'}').is_some_and(|len| len > 0)
-    })
 }
 
 /// Room for any message: an event word of up to 12 bytes, a space, a `u64` (20 digits), and
@@ -114,8 +112,8 @@ mod tests {
             );
         }
         assert_eq!(name(b"invoice:123"), b"dlock:{invoice:123}");
-        assert_eq!(name(b"invoice:{123}"), b"dlock:invoice:{123}");
-        assert_eq!(name(b"odd}name"), b"dlock:odd}name", "no tag possible: plain name");
+        assert_eq!(name(b"invoice:{123}"), b"dlock:key:invoice:{123}");
+        assert_eq!(name(b"odd}name"), b"dlock:key:odd}name", "no tag possible: plain name");
         assert_eq!(message("handoff", 42, None), b"handoff 42");
         assert_eq!(message("released", 0, None), b"released 0");
         assert_eq!(
@@ -123,6 +121,43 @@ mod tests {
             format!("acquired {}", u64::MAX).as_bytes()
         );
         assert_eq!(message("a-word-longer-than-twelve", 7, None), b"a-word-longe 7");
+    }
+
+    /// Whether Redis Cluster hashes `key` by a tag.
+    fn has_hash_tag(key: &[u8]) -> bool {
+        key.iter().position(|&b| b == b'{').is_some_and(|open| {
+            key[open + 1..].iter().position(|&b| b == b'}').is_some_and(|len| len > 0)
+        })
+    }
+
+    #[test]
+    fn the_shared_vectors_hold() {
+        let vectors = include_str!("../../protocol/vectors/channels.tsv");
+        let mut checked = 0;
+        for line in vectors.lines().filter(|line| !line.starts_with('#') && !line.is_empty()) {
+            let (resource, channel) = line.split_once('\t').expect("resource<TAB>channel");
+            assert_eq!(String::from_utf8_lossy(&name(resource.as_bytes())), channel);
+            checked += 1;
+        }
+        assert!(checked >= 10, "{checked} vectors");
+    }
+
+    proptest::proptest! {
+        /// No two resources share a channel, and a channel lives in its resource's slot whenever
+        /// the resource has no braces or a usable tag.
+        #[test]
+        fn channels_are_one_to_one_and_in_the_resources_slot(
+            a in proptest::collection::vec(proptest::sample::select(&b"ab:{}x"[..]), 0..8),
+            b in proptest::collection::vec(proptest::sample::select(&b"ab:{}x"[..]), 0..8),
+        ) {
+            if a != b {
+                proptest::prop_assert_ne!(name(&a), name(&b));
+            }
+            let plain = !a.contains(&b'{') && !a.contains(&b'}');
+            if (plain && !a.is_empty()) || has_hash_tag(&a) {
+                proptest::prop_assert_eq!(key_slot(&name(&a)), key_slot(&a));
+            }
+        }
     }
 
     #[test]

@@ -68,11 +68,13 @@ def millis_up(seconds: float) -> int:
 
 
 def channel_name(resource: str) -> str:
-    """The channel where the server publishes ``resource``'s changes of ownership: the
-    resource's hash tag kept (``invoice:{7}`` → ``dlock:invoice:{7}``), any other resource
-    wrapped in one (``invoice:7`` → ``dlock:{invoice:7}``), so it lives in the key's slot."""
+    """The channel where the server publishes ``resource``'s changes of ownership: a resource
+    with braces keeps them, and its hash tag, behind ``dlock:key:`` (``invoice:{7}`` →
+    ``dlock:key:invoice:{7}``), any other is wrapped in a tag (``invoice:7`` →
+    ``dlock:{invoice:7}``), so it lives in the key's slot and no two resources share one
+    (``protocol/vectors/channels.tsv``)."""
     if "{" in resource or "}" in resource:
-        return "dlock:" + resource
+        return "dlock:key:" + resource
     return "dlock:{" + resource + "}"
 
 
