@@ -280,3 +280,31 @@ fn a_late_release_or_renew_of_an_earlier_grant_never_touches_a_later_grant_of_th
     assert_eq!(fenced(&mut con, "DLOCK.RELEASE", &[], second), 1);
     assert!(!exists(&mut con, "r"));
 }
+
+/// Sixteen clients acquire and release distinct keys at once, so each release finds other
+/// clients' grants after its own in the index: the released keys' entries are reclaimed all the
+/// same, instead of waiting for their old deadlines (nearly every one of them stayed when only
+/// the newest entry could go).
+#[test]
+fn released_keys_give_back_their_index_entries_under_concurrent_cycles() {
+    let server = Server::start();
+    std::thread::scope(|scope| {
+        for client in 0..16 {
+            let server = &server;
+            scope.spawn(move || {
+                let mut con = server.client();
+                for i in 0..300 {
+                    let key = format!("cycle:{client}:{i}");
+                    acquire(&mut con, &key, "t", 600_000).expect("granted");
+                    assert_eq!(release(&mut con, &key, "t"), 1);
+                }
+            });
+        }
+    });
+    let mut con = server.client();
+    assert_eq!(dbsize(&mut con), 0);
+    let entries: usize = info_line(&mut con, "dlock", "dlock_index_entries")
+        .and_then(|entries| entries.parse().ok())
+        .expect("index_entries");
+    assert!(entries < 48, "{entries} index entries left by 4,800 released keys");
+}

@@ -22,6 +22,10 @@ use super::Micros;
 /// Most bytes a name's length takes after it (a `u64` in base-128 digits).
 const MAX_LENGTH_BYTES: usize = 10;
 
+/// How many of a bucket's newest entries a release looks through for its own (about as many
+/// clients as grant in one millisecond on one server).
+pub const FORGET_WINDOW: usize = 64;
+
 /// Appends `value` as base-128 digits, most significant first, so that it reads back from the
 /// end: the last byte holds the lowest 7 bits, and every byte but the first carries 0x80.
 fn push_backward_varint(bytes: &mut Vec<u8>, value: u64) {
@@ -82,6 +86,21 @@ impl Bucket {
         let (len, end) = read_backward_varint(&self.bytes, self.bytes.len())?;
         let start = end.checked_sub(usize::try_from(len).ok()?)?;
         Some((start, end))
+    }
+
+    /// Where the entry for `name` starts and ends (its length included), among the last
+    /// `window` entries; the newest such entry if there are several.
+    fn find_recent(&self, name: &[u8], window: usize) -> Option<(usize, usize)> {
+        let mut end = self.bytes.len();
+        for _ in 0..window {
+            let (len, name_end) = read_backward_varint(&self.bytes, end)?;
+            let start = name_end.checked_sub(usize::try_from(len).ok()?)?;
+            if self.bytes.get(start..name_end) == Some(name) {
+                return Some((start, end));
+            }
+            end = start;
+        }
+        None
     }
 
     /// Every name, last first.
@@ -175,18 +194,16 @@ impl ExpiryIndex {
         self.len += 1;
     }
 
-    /// Drops the entry for `name` of `db` at `deadline` if it is the newest of its bucket (a lease
-    /// released right after its grant, the usual acquire/release cycle), so a released lock does
-    /// not hold index memory until its old deadline. Other entries stay: they are dropped when
-    /// due. Returns whether it dropped one.
-    pub fn forget_newest(&mut self, deadline: Micros, db: i32, name: &[u8]) -> bool {
+    /// Drops the entry for `name` of `db` at `deadline` if it is among the last
+    /// [`FORGET_WINDOW`] entries of its bucket (a lease released soon after its grant, while
+    /// other clients' grants filled the same millisecond), so a released lock does not hold index
+    /// memory until its old deadline. The bytes after it move down, at most a window's worth.
+    /// Older entries stay: they are dropped when due. Returns whether it dropped one.
+    pub fn forget_recent(&mut self, deadline: Micros, db: i32, name: &[u8]) -> bool {
         let key = (Self::bucket_of(deadline), db);
         let Some(bucket) = self.buckets.get_mut(&key) else { return false };
-        let Some((start, end)) = bucket.last() else { return false };
-        if bucket.bytes.get(start..end) != Some(name) {
-            return false;
-        }
-        bucket.bytes.truncate(start);
+        let Some((start, end)) = bucket.find_recent(name, FORGET_WINDOW) else { return false };
+        bucket.bytes.drain(start..end);
         if bucket.bytes.is_empty() {
             self.buckets.remove(&key);
         }
@@ -274,16 +291,34 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn a_released_grant_gives_its_entry_back_when_it_is_the_newest() {
+    fn a_released_grant_gives_its_entry_back_when_it_is_recent() {
         let mut index = ExpiryIndex::default();
         index.insert(20_000_500, 0, b"a");
-        index.insert(20_000_700, 0, b"b");
-        assert!(!index.forget_newest(20_000_500, 0, b"a"), "not the newest of its bucket");
-        assert!(!index.forget_newest(20_000_700, 1, b"b"), "another database");
-        assert!(index.forget_newest(20_000_700, 0, b"b"));
-        assert!(index.forget_newest(20_000_500, 0, b"a"), "now the newest");
+        index.insert(20_000_700, 0, b"bb");
+        index.insert(20_000_900, 0, &[b'c'; 200]);
+        assert!(!index.forget_recent(20_000_700, 1, b"bb"), "another database");
+        assert!(!index.forget_recent(21_000_700, 0, b"bb"), "another bucket");
+        assert!(index.forget_recent(20_000_500, 0, b"a"), "the oldest of three");
+        assert!(!index.forget_recent(20_000_500, 0, b"a"), "once");
+        assert_eq!(pop(&mut index.clone(), 30_000_000, 10).len(), 2, "the others intact");
+        assert!(index.forget_recent(20_000_700, 0, b"bb"));
+        assert!(index.forget_recent(20_000_900, 0, &[b'c'; 200]));
         assert!(index.is_empty());
         assert_eq!(index.next_deadline(), None, "the empty bucket is gone");
+    }
+
+    #[test]
+    fn a_release_looks_back_only_a_window_of_entries() {
+        let mut index = ExpiryIndex::default();
+        for i in 0..=FORGET_WINDOW {
+            index.insert(5_000, 0, format!("k{i}").as_bytes());
+        }
+        assert!(!index.forget_recent(5_000, 0, b"k0"), "past the window: left for the sweep");
+        assert!(index.forget_recent(5_000, 0, b"k1"), "the window's oldest");
+        assert_eq!(index.len(), FORGET_WINDOW);
+        let left: Vec<Vec<u8>> = pop(&mut index, 10_000, 1_000).into_iter().map(|e| e.2).collect();
+        assert!(left.contains(&b"k0".to_vec()) && !left.contains(&b"k1".to_vec()));
+        assert_eq!(left.len(), FORGET_WINDOW);
     }
 
     /// Pops one batch of at most `max` entries due at `now`, as `(deadline, db, name)`.
