@@ -256,9 +256,8 @@ fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
         }),
         Refusal::RenewPastMaxHold { token, held_ms } => notify::anomaly(ctx, now, || {
             format!(
-                "renewal refused (past dlock.max-hold-ms) resource={} token={} holder={} held-ms={}",
+                "renewal refused (past dlock.max-hold-ms) resource={} token={} held-ms={}",
                 printable(name.as_slice()),
-                printable(token),
                 printable(token),
                 held_ms
             )

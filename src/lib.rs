@@ -1,10 +1,13 @@
 //! dlock: a Redis module that makes the server a lease-lock service with fencing tokens.
 //!
 //! This file holds the module declaration only; see `core` for the lease logic, `commands` for
-//! one file per command, `datatype` for the value's callbacks and `expiry` for active expiry.
+//! one file per command, `datatype` for the value's callbacks, `expiry` for the deadline index and
+//! `timer` for the one module timer that acts on it (docs/architecture.md has the map).
 
 // A panic inside a command or callback would take the whole server down.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// Every unsafe block says why it is sound (`// SAFETY:`).
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod apply;
 pub mod clock;

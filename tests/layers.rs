@@ -246,3 +246,41 @@ fn the_blocked_client_layer_answers_and_counts_but_changes_no_lock() {
         assert!(!code.contains(name), "waiters.rs names {name}");
     }
 }
+
+/// The layers of docs/architecture.md, top first: a file may import its own layer or one below,
+/// never one above. A new file must be given its layer here.
+fn layer_of(module: &str) -> usize {
+    const LAYERS: [&[&str]; 4] = [
+        // What Redis calls: commands, the timer, server events, the type, INFO, key specs.
+        &["commands", "timer", "events", "datatype", "report", "keyspec"],
+        // The one path from a decision to its effects, and the cluster bus.
+        &["apply", "cluster"],
+        // What the path uses: the index, blocked clients, announcements, counters, settings,
+        // module state, the clock.
+        &["expiry", "waiters", "notify", "metrics", "config", "state", "clock"],
+        // The pure core.
+        &["core"],
+    ];
+    let top = module.split("::").next().unwrap_or(module);
+    LAYERS
+        .iter()
+        .position(|layer| layer.contains(&top))
+        .unwrap_or_else(|| panic!("src/{module}: give it a layer in tests/layers.rs"))
+}
+
+#[test]
+fn every_import_points_down_the_layers_of_the_architecture_page() {
+    let graph = import_graph();
+    let mut upward = Vec::new();
+    for (module, targets) in &graph {
+        for target in targets {
+            if layer_of(target) < layer_of(module) {
+                upward.push(format!("{module} → {target}"));
+            }
+        }
+    }
+    assert!(upward.is_empty(), "imports that point up the layers:\n{}", upward.join("\n"));
+    // The check sees what it should: a driver reaching the path, the path reaching the core.
+    assert!(layer_of("commands::acquire") < layer_of("apply"));
+    assert!(graph["apply"].iter().any(|target| target.starts_with("core")));
+}
