@@ -14,11 +14,15 @@ pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + S
 /// `target/release/libdlock.so` of this repository. The floor module (`bench/floor`,
 /// `libdlock_floor.so` next to it) is loaded too when it was built.
 pub fn start_server() -> Result<Server> {
-    let module = match std::env::var_os("DLOCK_MODULE") {
+    start_server_with(module_path())
+}
+
+/// The module benchmarked: `$DLOCK_MODULE`, else `target/release/libdlock.so`.
+pub fn module_path() -> PathBuf {
+    match std::env::var_os("DLOCK_MODULE") {
         Some(path) => PathBuf::from(path),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libdlock.so"),
-    };
-    start_server_with(module)
+    }
 }
 
 /// A redis-server like [`start_server`]'s with the module at `module` (and the floor module when

@@ -4,20 +4,22 @@
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_HANDOVER_SECONDS` (per hand-over
 //! scheme, default `BENCH_SECONDS`), `BENCH_HANDOVER_WORKERS` (default 16),
 //! `BENCH_STORM_LEASES` (default 1000000),
-//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_SCALE_SHARED_MAX` (most shared holders the
+//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_LATENESS_SERVERS` (server binaries the
+//! lateness section starts, at hz 1, 10 and 100; default `redis-server`), `BENCH_SCALE_SHARED_MAX` (most shared holders the
 //! scale table stands up, default 10000), `BENCH_V1_MODULE` (the version-1 module to compare
 //! against; `make bench` builds it with `scripts/v1-module.sh`), `BENCH_OUT` (default
 //! `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so), `BENCH_ONLY`
 //! (a comma-separated list of sections, see [`SECTIONS`], run in that order on one server). The server is the `redis-server` on the PATH.
 //!
 //! One file per scenario (`throughput`, `versions`, `cycles`, `handover`, `memory`, `waiters`,
-//! `shared`, `scale`, `storm` with the lapsing-ticket storm), each writing its table; `schemes`
+//! `shared`, `scale`, `storm` with the lapsing-ticket storm, `lateness`), each writing its table; `schemes`
 //! is what each lock scheme sends, `harness` the server, the client threads and the PING probe,
 //! `report` the markdown.
 
 mod cycles;
 mod handover;
 mod harness;
+mod lateness;
 mod memory;
 mod report;
 mod scale;
@@ -32,7 +34,7 @@ use harness::Result;
 use report::Report;
 
 /// Every section, in the order a full run takes them.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "throughput",
     "versions",
     "cycles",
@@ -43,6 +45,7 @@ const SECTIONS: [&str; 11] = [
     "scale",
     "storm",
     "ticketstorm",
+    "lateness",
     // The memory half of `waiters`, only when named.
     "waiter-memory",
 ];
@@ -55,7 +58,7 @@ fn main() -> Result<()> {
     // BENCH_ONLY=a,b,… runs those sections in that order (one server, as a full run would).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let chosen: Vec<&str> = if only.is_empty() {
-        SECTIONS[..10].to_vec()
+        SECTIONS[..11].to_vec()
     } else {
         only.split(',').map(str::trim).collect()
     };
@@ -80,6 +83,7 @@ fn main() -> Result<()> {
             "shared" => shared::run(&server, &mut report, seconds)?,
             "scale" => scale::run(&server, &mut report)?,
             "storm" => storm::run(&server, &mut report, storm_leases)?,
+            "lateness" => lateness::run(&mut report, harness::module_path())?,
             _ => storm::run_tickets(&server, &mut report, storm_tickets)?,
         }
     }
