@@ -227,8 +227,14 @@ pub fn grants(operations: &[Operation]) -> Vec<Operation> {
 
 /// The faults that restart the primary or put another in its place: leases not yet durable may be
 /// lost there, lines (tickets, blocked waiters) always are, and a grant delay follows.
-pub(crate) const RESTARTS: [&str; 5] =
-    ["kill-primary", "clock-step-restart", "promote", "failover", "failover-in-delay"];
+pub(crate) const RESTARTS: [&str; 6] = [
+    "kill-primary",
+    "clock-step-restart",
+    "promote",
+    "failover",
+    "failover-and-back",
+    "failover-in-delay",
+];
 
 pub(crate) fn excusing_fault(faults: &[Fault], from: u64, to: u64) -> Option<&Fault> {
     faults.iter().find(|fault| fault.may_lose_leases && fault.start <= to && fault.end >= from)

@@ -7,6 +7,10 @@
 //! server was down shortens what it restores, as Redis TTLs are), never across a clock step on a
 //! running server.
 //!
+//! The same holds after the answer to a retry after a dropped hand-over (`retry-handover`,
+//! `mixed.rs`): once a client was answered a grant, nothing but the lease's own end may end it,
+//! so a refusal sooner than `ttl` after that retry was sent is a shortened lease too.
+//!
 //! A **lengthened** lease, the other way a clock could move one, is what `stale-fence`
 //! (`check_modes`) already finds: a renewal or fenced use accepted after the deadline.
 
@@ -21,7 +25,7 @@ const TOLERANCE_NS: u64 = 100_000_000;
 pub fn check(operations: &[Operation], faults: &[Fault], settings: &Settings, report: &mut Report) {
     let mut leases: BTreeMap<(u32, &str, u64), Vec<&Operation>> = BTreeMap::new();
     for o in operations.iter().filter(|o| o.fence > 0 && settings.mixed.contains_key(&o.resource)) {
-        if matches!(o.op, Op::Renew | Op::Use | Op::RedisWrite) {
+        if matches!(o.op, Op::Renew | Op::Use | Op::RedisWrite) || is_confirmed_retry(o) {
             leases.entry((o.worker, o.resource.as_str(), o.fence)).or_default().push(o);
         }
     }
@@ -29,6 +33,11 @@ pub fn check(operations: &[Operation], faults: &[Fault], settings: &Settings, re
         ops.sort_by_key(|o| o.invoked);
         one_lease(ops, faults, settings.ttl_ns, report);
     }
+}
+
+/// A retry after a dropped hand-over that was answered the lease's fence.
+fn is_confirmed_retry(o: &Operation) -> bool {
+    o.op == Op::Acquire && o.outcome == Kind::Ok && o.detail.contains("retry after a dropped")
 }
 
 fn one_lease(ops: &[&Operation], faults: &[Fault], ttl: u64, report: &mut Report) {
@@ -59,7 +68,7 @@ fn one_lease(ops: &[&Operation], faults: &[Fault], ttl: u64, report: &mut Report
             };
             report.file(finding, excused);
         }
-        if o.op == Op::Renew && o.outcome == Kind::Ok {
+        if (o.op == Op::Renew && o.outcome == Kind::Ok) || is_confirmed_retry(o) {
             renewed_at = Some(o.invoked);
         }
     }

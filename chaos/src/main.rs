@@ -196,6 +196,19 @@ fn main() {
         lines.fifo_pairs,
         lines.samples,
     );
+    let retried = |kind: history::Kind| {
+        outcome
+            .events
+            .iter()
+            .filter(|e| e.op == history::Op::Acquire && e.kind == kind)
+            .filter(|e| e.detail.contains("retry after a dropped"))
+            .count()
+    };
+    println!(
+        "chaos: retries after a dropped hand-over: {} answered the hand-over's fence, {} not",
+        retried(history::Kind::Ok),
+        retried(history::Kind::Fail) + retried(history::Kind::Unknown),
+    );
     let (mirror, promotions) = (&outcome.mirror, &outcome.promotions);
     println!(
         "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry, writes paused {} ms at most; {} AOF copies compared, {} leases equal ({} near their end){}",

@@ -190,6 +190,8 @@ struct Worker {
     abandoned: Vec<(tokio::net::TcpStream, Instant)>,
     abandon_pending: bool,
     stop_pending: bool,
+    /// A retry after a dropped hand-over is asked for (see `retry_after_dropped_handover`).
+    retry_pending: bool,
     dir: PathBuf,
 }
 
@@ -217,6 +219,7 @@ async fn work(args: Args) {
         abandoned: Vec::new(),
         abandon_pending: false,
         stop_pending: false,
+        retry_pending: false,
         dir,
     };
     loop {
@@ -229,6 +232,36 @@ async fn work(args: Args) {
             None => tokio::time::sleep(Duration::from_millis(10 + worker.rng.below(30))).await,
         }
     }
+}
+
+/// What a retry after a dropped hand-over left this worker with.
+enum Handover {
+    /// It holds the lease the retry was answered, as its new token.
+    Retried(Held),
+    /// Its own lease was released (or may have been), and it holds nothing.
+    Released,
+    /// Nothing was sent: it still holds its lease.
+    Untouched,
+}
+
+/// Reads `n` one-line replies (integers, simple strings, errors, nils) from `stream`.
+async fn read_lines(stream: &mut tokio::net::TcpStream, n: usize) -> std::io::Result<Vec<String>> {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = Vec::new();
+    let mut lines = Vec::new();
+    while lines.len() < n {
+        let mut chunk = [0u8; 512];
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            return Err(std::io::Error::other("closed"));
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+        while let Some(end) = buffer.windows(2).position(|w| w == b"\r\n") {
+            lines.push(String::from_utf8_lossy(&buffer[..end]).into_owned());
+            buffer.drain(..end + 2);
+        }
+    }
+    Ok(lines)
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -248,6 +281,9 @@ impl Worker {
         if std::fs::remove_file(trigger(&self.dir, id, "stop-refreshing")).is_ok() {
             self.stop_pending = true;
         }
+        if std::fs::remove_file(trigger(&self.dir, id, "retry-handover")).is_ok() {
+            self.retry_pending = true;
+        }
     }
 
     fn token(&mut self, letter: char) -> String {
@@ -260,7 +296,7 @@ impl Worker {
     /// stop needs a ticket.
     fn plan(&mut self) -> (String, u32, Role, Style) {
         let (rw, sem) = (self.args.rw, self.args.sem);
-        let (resource, index, role) = if self.abandon_pending && rw > 0 {
+        let (resource, index, role) = if (self.abandon_pending || self.retry_pending) && rw > 0 {
             let i = self.rng.below(u64::from(rw)) as u32;
             (rw_resource(i), i, Role::Writer)
         } else {
@@ -600,6 +636,14 @@ impl Worker {
     /// Holds the lease for a while: uses it, renews it every third of the ttl, and releases it;
     /// stops using it when its local expiry comes (a pause, renewals that failed).
     async fn hold(&mut self, mut held: Held) {
+        if self.retry_pending && held.role == Role::Writer && held.resource.starts_with("rw:") {
+            self.retry_pending = false;
+            match self.retry_after_dropped_handover(&held).await {
+                Handover::Retried(next) => held = next,
+                Handover::Released => return,
+                Handover::Untouched => {}
+            }
+        }
         let ttl = self.args.ttl;
         let hold_for = match self.rng.below(20) {
             0..=13 => Duration::from_millis(self.rng.between(20, 200)),
@@ -765,6 +809,103 @@ impl Worker {
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
         self.record(Op::Abandon, Kind::Fail, resource, 0, &format!("{detail} unseen"));
+    }
+
+    /// The retry after a dropped hand-over, as a real client does it: a waiter `W` (a new token)
+    /// blocks in `ACQUIRE … WAIT 0` on a connection of its own while this worker holds `held`;
+    /// then, in one write on another connection, `held` is released (the lease is handed to `W`),
+    /// `W`'s connection is killed before the reply reaches it, and `W` sends its ACQUIRE again,
+    /// which answers the fence of the hand-over. From then on this worker is `W` and uses that
+    /// lease: the server must not take it back (a confirmed answer stands; `clock-lease` sees a
+    /// lease refused sooner than its ttl after that answer).
+    async fn retry_after_dropped_handover(&mut self, held: &Held) -> Handover {
+        let token = self.token('h');
+        let ttl = millis(self.args.ttl);
+        let resource = held.resource.clone();
+        let waiter = async {
+            let (mut stream, id) = self.connect_with_id().await?;
+            let mut wait = redis::cmd("DLOCK.ACQUIRE");
+            wait.arg(&resource).arg(&token).arg(ttl).arg("WAIT").arg(0);
+            stream.write_all(&wait.get_packed_command()).await?;
+            Ok::<_, std::io::Error>((stream, id))
+        };
+        let Ok(Ok((waiting, id))) = tokio::time::timeout(REQUEST, waiter).await else {
+            return Handover::Untouched;
+        };
+        let deadline = Instant::now() + Duration::from_millis(400);
+        let mut in_line = false;
+        while !in_line && Instant::now() < deadline {
+            let mut info = redis::cmd("DLOCK.INFO");
+            info.arg(&resource);
+            // Alone in line, so that the release hands the lease to it.
+            in_line = matches!(
+                self.link.query::<redis::Value>(&info, Duration::ZERO).await,
+                Reply::Ok(reply) if Sample::parse(&reply)
+                    .is_some_and(|s| s.next == [token.clone()] && s.waiters + s.tickets == 1)
+            );
+            if !in_line {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        if !in_line {
+            drop(waiting);
+            return Handover::Untouched;
+        }
+        let mut release = redis::cmd("DLOCK.RELEASE");
+        release.arg(&resource).arg(&held.token).arg("FENCE").arg(held.fence);
+        let mut kill = redis::cmd("CLIENT");
+        kill.arg("KILL").arg("ID").arg(id);
+        let mut retry = redis::cmd("DLOCK.ACQUIRE");
+        retry.arg(&resource).arg(&token).arg(ttl);
+        let mut write = release.get_packed_command();
+        write.extend(kill.get_packed_command());
+        write.extend(retry.get_packed_command());
+        let detail = format!("{token} retry after a dropped hand-over");
+        // One operation at a time in the history: the retry's invoke is recorded once the
+        // release's reply is in (it was sent with it, so its window here starts late).
+        self.record(Op::Release, Kind::Invoke, &resource, held.fence, "for a dropped hand-over");
+        let sent = Instant::now();
+        let replies = async {
+            let (mut stream, _) = self.connect_with_id().await?;
+            stream.write_all(&write).await?;
+            read_lines(&mut stream, 3).await
+        };
+        let replies = tokio::time::timeout(REQUEST, replies).await;
+        drop(waiting);
+        let Ok(Ok(replies)) = replies else {
+            self.record(Op::Release, Kind::Unknown, &resource, held.fence, "timed out");
+            return Handover::Released;
+        };
+        match replies[0].as_str() {
+            ":1" => self.record(Op::Release, Kind::Ok, &resource, held.fence, ""),
+            other => self.record(Op::Release, Kind::Fail, &resource, held.fence, other),
+        }
+        self.record(Op::Acquire, Kind::Invoke, &resource, 0, &detail);
+        let Some(fence) = replies[2].strip_prefix(':').and_then(|f| f.parse::<u64>().ok()) else {
+            self.record(Op::Acquire, Kind::Fail, &resource, 0, &replies[2]);
+            return Handover::Released;
+        };
+        self.record(Op::Acquire, Kind::Ok, &resource, fence, &detail);
+        Handover::Retried(Held {
+            resource,
+            index: held.index,
+            token,
+            fence,
+            role: Role::Writer,
+            expiry: sent + self.args.ttl,
+        })
+    }
+
+    /// A new connection and its `CLIENT ID`.
+    async fn connect_with_id(&self) -> std::io::Result<(tokio::net::TcpStream, String)> {
+        let ConnectionAddr::Tcp(host, port) = &self.link.client.get_connection_info().addr else {
+            return Err(std::io::Error::other("not a TCP address"));
+        };
+        let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+        stream.write_all(&redis::cmd("CLIENT").arg("ID").get_packed_command()).await?;
+        let id = read_lines(&mut stream, 1).await?.remove(0);
+        let id = id.strip_prefix(':').ok_or_else(|| std::io::Error::other(id.clone()))?.to_owned();
+        Ok((stream, id))
     }
 
     /// Sends `cmd` on a new connection and returns it without reading anything.

@@ -211,7 +211,7 @@ fn client_nemesis(config: &Config, dir: &Path, stop: Arc<AtomicBool>) -> JoinHan
         };
         rest(rng.between(every_from / 2, every_to / 2));
         while !stop.load(Ordering::SeqCst) {
-            let kind = *rng.pick(&["abandon-waiter", "stop-refreshing"]);
+            let kind = *rng.pick(&["abandon-waiter", "stop-refreshing", "retry-handover"]);
             let id = *rng.pick(&ids);
             let start = now_ns();
             if std::fs::write(mixed::trigger(&dir, id, kind), b"").is_ok() {
@@ -401,11 +401,11 @@ const KINDS: [&str; 8] = [
 const PAUSE_STREAM: u64 = 0x9a05_e5ee_d5ee_d5ee;
 
 /// The write-pause kinds a profile draws from: a `CLIENT PAUSE … WRITE`, and (with a replica to
-/// hand over to) a `FAILOVER` that succeeds or times out.
+/// hand over to) a `FAILOVER` that succeeds or times out, or one there and back again.
 fn pause_kinds(profile: Profile) -> &'static [&'static str] {
     match profile {
         Profile::Always => &["pause-writes"],
-        Profile::Failover => &["pause-writes", "failover"],
+        Profile::Failover => &["pause-writes", "failover", "failover-and-back"],
     }
 }
 
@@ -600,6 +600,13 @@ pub fn run(config: &Config) -> Outcome {
                     promotions.record(seen);
                 }
             }
+            "failover-and-back" => {
+                let stay = Duration::from_millis(pauses.between(300, 2_000));
+                let seen = promotions.await_line(&cluster, &mixed_names, Duration::from_secs(1));
+                if failover_and_back(&mut cluster, stay) {
+                    promotions.record(seen);
+                }
+            }
             "clock-step" | "clock-step-restart" => {
                 may_lose_leases =
                     clock_fault(kind, &mut cluster, &server_clock, config, &mut clock_steps);
@@ -697,6 +704,80 @@ fn failover(cluster: &mut Cluster, times_out: bool) -> bool {
     cluster.clients.drop_connections();
     swap_roles(cluster);
     true
+}
+
+/// `FAILOVER` to the replica, `stay` there (the workers renew and hand over on it), then
+/// `FAILOVER` back, with neither server restarted: each keeps its data and its memory of its
+/// earlier term, as in an operator's planned switch-over and switch-back. Both links follow each
+/// move; at the end the replica streams through the replication link again. Returns whether
+/// both moves happened.
+fn failover_and_back(cluster: &mut Cluster, stay: Duration) -> bool {
+    let first = cluster.primary.server.port;
+    let second = cluster.replica.server.port;
+    if !switch_over(first, second) {
+        return false;
+    }
+    cluster.clients.retarget(second);
+    cluster.primary_port.store(second, Ordering::SeqCst);
+    cluster.clients.drop_connections();
+    sleep(stay);
+    let back = switch_over(second, first);
+    let primary = if back { first } else { second };
+    cluster.clients.retarget(primary);
+    cluster.replication.retarget(primary);
+    cluster.primary_port.store(primary, Ordering::SeqCst);
+    cluster.clients.drop_connections();
+    if !back {
+        std::mem::swap(&mut cluster.primary, &mut cluster.replica);
+    }
+    // The replica follows through the replication link again (a partial resync, no restart).
+    let mut replica = cluster.replica.server.client();
+    let _: redis::RedisResult<()> =
+        redis::cmd("REPLICAOF").arg("127.0.0.1").arg(cluster.replication.port).query(&mut replica);
+    if !cluster.wait_for_replica() {
+        eprintln!("dlock-chaos: the replica does not stream again after failover-and-back");
+    }
+    back
+}
+
+/// `FAILOVER` from the primary on `from` to its replica on `to`; whether `to` became primary
+/// within 10 s.
+fn switch_over(from: u16, to: u16) -> bool {
+    let client = |port: u16| {
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).and_then(|c| c.get_connection())
+    };
+    let (Ok(mut old), Ok(mut new)) = (client(from), client(to)) else { return false };
+    let started: redis::RedisResult<()> = redis::cmd("FAILOVER")
+        .arg("TO")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("TIMEOUT")
+        .arg(5_000)
+        .query(&mut old);
+    if let Err(error) = started {
+        eprintln!("dlock-chaos: FAILOVER TO {to} refused: {error}");
+        return false;
+    }
+    // Done when the old primary has left its failover state; then the target says how it went.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let state: String =
+            redis::cmd("INFO").arg("replication").query(&mut old).unwrap_or_default();
+        if state.contains("master_failover_state:no-failover") {
+            break;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    let settled = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < settled {
+        let role: String =
+            redis::cmd("INFO").arg("replication").query(&mut new).unwrap_or_default();
+        if role.contains("role:master") {
+            return true;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 /// The replica is the primary now: both links follow it (connections already open stay where
