@@ -102,10 +102,13 @@ pub struct Stats {
     pub fencecheck_passed: u64,
     /// FENCECHECK answered 0.
     pub fencecheck_stale: u64,
-    /// DLOCK.FENCED ran its command.
+    /// DLOCK.FENCED ran its command, which succeeded (any reply but an error).
     pub fenced_writes_ok: u64,
     /// DLOCK.FENCED refused a stale fence.
     pub fenced_writes_refused: u64,
+    /// DLOCK.FENCED: the fence check passed, but the inner command answered an error (or the
+    /// server could not run it).
+    pub fenced_writes_failed: u64,
     /// ACQUIRE … WAIT calls that blocked.
     pub waits_started: u64,
     /// Blocked waits that got the lease.
@@ -210,6 +213,7 @@ impl Stats {
             ("fencecheck_stale", self.fencecheck_stale),
             ("fenced_writes_ok", self.fenced_writes_ok),
             ("fenced_writes_refused", self.fenced_writes_refused),
+            ("fenced_writes_failed", self.fenced_writes_failed),
             ("waits_started", self.waits_started),
             ("waits_granted", self.waits_granted),
             ("waits_timed_out", self.waits_timed_out),
