@@ -295,15 +295,6 @@ fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
     assert_eq!(reply, redis::Value::Okay);
 }
 
-/// `INFO dlock` as (field without the `dlock_` prefix, value).
-fn dlock_counters(con: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
-    let text: String = redis::cmd("INFO").arg("dlock").query(con).expect("INFO dlock");
-    text.lines()
-        .filter_map(|line| line.strip_prefix("dlock_")?.split_once(':'))
-        .map(|(name, value)| (name.to_owned(), value.trim().parse().expect("integer field")))
-        .collect()
-}
-
 /// `fenced_writes_ok` counts inner commands that succeeded; an inner command that answered an
 /// error after the fence check passed (wrong type, not an integer, the caller's ACL) counts in
 /// `fenced_writes_failed`, and its error passes through unchanged.

@@ -125,6 +125,9 @@ pub struct Stats {
     pub tickets_lapsed: u64,
     /// Tickets their holders gave up (a RELEASE without FENCE while in line).
     pub tickets_withdrawn: u64,
+    /// Tickets that left their line with no turn: their key was renamed, moved, deleted,
+    /// overwritten, flushed or reloaded away, or a blocked wait of their token took their place.
+    pub tickets_dismissed: u64,
     /// Leases handed over with a claim window that their holder claimed.
     pub grants_claimed: u64,
     /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
@@ -177,6 +180,7 @@ impl Stats {
             Transition::Ticketed { refreshed: true } => {}
             Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
             Transition::TicketWithdrawn { .. } => self.tickets_withdrawn += 1,
+            Transition::TicketDismissed { .. } => self.tickets_dismissed += 1,
             // Its waiter was counted as abandoned when its client went away.
             Transition::GrantUndone(_) => {}
             Transition::Queued { .. } => self.waits_started += 1,
@@ -193,6 +197,14 @@ impl Stats {
             Transition::Refused(Refusal::ReleaseNotOwner { .. }) => self.release_not_owner += 1,
             Transition::HandOverFailed(_) => {}
         }
+    }
+
+    /// Redis freed a lock's value (`DEL`, `FLUSHALL`, an overwrite, a reload) with no decision of
+    /// the lock behind it: `answered` blocked waits were answered nil (they count with the
+    /// time-outs), and `tickets` tickets left with the value.
+    pub fn record_freed(&mut self, answered: u64, tickets: u64) {
+        self.waits_timed_out += answered;
+        self.tickets_dismissed += tickets;
     }
 
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
@@ -222,6 +234,7 @@ impl Stats {
             ("tickets_granted", self.tickets_granted),
             ("tickets_lapsed", self.tickets_lapsed),
             ("tickets_withdrawn", self.tickets_withdrawn),
+            ("tickets_dismissed", self.tickets_dismissed),
             ("grants_claimed", self.grants_claimed),
             ("claims_lapsed", self.claims_lapsed),
             ("lock_keys", lock_keys),

@@ -1,0 +1,137 @@
+//! Every blocked wait ends in exactly one of `waits_granted`, `waits_timed_out` and
+//! `waits_abandoned`, and every ticket in exactly one of `tickets_granted`, `tickets_lapsed`,
+//! `tickets_withdrawn` and `tickets_dismissed`, however it ends: the identities of
+//! docs/operations.md, checked after scripted endings.
+
+use std::time::Duration;
+
+use dlock_testkit::*;
+
+/// `DLOCK.ACQUIRE resource token ttl-ms QUEUE ticket-ms`: the fence, or `None` (a ticket).
+fn queue(con: &mut redis::Connection, resource: &str, token: &str, ticket_ms: u64) -> Option<i64> {
+    redis::cmd("DLOCK.ACQUIRE")
+        .arg(resource)
+        .arg(token)
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(ticket_ms)
+        .query(con)
+        .expect("ACQUIRE QUEUE")
+}
+
+/// `DLOCK.INFO resource`'s `field` as a number (0 when the resource has no lock).
+fn info_number(con: &mut redis::Connection, resource: &str, field: &str) -> i64 {
+    info_field(con, resource, field).map_or(0, |n| n.parse().expect("integer"))
+}
+
+/// Waits until `n` clients are blocked on `resource`.
+fn until_waiting(con: &mut redis::Connection, resource: &str, n: i64) {
+    assert!(
+        eventually(Duration::from_secs(5), || info_number(con, resource, "waiters") == n),
+        "{n} waiters expected on {resource}"
+    );
+}
+
+fn assert_counters_add_up(con: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
+    let stats = dlock_counters(con);
+    if let Err(why) = counters_add_up(&stats) {
+        panic!("{why}");
+    }
+    stats
+}
+
+/// A token holding a ticket sends ACQUIRE … WAIT: its blocked wait takes the ticket's place (the
+/// ticket is dismissed, one wait starts). A RENAME then ends that wait and dismisses the four
+/// other tickets: one wait ended, five tickets dismissed (the tickets were counted as timed-out
+/// waits: 6 against 1 started).
+#[test]
+fn a_wait_by_a_tickets_token_then_a_rename_ends_one_wait_and_dismisses_every_ticket() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "A", 60_000).expect("granted");
+    for token in ["B", "C", "D", "E", "T"] {
+        assert_eq!(queue(&mut con, "job", token, 30_000), None, "{token} takes a ticket");
+    }
+    let mut waiter = send_wait(&server, "job", "T", 60_000, &[]);
+    until_waiting(&mut con, "job", 1);
+    assert_eq!(info_number(&mut con, "job", "tickets"), 4, "T's wait took its ticket's place");
+    let _: () = redis::cmd("RENAME").arg("job").arg("job:moved").query(&mut con).expect("RENAME");
+    let answer: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("nil");
+    assert_eq!(answer, None, "the rename ended the wait");
+    let stats = assert_counters_add_up(&mut con);
+    let counted = |name: &str| stats[name];
+    assert_eq!((counted("waits_started"), counted("waits_timed_out")), (1, 1), "{stats:?}");
+    assert_eq!((counted("tickets_queued"), counted("tickets_dismissed")), (5, 5), "{stats:?}");
+    assert_eq!((counted("waiters"), counted("tickets")), (0, 0), "{stats:?}");
+}
+
+/// Tickets that leave their line with no turn, no lapse and no withdrawal, because their key was
+/// renamed, moved, deleted, overwritten or flushed, or because their token's blocked wait took
+/// their place, are each counted once in `tickets_dismissed`.
+#[test]
+fn tickets_of_a_renamed_moved_deleted_overwritten_or_flushed_key_are_counted_as_dismissed() {
+    let server = Server::start();
+    let mut con = server.client();
+    let line = |con: &mut redis::Connection, resource: &str, tickets: &[&str]| {
+        acquire(con, resource, "holder", 60_000).expect("granted");
+        for token in tickets {
+            assert_eq!(queue(con, resource, token, 30_000), None);
+        }
+    };
+    let dismissed = |con: &mut redis::Connection| assert_counters_add_up(con)["tickets_dismissed"];
+    line(&mut con, "renamed", &["a", "b"]);
+    let _: () =
+        redis::cmd("RENAME").arg("renamed").arg("elsewhere").query(&mut con).expect("RENAME");
+    assert_eq!(dismissed(&mut con), 2, "RENAME");
+    line(&mut con, "moved", &["a"]);
+    let moved: i64 = redis::cmd("MOVE").arg("moved").arg(1).query(&mut con).expect("MOVE");
+    assert_eq!(moved, 1);
+    assert_eq!(dismissed(&mut con), 3, "MOVE");
+    line(&mut con, "deleted", &["a", "b", "c"]);
+    let _: i64 = redis::cmd("DEL").arg("deleted").query(&mut con).expect("DEL");
+    assert_eq!(dismissed(&mut con), 6, "DEL");
+    line(&mut con, "source", &["a"]);
+    line(&mut con, "target", &["b", "c"]);
+    let _: () = redis::cmd("RENAME").arg("source").arg("target").query(&mut con).expect("RENAME");
+    assert_eq!(dismissed(&mut con), 9, "RENAME over a lock with tickets: both lines");
+    line(&mut con, "flushed", &["a", "b"]);
+    // SYNC: with `lazyfree-lazy-user-flush yes` (Valkey's default) a plain FLUSHALL frees the
+    // values in the background, after its reply.
+    let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(&mut con).expect("FLUSHALL");
+    assert_eq!(dismissed(&mut con), 11, "FLUSHALL");
+    line(&mut con, "requeued", &["a"]);
+    let mut waiter = send_wait(&server, "requeued", "a", 60_000, &[]);
+    until_waiting(&mut con, "requeued", 1);
+    let stats = assert_counters_add_up(&mut con);
+    assert_eq!(stats["tickets_dismissed"], 12, "a blocked wait took the ticket's place");
+    assert_eq!((stats["waits_started"], stats["waiters"], stats["tickets"]), (1, 1, 0));
+    assert_eq!(release(&mut con, "requeued", "holder"), 1);
+    let answer: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("fence");
+    assert!(answer.is_some(), "the wait that took the ticket's place is granted");
+    let stats = assert_counters_add_up(&mut con);
+    assert_eq!(
+        (stats["tickets_queued"], stats["waits_granted"], stats["tickets_granted"]),
+        (12, 1, 0)
+    );
+}
+
+/// A token blocked in WAIT sends ACQUIRE … QUEUE: the wait ends (nil, timed out) and the token
+/// takes a new ticket, counted in `tickets_queued` (it was reported as a refresh of a ticket the
+/// token never had: the `tickets` gauge stood at 1 with no ticket queued).
+#[test]
+fn a_queue_by_a_blocked_token_ends_its_wait_and_counts_a_new_ticket() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "A", 60_000).expect("granted");
+    let mut waiter = send_wait(&server, "job", "T", 60_000, &[]);
+    until_waiting(&mut con, "job", 1);
+    assert_eq!(queue(&mut con, "job", "T", 30_000), None, "T takes a ticket");
+    let answer: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("nil");
+    assert_eq!(answer, None, "the ticket took the wait's place");
+    let stats = assert_counters_add_up(&mut con);
+    assert_eq!((stats["waits_started"], stats["waits_timed_out"]), (1, 1), "{stats:?}");
+    assert_eq!((stats["tickets_queued"], stats["tickets"]), (1, 1), "{stats:?}");
+}
