@@ -32,6 +32,25 @@ fn until_waiting(con: &mut redis::Connection, resource: &str, n: i64) {
     );
 }
 
+/// The client id of a fresh connection, and the connection.
+fn client_with_id(server: &Server) -> (i64, redis::Connection) {
+    let mut con = server.client();
+    let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut con).expect("CLIENT ID");
+    (id, con)
+}
+
+/// Sends `ACQUIRE resource token ttl-ms WAIT timeout-ms` on `con` without reading the reply.
+fn send_wait_on(con: &mut redis::Connection, resource: &str, token: &str, ttl_ms: u64, wait: u64) {
+    let request = redis::cmd("DLOCK.ACQUIRE")
+        .arg(resource)
+        .arg(token)
+        .arg(ttl_ms)
+        .arg("WAIT")
+        .arg(wait)
+        .get_packed_command();
+    con.send_packed_command(&request).expect("send ACQUIRE WAIT");
+}
+
 fn assert_counters_add_up(con: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
     let stats = dlock_counters(con);
     if let Err(why) = counters_add_up(&stats) {
@@ -134,4 +153,70 @@ fn a_queue_by_a_blocked_token_ends_its_wait_and_counts_a_new_ticket() {
     let stats = assert_counters_add_up(&mut con);
     assert_eq!((stats["waits_started"], stats["waits_timed_out"]), (1, 1), "{stats:?}");
     assert_eq!((stats["tickets_queued"], stats["tickets"]), (1, 1), "{stats:?}");
+}
+
+/// A blocked client killed in the same write as a RENAME of its key, or as a QUEUE of its token,
+/// still stands in its line when the rename or the queue meets it (the timer prunes it on its
+/// next turn). Its wait was counted as abandoned when its client went: the rename or the queue
+/// must not count it again (they counted it as timed out too: two ends for one wait).
+#[test]
+fn a_wait_whose_client_is_gone_is_not_counted_again_by_a_rename_or_a_queue_of_its_token() {
+    let server = Server::start();
+    let mut con = server.client();
+    for (round, then) in ["RENAME", "QUEUE"].iter().enumerate() {
+        let resource = format!("job:{round}");
+        acquire(&mut con, &resource, "A", 60_000).expect("granted");
+        let (id, mut waiter) = client_with_id(&server);
+        send_wait_on(&mut waiter, &resource, "W", 60_000, 0);
+        until_waiting(&mut con, &resource, 1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(id);
+        match *then {
+            "RENAME" => pipe.cmd("RENAME").arg(&resource).arg(format!("{resource}:moved")),
+            _ => pipe
+                .cmd("DLOCK.ACQUIRE")
+                .arg(&resource)
+                .arg("W")
+                .arg(60_000)
+                .arg("QUEUE")
+                .arg(30_000),
+        };
+        let _: redis::Value = pipe.query(&mut con).expect("one write");
+        drop(waiter);
+        let stats = assert_counters_add_up(&mut con);
+        assert_eq!(
+            (stats["waits_started"], stats["waits_abandoned"], stats["waits_timed_out"]),
+            (round as u64 + 1, round as u64 + 1, 0),
+            "{then}: {stats:?}"
+        );
+    }
+}
+
+/// A hand-over whose reply never reaches its client (RELEASE and CLIENT KILL in one
+/// transaction): the wait was granted, and its lease is taken back (`grants_undone`). It was
+/// counted twice: granted at the hand-over, abandoned when the reply was found lost.
+#[test]
+fn a_hand_over_whose_reply_is_lost_ends_its_wait_once_and_is_undone() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "job", "holder", 60_000).expect("granted");
+    let (id, mut waiter) = client_with_id(&server);
+    send_wait_on(&mut waiter, "job", "leaver", 60_000, 0);
+    until_waiting(&mut con, "job", 1);
+    let mut pipe = redis::pipe();
+    pipe.atomic().cmd("DLOCK.RELEASE").arg("job").arg("holder");
+    pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(id);
+    let _: redis::Value = pipe.query(&mut con).expect("EXEC");
+    drop(waiter);
+    assert!(
+        eventually(Duration::from_secs(5), || !exists(&mut con, "job")),
+        "the lease handed to a client that never learned of it is taken back"
+    );
+    let stats = assert_counters_add_up(&mut con);
+    assert_eq!(
+        (stats["waits_started"], stats["waits_granted"], stats["waits_abandoned"]),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.get("grants_undone"), Some(&1), "{stats:?}");
 }

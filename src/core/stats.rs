@@ -132,6 +132,8 @@ pub struct Stats {
     pub grants_claimed: u64,
     /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
     pub claims_lapsed: u64,
+    /// Leases handed over to a blocked client whose reply never reached it, taken back.
+    pub grants_undone: u64,
     /// Time from ACQUIRE … WAIT to the hand-over, in µs.
     pub wait_time: Histogram,
     /// Time from grant to release or expiry, in µs.
@@ -181,8 +183,8 @@ impl Stats {
             Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
             Transition::TicketWithdrawn { .. } => self.tickets_withdrawn += 1,
             Transition::TicketDismissed { .. } => self.tickets_dismissed += 1,
-            // Its waiter was counted as abandoned when its client went away.
-            Transition::GrantUndone(_) => {}
+            // Its wait was counted as granted at the hand-over.
+            Transition::GrantUndone(_) => self.grants_undone += 1,
             Transition::Queued { .. } => self.waits_started += 1,
             Transition::Superseded { .. } | Transition::Dismissed { .. } => {
                 self.waits_timed_out += 1;
@@ -237,6 +239,7 @@ impl Stats {
             ("tickets_dismissed", self.tickets_dismissed),
             ("grants_claimed", self.grants_claimed),
             ("claims_lapsed", self.claims_lapsed),
+            ("grants_undone", self.grants_undone),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
             ("tickets", tickets),

@@ -82,7 +82,8 @@ pub enum Transition {
         token: Box<[u8]>,
     },
     /// A blocked client's place was taken by a newer wait or a ticket of the same token: it is
-    /// answered nil.
+    /// answered nil. Only a client still waiting is reported (one whose wait already ended,
+    /// counted where it ended, simply leaves the line).
     Superseded {
         /// The blocked client to answer.
         waiter: u64,
@@ -96,6 +97,7 @@ pub enum Transition {
     /// The lock's value moved to another key name (RENAME, MOVE): this lease ended there.
     Displaced(Lease),
     /// A blocked client whose key moved away (RENAME, MOVE) left the line: it is answered nil.
+    /// Only a client still waiting is reported.
     Dismissed {
         /// The blocked client to answer.
         waiter: u64,
@@ -290,12 +292,14 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.push(Transition::Ticketed { refreshed });
     }
 
-    /// `waiter` left the line with no turn: a ticket is dismissed; a blocked client is reported
-    /// by `ended` (to be answered nil).
+    /// `waiter` left the line with no turn: a ticket is dismissed; a blocked client still
+    /// waiting is reported by `ended` (to be answered nil), and one whose wait already ended
+    /// (time-out, disconnection, `CLIENT UNBLOCK`: counted where it ended, its prune still to
+    /// come) is not reported again.
     fn left_the_line(&mut self, waiter: Waiter, ended: impl FnOnce(u64) -> Transition) {
         if waiter.ticket_until.is_some() {
             self.changes.push(Transition::TicketDismissed { token: waiter.token });
-        } else {
+        } else if self.host.waiter_alive(waiter.id) {
             self.changes.push(ended(waiter.id));
         }
     }
@@ -506,6 +510,39 @@ mod tests {
             ]
         );
         assert_eq!(lock.tickets(), 1);
+    }
+
+    #[test]
+    fn a_waiter_whose_wait_already_ended_is_neither_superseded_nor_dismissed_again() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let alive = Gone(&[]);
+        let mut step = step_at(at(0), &mut fences, &alive);
+        step.acquire(&mut lock, b"A", 10_000).expect("grant");
+        step.enqueue(&mut lock, waiter(1, b"B"));
+        step.enqueue(&mut lock, waiter(2, b"C"));
+        step.enqueue_ticket(
+            &mut lock,
+            Waiter { ticket_until: Some(at(60).mono), ..waiter(3, b"D") },
+        );
+        let _ = step.into_changes();
+        // 1 and 2 left (disconnected, timed out): counted where they ended, not yet pruned.
+        let gone = Gone(&[1, 2]);
+        let mut step = step_at(at(1), &mut fences, &gone);
+        step.enqueue(&mut lock, waiter(4, b"B"));
+        assert_eq!(step.into_changes(), [Transition::Queued { waiter: 4 }]);
+        let mut step = step_at(at(1), &mut fences, &gone);
+        step.displace(&mut lock);
+        let changes = step.into_changes();
+        assert!(matches!(changes[0], Transition::Displaced(_)), "{changes:?}");
+        assert_eq!(
+            changes[1..],
+            [
+                Transition::Dismissed { waiter: 4 },
+                Transition::TicketDismissed { token: b"D"[..].into() },
+            ],
+            "in line order, without 2, whose wait had ended"
+        );
+        assert!(lock.is_vacant(at(1)));
     }
 
     #[test]
