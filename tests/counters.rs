@@ -1,8 +1,10 @@
 //! Every blocked wait ends in exactly one of `waits_granted`, `waits_timed_out` and
 //! `waits_abandoned`, and every ticket in exactly one of `tickets_granted`, `tickets_lapsed`,
 //! `tickets_withdrawn` and `tickets_dismissed`, however it ends: the identities of
-//! docs/operations.md, checked after scripted endings.
+//! docs/operations.md, checked after scripted endings and after every step of random sequences
+//! that rename, move, delete, flush, swap and reload keys and kill or unblock clients.
 
+use std::thread::sleep;
 use std::time::Duration;
 
 use dlock_testkit::*;
@@ -219,4 +221,169 @@ fn a_hand_over_whose_reply_is_lost_ends_its_wait_once_and_is_undone() {
         "{stats:?}"
     );
     assert_eq!(stats.get("grants_undone"), Some(&1), "{stats:?}");
+}
+
+/// A blocked client of the random sequence: its id, resource, token and connection.
+struct Blocked {
+    id: i64,
+    resource: String,
+    token: String,
+    con: redis::Connection,
+}
+
+/// Random sequences of grants, waits (with and without time-outs), tickets, releases, renewals,
+/// renames, moves, copies, deletes, flushes, swaps and reloads, with clients killed, unblocked
+/// (with and without an error) or dropped, alone or in the same write as a rename, a queue of
+/// their token or a hand-over: after every step both identities hold, and once every client
+/// is gone and every ticket lapsed, nothing is left waiting. `COUNTERS_SEED=n` replays a run.
+#[test]
+fn random_sequences_end_every_wait_and_every_ticket_in_exactly_one_counter() {
+    let seed = seed_from_env("COUNTERS_SEED");
+    let mut rng = Rng::new(seed);
+    let server = Server::start();
+    let mut con = server.client();
+    let resources = ["r0", "r1", "r2"];
+    let tokens = ["t0", "t1", "t2", "t3"];
+    let mut blocked: Vec<Blocked> = Vec::new();
+    for step in 0..400 {
+        let resource = rng.pick(&resources).to_string();
+        let token = rng.pick(&tokens).to_string();
+        let ttl_ms = rng.between(20, 300);
+        let roll = rng.below(100);
+        let action = match roll {
+            0..=14 => {
+                let _: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+                    .arg(&resource)
+                    .arg(&token)
+                    .arg(ttl_ms)
+                    .query(&mut con)
+                    .expect("ACQUIRE");
+                format!("ACQUIRE {resource} {token} {ttl_ms}")
+            }
+            15..=32 if blocked.len() < 8 => {
+                let (id, mut waiter) = client_with_id(&server);
+                let wait_ms = if rng.below(3) == 0 { 0 } else { rng.between(10, 300) };
+                send_wait_on(&mut waiter, &resource, &token, ttl_ms, wait_ms);
+                blocked.push(Blocked {
+                    id,
+                    resource: resource.clone(),
+                    token: token.clone(),
+                    con: waiter,
+                });
+                format!("WAIT {resource} {token} {ttl_ms} {wait_ms}")
+            }
+            15..=47 => {
+                let ticket_ms = rng.between(20, 300);
+                let _: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+                    .arg(&resource)
+                    .arg(&token)
+                    .arg(ttl_ms)
+                    .arg("QUEUE")
+                    .arg(ticket_ms)
+                    .query(&mut con)
+                    .expect("ACQUIRE QUEUE");
+                format!("QUEUE {resource} {token} {ticket_ms}")
+            }
+            48..=57 => {
+                release(&mut con, &resource, &token);
+                format!("RELEASE {resource} {token}")
+            }
+            58..=61 => {
+                renew(&mut con, &resource, &token, ttl_ms);
+                format!("RENEW {resource} {token}")
+            }
+            62..=67 => {
+                let to = rng.pick(&resources);
+                let _: redis::RedisResult<()> =
+                    redis::cmd("RENAME").arg(&resource).arg(to).query(&mut con);
+                format!("RENAME {resource} {to}")
+            }
+            68..=69 => {
+                let _: redis::RedisResult<i64> =
+                    redis::cmd("MOVE").arg(&resource).arg(1).query(&mut con);
+                format!("MOVE {resource} 1")
+            }
+            70 => {
+                let to = rng.pick(&resources);
+                let _: redis::RedisResult<i64> =
+                    redis::cmd("COPY").arg(&resource).arg(to).arg("REPLACE").query(&mut con);
+                format!("COPY {resource} {to} REPLACE")
+            }
+            71..=73 => {
+                let _: i64 = redis::cmd("DEL").arg(&resource).query(&mut con).expect("DEL");
+                format!("DEL {resource}")
+            }
+            74 => {
+                // SYNC: freed before the reply, whatever `lazyfree-lazy-user-flush` says.
+                let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(&mut con).expect("FLUSHALL");
+                "FLUSHALL SYNC".to_owned()
+            }
+            75 => {
+                let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).expect("SWAPDB");
+                "SWAPDB 0 1".to_owned()
+            }
+            76 => {
+                let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("RELOAD");
+                "DEBUG RELOAD".to_owned()
+            }
+            77..=92 if !blocked.is_empty() => {
+                let gone = blocked.swap_remove(rng.below(blocked.len() as u64) as usize);
+                // 0, 1: CLIENT KILL; 2: CLIENT UNBLOCK; 3: … ERROR; else the connection drops.
+                let how = rng.below(6);
+                let mut pipe = redis::pipe();
+                let mut then = String::new();
+                if how < 4 && rng.below(4) == 0 {
+                    // The hand-over and the end of its waiter in one transaction.
+                    if let Some(owner) = info_field(&mut con, &gone.resource, "owner") {
+                        pipe.atomic().cmd("DLOCK.RELEASE").arg(&gone.resource).arg(&owner);
+                        then = format!(" after RELEASE {} {owner} in MULTI", gone.resource);
+                    }
+                }
+                match how {
+                    0 | 1 => pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(gone.id),
+                    2 => pipe.cmd("CLIENT").arg("UNBLOCK").arg(gone.id),
+                    3 => pipe.cmd("CLIENT").arg("UNBLOCK").arg(gone.id).arg("ERROR"),
+                    _ => pipe.cmd("PING"),
+                };
+                match rng.below(3) {
+                    // In the same write: the line still holds the waiter that just ended.
+                    0 => {
+                        let to = rng.pick(&resources);
+                        pipe.cmd("RENAME").arg(&gone.resource).arg(to);
+                        then += &format!(" then RENAME {} {to}", gone.resource);
+                    }
+                    1 => {
+                        let ticket_ms = rng.between(20, 300);
+                        let (resource, token) = (&gone.resource, &gone.token);
+                        pipe.cmd("DLOCK.ACQUIRE").arg(resource).arg(token).arg(ttl_ms);
+                        pipe.arg("QUEUE").arg(ticket_ms);
+                        then += &format!(" then QUEUE {resource} {token} {ticket_ms}");
+                    }
+                    _ => {}
+                }
+                let _: redis::RedisResult<redis::Value> = pipe.query(&mut con);
+                drop(gone.con);
+                format!("end waiter {} (how {how}){then}", gone.id)
+            }
+            _ => {
+                let ms = rng.between(1, 40);
+                sleep(Duration::from_millis(ms));
+                format!("sleep {ms}")
+            }
+        };
+        let stats = dlock_counters(&mut con);
+        if let Err(why) = counters_add_up(&stats) {
+            panic!("COUNTERS_SEED={seed}, step {step} ({action}): {why}");
+        }
+    }
+    drop(blocked);
+    let settled = eventually(Duration::from_secs(10), || {
+        let stats = dlock_counters(&mut con);
+        stats["waiters"] == 0 && stats["tickets"] == 0 && stats["lock_keys"] == 0
+    });
+    let stats = dlock_counters(&mut con);
+    assert!(settled, "COUNTERS_SEED={seed}: something still waits: {stats:?}");
+    if let Err(why) = counters_add_up(&stats) {
+        panic!("COUNTERS_SEED={seed}, at the end: {why}");
+    }
 }
