@@ -105,14 +105,18 @@ pub fn announce_only(
 }
 
 /// Redis freed a lock's value (DEL, FLUSHALL, an overwrite, a reload): its waiters wait for
-/// nothing now and are answered nil. Nothing else changes: the key is already gone.
+/// nothing now and are answered nil, and its tickets leave with it. Nothing else changes: the
+/// key is already gone.
 pub fn value_freed(lock: &Lock) {
     let mut answered = 0;
     for waiter in lock.waiters().filter(|waiter| waiter.ticket_until.is_none()) {
         answered += u64::from(waiters::answer(waiter.id, Outcome::Nil, None));
     }
-    // Every wait ends in exactly one counter: these count with the time-outs.
-    metrics::count(|stats| stats.waits_timed_out += answered);
+    // Every wait and every ticket ends in exactly one counter: the waits answered here count
+    // with the time-outs (a waiter whose wait had already ended was counted then), the
+    // tickets as dismissed.
+    let tickets = lock.tickets() as u64;
+    metrics::count(|stats| stats.record_freed(answered, tickets));
 }
 
 /// Propagates the fence counter as `DLOCK.SETFENCE last` (after a fork, so the AOF file opened
@@ -129,7 +133,8 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
     let current = |fence: u64| lock.lease_with_fence(fence);
     match change {
         Transition::Granted { fence } => event(ctx, Event::Acquired, name, current(*fence), now),
-        Transition::Ticketed { .. } => {}
+        // A ticket's holder learns of its end from its next ACQUIRE; the counters have it.
+        Transition::Ticketed { .. } | Transition::TicketDismissed { .. } => {}
         Transition::Claimed { fence } => {
             if let Some(lease) = current(*fence) {
                 notify::verbose(ctx, || {

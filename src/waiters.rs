@@ -8,10 +8,11 @@
 //! reply) is released again by the timer, so no lease is left to a client that cannot know it.
 //!
 //! The ends of a wait that no decision of a lock makes (a timeout, `SWAPDB`, `CLIENT UNBLOCK`, a
-//! disconnection, a lost reply) are answered and counted here, in the callbacks Redis calls for
-//! them, and nothing else happens here: no lease or line changes, nothing is propagated, no
-//! event or log line. The lock's line is pruned, or the lost grant undone, by the timer through
-//! `apply` (`state::prune_later`, `state::release_later`). docs/architecture.md says why.
+//! disconnection) are answered and counted here, in the callbacks Redis calls for them, and
+//! nothing else happens here: no lease or line changes, nothing is propagated, no event or log
+//! line. A lost reply ends nothing here: its wait was counted as granted at the hand-over. The
+//! lock's line is pruned, or the lost grant undone, by the timer through `apply`
+//! (`state::prune_later`, `state::release_later`). docs/architecture.md says why.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::raw::{c_int, c_void};
@@ -370,8 +371,9 @@ unsafe extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, privdata: *mut 
         State::Answered { grant: Some(grant), delivered: false, .. } => Some(*grant),
         _ => None,
     });
+    // Its wait was counted as granted at the hand-over; taking the lease back counts it in
+    // `grants_undone`.
     if let Some(grant) = lost {
-        crate::metrics::count(|stats| stats.waits_abandoned += 1);
         state::release_later(grant);
         state::arm_soon();
     }

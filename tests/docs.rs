@@ -1,5 +1,5 @@
 //! `docs/commands/*.md`, `COMMAND DOCS` and the key specs of `COMMAND INFO` say the same thing,
-//! so none of them can drift.
+//! so none of them can drift; docs/operations.md describes every field of `INFO dlock`.
 
 use std::collections::BTreeMap;
 
@@ -266,5 +266,34 @@ fn every_test_the_guarantee_table_names_exists() {
             None => sources.contains(&format!("fn {name}(")),
         };
         assert!(found, "docs/guarantees.md names `{name}`, which no test defines");
+    }
+}
+
+/// Every field `INFO dlock` prints has its row in the table of docs/operations.md: by its name,
+/// or, for a latency histogram's fields, by the row that names its `_count` and its suffix.
+#[test]
+fn every_info_dlock_field_has_its_row_in_operations_md() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/operations.md")).expect("operations.md");
+    let rows: Vec<&str> = page.lines().filter(|line| line.starts_with("| `")).collect();
+    let server = Server::start();
+    let fields = dlock_counters(&mut server.client());
+    assert!(fields.len() > 30, "{fields:?}");
+    for name in fields.keys() {
+        let named = |row: &&str| row.contains(&format!("`{name}`"));
+        let histogram = |row: &&str| {
+            ["count", "p50", "p95", "p99", "max"].iter().any(|suffix| {
+                name.strip_suffix(suffix).and_then(|prefix| prefix.strip_suffix('_')).is_some_and(
+                    |prefix| {
+                        row.contains(&format!("`{prefix}_count`"))
+                            && (*suffix == "count" || row.contains(&format!("`_{suffix}`")))
+                    },
+                )
+            })
+        };
+        assert!(
+            rows.iter().any(|row| named(row) || histogram(row)),
+            "INFO dlock prints dlock_{name}, which docs/operations.md does not describe"
+        );
     }
 }

@@ -294,3 +294,38 @@ fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
     let reply = fenced(&mut con, "r", fence, &["SET", "data", "new"]).expect("fenced SET");
     assert_eq!(reply, redis::Value::Okay);
 }
+
+/// `fenced_writes_ok` counts inner commands that succeeded; an inner command that answered an
+/// error after the fence check passed (wrong type, not an integer, the caller's ACL) counts in
+/// `fenced_writes_failed`, and its error passes through unchanged.
+#[test]
+fn an_inner_command_that_answers_an_error_counts_as_failed_not_as_ok() {
+    let server = Server::start();
+    let mut con = server.client();
+    let fence = acquire(&mut con, "job", "worker", 60_000).expect("granted");
+    let _: () = redis::cmd("SET").arg("job:text").arg("not a number").query(&mut con).expect("SET");
+    let mut limited = server.client_as("no-incr", &["~*", "+@all", "-incr"]);
+
+    let wrong_type = error_text(fenced(&mut con, "job", fence, &["LPUSH", "job:text", "x"]));
+    assert!(wrong_type.starts_with("WRONGTYPE"), "{wrong_type}");
+    let not_a_number = error_text(fenced(&mut con, "job", fence, &["INCR", "job:text"]));
+    assert!(not_a_number.starts_with("ERR"), "{not_a_number}");
+    let denied = error_text(fenced(&mut limited, "job", fence, &["INCR", "job:n"]));
+    // Redis 7.0 words it `ERR acl verification failed …`, later servers `NOPERM …`.
+    assert!(denied.starts_with("NOPERM") || denied.contains("acl"), "{denied}");
+    assert_eq!(get(&mut con, "job:text").as_deref(), Some("not a number"));
+    assert_eq!(get(&mut con, "job:n"), None);
+    assert_eq!(
+        fenced(&mut con, "job", fence, &["INCR", "job:n"]).expect("INCR"),
+        redis::Value::Int(1)
+    );
+    let missing = fenced(&mut con, "job", fence, &["GET", "job:none"]).expect("GET");
+    assert_eq!(missing, redis::Value::Nil, "a nil reply is a success");
+    let stale = error_text(fenced(&mut con, "job", fence - 1, &["INCR", "job:n"]));
+    assert!(stale.starts_with("STALE"), "{stale}");
+
+    let stats = dlock_counters(&mut con);
+    assert_eq!(stats["fenced_writes_ok"], 2, "{stats:?}");
+    assert_eq!(stats["fenced_writes_refused"], 1, "{stats:?}");
+    assert_eq!(stats.get("fenced_writes_failed"), Some(&3), "{stats:?}");
+}

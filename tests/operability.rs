@@ -288,3 +288,43 @@ fn every_wait_ends_in_exactly_one_counter_even_when_its_key_is_reloaded_away() {
     let ended = stats["waits_granted"] + stats["waits_timed_out"] + stats["waits_abandoned"];
     assert_eq!((stats["waits_started"], ended), (1, 1), "{stats:?}");
 }
+
+/// Every RENEW and RELEASE answered 0 is counted, whether or not its resource has a key: a
+/// refusal on a missing key goes through the same decision as any other, creates no key and
+/// propagates nothing.
+#[test]
+fn every_refused_renew_and_release_is_counted_even_on_a_missing_key() {
+    let server = Server::start_with(AOF_ALWAYS);
+    let mut con = server.client();
+    let fence = acquire(&mut con, "held", "worker-b", 60_000).expect("granted");
+    let aof_before = server.aof_contents();
+    assert_eq!(release(&mut con, "held", "worker-a"), 0, "another token holds it");
+    assert_eq!(release(&mut con, "missing", "worker-a"), 0, "no key");
+    let fenced_release: i64 = redis::cmd("DLOCK.RELEASE")
+        .arg("missing")
+        .arg("worker-a")
+        .arg("FENCE")
+        .arg(fence)
+        .query(&mut con)
+        .expect("RELEASE FENCE");
+    assert_eq!(fenced_release, 0, "no key, with FENCE");
+    assert_eq!(renew(&mut con, "held", "worker-a", 30_000), 0, "another token holds it");
+    assert_eq!(renew(&mut con, "missing", "worker-a", 30_000), 0, "no key");
+    let fenced_renew: i64 = redis::cmd("DLOCK.RENEW")
+        .arg("missing")
+        .arg("worker-a")
+        .arg(30_000)
+        .arg("FENCE")
+        .arg(fence)
+        .query(&mut con)
+        .expect("RENEW FENCE");
+    assert_eq!(fenced_renew, 0, "no key, with FENCE");
+    let stats = dlock_info(&mut con);
+    assert_eq!(stats["release_not_owner"], 3, "{stats:?}");
+    assert_eq!(stats["renew_refused"], 3, "{stats:?}");
+    assert_eq!((stats["release_ok"], stats["renew_ok"]), (0, 0), "{stats:?}");
+    assert!(!exists(&mut con, "missing"), "a refusal creates no key");
+    assert_eq!((dbsize(&mut con), stats["lock_keys"]), (1, 1));
+    assert_eq!(info_field(&mut con, "held", "owner").as_deref(), Some("worker-b"));
+    assert!(server.aof_contents() == aof_before, "a refusal propagates nothing");
+}

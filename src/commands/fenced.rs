@@ -224,7 +224,8 @@ const EACCES: i32 = 13;
 const EINVAL: i32 = 22;
 const ENOSPC: i32 = 28;
 
-/// Runs the inner command and passes its reply through unchanged.
+/// Runs the inner command and passes its reply through unchanged; counts it in
+/// `fenced_writes_ok`, or in `fenced_writes_failed` when it answered an error (or could not run).
 fn call(ctx: &Context, command: &RedisString, inner: &[RedisString]) -> RedisResult {
     let Ok(name) = CString::new(command.as_slice()) else {
         return Err(unknown(command).into());
@@ -238,9 +239,18 @@ fn call(ctx: &Context, command: &RedisString, inner: &[RedisString]) -> RedisRes
         let reply =
             call(ctx.ctx, name.as_ptr(), CALL_FLAGS.as_ptr().cast(), argv.as_mut_ptr(), argv.len());
         if reply.is_null() {
+            metrics::count(|stats| stats.fenced_writes_failed += 1);
             return Err(call_failure(command).into());
         }
-        metrics::count(|stats| stats.fenced_writes_ok += 1);
+        let failed = raw::RedisModule_CallReplyType
+            .is_some_and(|kind| kind(reply) == raw::REDISMODULE_REPLY_ERROR as c_int);
+        metrics::count(|stats| {
+            *(if failed {
+                &mut stats.fenced_writes_failed
+            } else {
+                &mut stats.fenced_writes_ok
+            }) += 1;
+        });
         raw::RedisModule_ReplyWithCallReply.map(|f| f(ctx.ctx, reply));
         if let Some(free) = raw::RedisModule_FreeCallReply {
             free(reply);

@@ -6,6 +6,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::clock;
+use crate::core::Lock;
 use crate::core::args;
 
 pub const META: CommandMeta = CommandMeta {
@@ -30,11 +31,15 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let request = args::release(&rest)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
-    let Some(lock) = lock_at(&key)? else {
-        return Ok(RedisValue::Integer(0));
+    // A resource without a key is decided on an empty lock, never stored: its refusal is
+    // counted like any other, and no key is created or propagated.
+    let mut missing = None;
+    let (lock, stored) = match lock_at(&key)? {
+        Some(lock) => (lock, true),
+        None => (missing.insert(Lock::default()), false),
     };
     let (released, changes) =
         apply::decide(now, |step| step.release_grant(lock, request.token, request.fence));
-    apply::apply(ctx, &Site { key: &key, name: resource }, lock, true, changes, now);
+    apply::apply(ctx, &Site { key: &key, name: resource }, lock, stored, changes, now);
     Ok(RedisValue::Integer(i64::from(released)))
 }

@@ -5,8 +5,8 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
-use crate::core::Renewal;
 use crate::core::args;
+use crate::core::{Lock, Renewal};
 use crate::{clock, config};
 
 pub const META: CommandMeta = CommandMeta {
@@ -32,12 +32,16 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let request = args::renew(&rest, config::max_ttl_ms())?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
-    let Some(lock) = lock_at(&key)? else {
-        return Ok(RedisValue::Integer(0));
+    // A resource without a key is decided on an empty lock, never stored: its refusal is
+    // counted like any other, and no key is created or propagated.
+    let mut missing = None;
+    let (lock, stored) = match lock_at(&key)? {
+        Some(lock) => (lock, true),
+        None => (missing.insert(Lock::default()), false),
     };
     let (renewal, changes) = apply::decide(now, |step| {
         step.renew_grant(lock, request.token, request.fence, request.ttl_ms)
     });
-    apply::apply(ctx, &Site { key: &key, name: resource }, lock, true, changes, now);
+    apply::apply(ctx, &Site { key: &key, name: resource }, lock, stored, changes, now);
     Ok(RedisValue::Integer(i64::from(renewal? == Renewal::Renewed)))
 }

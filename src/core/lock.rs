@@ -547,14 +547,14 @@ impl Queue {
         line.places.get(line.place_of_token.get(token)?)
     }
 
-    /// Puts `waiter` at the back, or in the place of a waiter with the same token, whose id is
+    /// Puts `waiter` at the back, or in the place of a waiter with the same token, which is
     /// returned.
-    fn join(&mut self, waiter: Waiter) -> Option<u64> {
+    fn join(&mut self, waiter: Waiter) -> Option<Waiter> {
         let line = self.0.get_or_insert_with(Box::default);
         if let Some(&place) = line.place_of_token.get(&waiter.token) {
             let old = line.take(place)?;
             line.put(place, waiter);
-            return Some(old.id);
+            return Some(old);
         }
         let place = line.next_place;
         line.next_place += 1;
@@ -819,8 +819,9 @@ impl Lock {
     }
 
     /// Puts a waiter in line. A waiter with the same token takes over the earlier one's place
-    /// (a client retrying its wait); the earlier one's id is returned so it can be answered nil.
-    pub fn enqueue(&mut self, waiter: Waiter) -> Option<u64> {
+    /// (a client retrying its wait, a blocked wait or a ticket of the same token); the earlier
+    /// one is returned, so a blocked client can be answered nil and a ticket counted.
+    pub fn enqueue(&mut self, waiter: Waiter) -> Option<Waiter> {
         self.waiters.join(waiter)
     }
 
@@ -1113,12 +1114,12 @@ impl Lock {
     }
 
     /// The value now lives under another name (RENAME, MOVE): its leases end and its waiters
-    /// leave the line, all returned. A lease belongs to the name it was granted under, and a
-    /// waiter is only ever granted the name it asked for.
-    pub fn displace(&mut self) -> (Vec<Lease>, Vec<u64>) {
+    /// (blocked clients and tickets) leave the line, all returned. A lease belongs to the name
+    /// it was granted under, and a waiter is only ever granted the name it asked for.
+    pub fn displace(&mut self) -> (Vec<Lease>, Vec<Waiter>) {
         let mut gone = Vec::with_capacity(self.waiters.len());
         while let Some(waiter) = self.waiters.pop_front() {
-            gone.push(waiter.id);
+            gone.push(waiter);
         }
         let mut leases: Vec<Lease> = self.lease.take().into_iter().collect();
         leases.extend(self.waiters.take_shared());
@@ -1446,7 +1447,7 @@ mod tests {
         let mut lock = Lock::default();
         lock.enqueue(waiter(1, b"A", None));
         lock.enqueue(waiter(2, b"B", None));
-        assert_eq!(lock.enqueue(waiter(3, b"A", None)), Some(1));
+        assert_eq!(lock.enqueue(waiter(3, b"A", None)).map(|w| w.id), Some(1));
         let order: Vec<u64> = lock.waiters().map(|w| w.id).collect();
         assert_eq!(order, [3, 2]);
         assert!(lock.remove_waiter(2));
@@ -1522,7 +1523,7 @@ mod tests {
         lock.enqueue(waiter(1, b"B", None));
         let (leases, waiters) = lock.displace();
         assert_eq!(leases.iter().map(|l| l.fence).collect::<Vec<_>>(), [at(0).wall]);
-        assert_eq!(waiters, [1]);
+        assert_eq!(waiters.iter().map(|w| w.id).collect::<Vec<_>>(), [1]);
         assert!(lock.is_vacant(at(0)));
         assert_eq!(Lock::default().index_deadline(), 0, "an empty lock is due at once");
     }

@@ -5,6 +5,8 @@
 
 pub mod args;
 pub mod channel;
+#[cfg(test)]
+mod counters_tests;
 pub mod decimal;
 pub mod encoding;
 pub mod error;

@@ -102,10 +102,13 @@ pub struct Stats {
     pub fencecheck_passed: u64,
     /// FENCECHECK answered 0.
     pub fencecheck_stale: u64,
-    /// DLOCK.FENCED ran its command.
+    /// DLOCK.FENCED ran its command, which succeeded (any reply but an error).
     pub fenced_writes_ok: u64,
     /// DLOCK.FENCED refused a stale fence.
     pub fenced_writes_refused: u64,
+    /// DLOCK.FENCED: the fence check passed, but the inner command answered an error (or the
+    /// server could not run it).
+    pub fenced_writes_failed: u64,
     /// ACQUIRE … WAIT calls that blocked.
     pub waits_started: u64,
     /// Blocked waits that got the lease.
@@ -122,10 +125,15 @@ pub struct Stats {
     pub tickets_lapsed: u64,
     /// Tickets their holders gave up (a RELEASE without FENCE while in line).
     pub tickets_withdrawn: u64,
+    /// Tickets that left their line with no turn: their key was renamed, moved, deleted,
+    /// overwritten, flushed or reloaded away, or a blocked wait of their token took their place.
+    pub tickets_dismissed: u64,
     /// Leases handed over with a claim window that their holder claimed.
     pub grants_claimed: u64,
     /// Leases handed over with a claim window that lapsed unclaimed (the holder was gone).
     pub claims_lapsed: u64,
+    /// Leases handed over to a blocked client whose reply never reached it, taken back.
+    pub grants_undone: u64,
     /// Time from ACQUIRE … WAIT to the hand-over, in µs.
     pub wait_time: Histogram,
     /// Time from grant to release or expiry, in µs.
@@ -174,8 +182,9 @@ impl Stats {
             Transition::Ticketed { refreshed: true } => {}
             Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
             Transition::TicketWithdrawn { .. } => self.tickets_withdrawn += 1,
-            // Its waiter was counted as abandoned when its client went away.
-            Transition::GrantUndone(_) => {}
+            Transition::TicketDismissed { .. } => self.tickets_dismissed += 1,
+            // Its wait was counted as granted at the hand-over.
+            Transition::GrantUndone(_) => self.grants_undone += 1,
             Transition::Queued { .. } => self.waits_started += 1,
             Transition::Superseded { .. } | Transition::Dismissed { .. } => {
                 self.waits_timed_out += 1;
@@ -190,6 +199,14 @@ impl Stats {
             Transition::Refused(Refusal::ReleaseNotOwner { .. }) => self.release_not_owner += 1,
             Transition::HandOverFailed(_) => {}
         }
+    }
+
+    /// Redis freed a lock's value (`DEL`, `FLUSHALL`, an overwrite, a reload) with no decision of
+    /// the lock behind it: `answered` blocked waits were answered nil (they count with the
+    /// time-outs), and `tickets` tickets left with the value.
+    pub fn record_freed(&mut self, answered: u64, tickets: u64) {
+        self.waits_timed_out += answered;
+        self.tickets_dismissed += tickets;
     }
 
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
@@ -210,6 +227,7 @@ impl Stats {
             ("fencecheck_stale", self.fencecheck_stale),
             ("fenced_writes_ok", self.fenced_writes_ok),
             ("fenced_writes_refused", self.fenced_writes_refused),
+            ("fenced_writes_failed", self.fenced_writes_failed),
             ("waits_started", self.waits_started),
             ("waits_granted", self.waits_granted),
             ("waits_timed_out", self.waits_timed_out),
@@ -218,8 +236,10 @@ impl Stats {
             ("tickets_granted", self.tickets_granted),
             ("tickets_lapsed", self.tickets_lapsed),
             ("tickets_withdrawn", self.tickets_withdrawn),
+            ("tickets_dismissed", self.tickets_dismissed),
             ("grants_claimed", self.grants_claimed),
             ("claims_lapsed", self.claims_lapsed),
+            ("grants_undone", self.grants_undone),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
             ("tickets", tickets),

@@ -81,14 +81,23 @@ pub enum Transition {
         /// The token whose ticket left.
         token: Box<[u8]>,
     },
-    /// A waiter's place was taken by a newer wait of the same token: it is answered nil.
+    /// A blocked client's place was taken by a newer wait or a ticket of the same token: it is
+    /// answered nil. Only a client still waiting is reported (one whose wait already ended,
+    /// counted where it ended, simply leaves the line).
     Superseded {
         /// The blocked client to answer.
         waiter: u64,
     },
+    /// A ticket left the line with no turn: a blocked wait of its token took its place, or its
+    /// key moved away (RENAME, MOVE).
+    TicketDismissed {
+        /// The token whose ticket left.
+        token: Box<[u8]>,
+    },
     /// The lock's value moved to another key name (RENAME, MOVE): this lease ended there.
     Displaced(Lease),
-    /// A waiter whose key moved away (RENAME, MOVE) left the line: it is answered nil.
+    /// A blocked client whose key moved away (RENAME, MOVE) left the line: it is answered nil.
+    /// Only a client still waiting is reported.
     Dismissed {
         /// The blocked client to answer.
         waiter: u64,
@@ -108,6 +117,7 @@ impl Transition {
                 | Self::Ticketed { .. }
                 | Self::TicketLapsed { .. }
                 | Self::TicketWithdrawn { .. }
+                | Self::TicketDismissed { .. }
                 | Self::Claimed { .. }
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
@@ -260,28 +270,38 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.push(Transition::Refused(Refusal::Contended));
     }
 
-    /// ACQUIRE … WAIT: puts `waiter` in line (a waiter of the same token gives up its place).
+    /// ACQUIRE … WAIT: puts `waiter` in line; a blocked wait or a ticket of the same token gives
+    /// up its place to it.
     pub fn enqueue(&mut self, lock: &mut Lock, waiter: Waiter) {
         let id = waiter.id;
-        if let Some(superseded) = lock.enqueue(waiter) {
-            self.changes.push(Transition::Superseded { waiter: superseded });
+        if let Some(replaced) = lock.enqueue(waiter) {
+            self.left_the_line(replaced, |waiter| Transition::Superseded { waiter });
         }
         self.changes.push(Transition::Queued { waiter: id });
     }
 
     /// ACQUIRE … QUEUE: `waiter` (a ticket) takes `token`'s place in line, or the back of it;
-    /// a token already in line keeps its place and its ticket is refreshed.
+    /// a token already in line with a ticket keeps its place and its ticket is refreshed, and a
+    /// blocked wait of the token gives its place to a new ticket.
     pub fn enqueue_ticket(&mut self, lock: &mut Lock, waiter: Waiter) {
-        let before = lock.queued(&waiter.token).map(|queued| (queued.id, queued.ticket_until));
-        let id = waiter.id;
-        let superseded = lock.enqueue(waiter);
-        match before {
-            // A blocked wait of the same token gives its place to the ticket: it is answered nil.
-            Some((old, None)) => self.changes.push(Transition::Superseded { waiter: old }),
-            Some((_, Some(_))) => {}
-            None => debug_assert!(superseded.is_none() && id > 0),
+        let replaced = lock.enqueue(waiter);
+        let refreshed = replaced.as_ref().is_some_and(|old| old.ticket_until.is_some());
+        if let Some(blocked) = replaced.filter(|old| old.ticket_until.is_none()) {
+            self.left_the_line(blocked, |waiter| Transition::Superseded { waiter });
         }
-        self.changes.push(Transition::Ticketed { refreshed: before.is_some() });
+        self.changes.push(Transition::Ticketed { refreshed });
+    }
+
+    /// `waiter` left the line with no turn: a ticket is dismissed; a blocked client still
+    /// waiting is reported by `ended` (to be answered nil), and one whose wait already ended
+    /// (time-out, disconnection, `CLIENT UNBLOCK`: counted where it ended, its prune still to
+    /// come) is not reported again.
+    fn left_the_line(&mut self, waiter: Waiter, ended: impl FnOnce(u64) -> Transition) {
+        if waiter.ticket_until.is_some() {
+            self.changes.push(Transition::TicketDismissed { token: waiter.token });
+        } else if self.host.waiter_alive(waiter.id) {
+            self.changes.push(ended(waiter.id));
+        }
     }
 
     /// RENEW: settles (an expired lease passes on first: its old owner renews nothing), then
@@ -352,12 +372,15 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         done
     }
 
-    /// The lock's value arrived under another key name (RENAME, MOVE): its leases end and its
-    /// waiters are dismissed. Nothing settles: the key is removed later, as a vacant one.
+    /// The lock's value arrived under another key name (RENAME, MOVE): its leases end, its
+    /// blocked clients are dismissed and its tickets too. Nothing settles: the key is removed
+    /// later, as a vacant one.
     pub fn displace(&mut self, lock: &mut Lock) {
         let (leases, waiters) = lock.displace();
         self.changes.extend(leases.into_iter().map(Transition::Displaced));
-        self.changes.extend(waiters.into_iter().map(|waiter| Transition::Dismissed { waiter }));
+        for waiter in waiters {
+            self.left_the_line(waiter, |waiter| Transition::Dismissed { waiter });
+        }
     }
 
     /// Takes back the lease handed to a waiter whose reply never arrived, if it is still the
@@ -462,6 +485,64 @@ mod tests {
         step.leave(&mut lock, &[2]);
         assert_eq!(step.into_changes(), []);
         assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn a_wait_dismisses_its_tokens_ticket_and_a_ticket_supersedes_its_tokens_wait() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        let ticket =
+            |id, token: &[u8]| Waiter { ticket_until: Some(at(60).mono), ..waiter(id, token) };
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.acquire(&mut lock, b"A", 10_000).expect("grant");
+        step.enqueue_ticket(&mut lock, ticket(1, b"T"));
+        step.enqueue(&mut lock, waiter(2, b"T"));
+        step.enqueue_ticket(&mut lock, ticket(3, b"T"));
+        step.enqueue_ticket(&mut lock, ticket(3, b"T"));
+        assert_eq!(
+            step.into_changes()[1..],
+            [
+                Transition::Ticketed { refreshed: false },
+                Transition::TicketDismissed { token: b"T"[..].into() },
+                Transition::Queued { waiter: 2 },
+                Transition::Superseded { waiter: 2 },
+                Transition::Ticketed { refreshed: false },
+                Transition::Ticketed { refreshed: true },
+            ]
+        );
+        assert_eq!(lock.tickets(), 1);
+    }
+
+    #[test]
+    fn a_waiter_whose_wait_already_ended_is_neither_superseded_nor_dismissed_again() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let alive = Gone(&[]);
+        let mut step = step_at(at(0), &mut fences, &alive);
+        step.acquire(&mut lock, b"A", 10_000).expect("grant");
+        step.enqueue(&mut lock, waiter(1, b"B"));
+        step.enqueue(&mut lock, waiter(2, b"C"));
+        step.enqueue_ticket(
+            &mut lock,
+            Waiter { ticket_until: Some(at(60).mono), ..waiter(3, b"D") },
+        );
+        let _ = step.into_changes();
+        // 1 and 2 left (disconnected, timed out): counted where they ended, not yet pruned.
+        let gone = Gone(&[1, 2]);
+        let mut step = step_at(at(1), &mut fences, &gone);
+        step.enqueue(&mut lock, waiter(4, b"B"));
+        assert_eq!(step.into_changes(), [Transition::Queued { waiter: 4 }]);
+        let mut step = step_at(at(1), &mut fences, &gone);
+        step.displace(&mut lock);
+        let changes = step.into_changes();
+        assert!(matches!(changes[0], Transition::Displaced(_)), "{changes:?}");
+        assert_eq!(
+            changes[1..],
+            [
+                Transition::Dismissed { waiter: 4 },
+                Transition::TicketDismissed { token: b"D"[..].into() },
+            ],
+            "in line order, without 2, whose wait had ended"
+        );
+        assert!(lock.is_vacant(at(1)));
     }
 
     #[test]

@@ -42,3 +42,52 @@ pub fn wait_for_background_persistence(con: &mut redis::Connection) {
         "background persistence did not finish"
     );
 }
+
+/// `INFO dlock` as (field without the `dlock_` prefix, value).
+pub fn dlock_counters(con: &mut redis::Connection) -> BTreeMap<String, u64> {
+    let text: String = redis::cmd("INFO").arg("dlock").query(con).expect("INFO dlock");
+    text.lines()
+        .filter_map(|line| line.strip_prefix("dlock_")?.split_once(':'))
+        .map(|(name, value)| (name.to_owned(), value.trim().parse().expect("integer field")))
+        .collect()
+}
+
+/// The two identities docs/operations.md states, on one reading of [`dlock_counters`]:
+///
+/// - `waits_started = waits_granted + waits_timed_out + waits_abandoned + waiters`: every blocked
+///   wait ended in exactly one counter, or still waits;
+/// - `tickets_queued = tickets_granted + tickets_lapsed + tickets_withdrawn + tickets_dismissed
+///   + tickets`: every ticket left its line in exactly one counter, or still stands.
+///
+/// `Err` says which one does not hold, with both sides and every counter.
+pub fn counters_add_up(stats: &BTreeMap<String, u64>) -> Result<(), String> {
+    let field = |name: &str| -> Result<u64, String> {
+        stats.get(name).copied().ok_or_else(|| format!("INFO dlock has no {name}: {stats:?}"))
+    };
+    let sum = |names: &[&str]| -> Result<u64, String> {
+        names.iter().map(|name| field(name)).sum::<Result<u64, String>>()
+    };
+    let identities: [(&str, &[&str]); 2] = [
+        ("waits_started", &["waits_granted", "waits_timed_out", "waits_abandoned", "waiters"]),
+        (
+            "tickets_queued",
+            &[
+                "tickets_granted",
+                "tickets_lapsed",
+                "tickets_withdrawn",
+                "tickets_dismissed",
+                "tickets",
+            ],
+        ),
+    ];
+    for (total, parts) in identities {
+        let (left, right) = (field(total)?, sum(parts)?);
+        if left != right {
+            return Err(format!(
+                "{total} = {left}, but {} = {right}: {stats:?}",
+                parts.join(" + ")
+            ));
+        }
+    }
+    Ok(())
+}

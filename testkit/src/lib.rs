@@ -22,7 +22,10 @@ pub use commands::{
     acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
     release, renew, resp_command, send_wait, send_wait_for, value_number, value_text,
 };
-pub use info::{cluster_info, info_fields, info_line, info_value, wait_for_background_persistence};
+pub use info::{
+    cluster_info, counters_add_up, dlock_counters, info_fields, info_line, info_value,
+    wait_for_background_persistence,
+};
 pub use postgres::{PG_USER, Postgres};
 pub use proxy::LinkProxy;
 pub use rng::{Rng, seed_from_env};
