@@ -16,7 +16,7 @@ async function main(port) {
   let fence;
   try {
     const deadline = Date.now() + 5000;
-    // Ask again well within the 2 s (or on a message on the channel dlock:invoice:{123}).
+    // Ask again well within the 2 s (or on a message on the channel dlock:key:invoice:{123}).
     while ((fence = await acquire()) === null && Date.now() < deadline) await sleep(200);
   } catch (error) {
     // Failed on this side (a timeout): the turn may have come; release the token.
