@@ -120,6 +120,18 @@ fn is_ambiguous(error: &RedisError) -> bool {
         || matches!(error.code(), Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }
 
+/// A failover under way, with nothing granted: a wait the server ended as it turned into a
+/// replica (`UNBLOCKED`), or a request that reached the demoted primary (`READONLY`). The request
+/// is sent again (to the new primary, once the client follows it) until the deadline.
+fn is_failing_over(error: &RedisError) -> bool {
+    matches!(error.code(), Some("UNBLOCKED" | "READONLY"))
+}
+
+/// A wait answered nil this long or more before its end did not time out: the server ended it
+/// early (the key migrated to another node, was deleted, renamed or swapped away), and the
+/// waiter waits again for what is left, on whichever node serves the resource now.
+const ENDED_EARLY_BY: Duration = Duration::from_millis(50);
+
 impl Client {
     /// Acquires `resource` for `ttl` without waiting: [`AcquireError::Held`] when someone else has it.
     pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Lease, AcquireError> {
@@ -280,11 +292,22 @@ impl Client {
                         return Err(AcquireError::Held);
                     }
                 }
+                Ok((None, _))
+                    if waiting.is_some()
+                        && wait_ends.is_some_and(|end| Instant::now() + ENDED_EARLY_BY < end) =>
+                {
+                    // Not a time-out: wait again, after a breath (a server that keeps ending
+                    // the wait at once costs one request per 10 ms until the wait is over).
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 Ok((None, _)) => return Err(AcquireError::Held),
                 Err(failure) if with_claim && refuses_claim(failure.error()) => {
                     // A server older than CLAIM: wait without it from now on (its hand-overs run
                     // the whole ttl when nobody reads them).
                     self.claim_refused.store(true, Ordering::Relaxed);
+                }
+                Err(failure) if is_failing_over(failure.error()) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(failure) if is_ambiguous(failure.error()) => {
                     // Anything but a request that never left may have left a grant behind.

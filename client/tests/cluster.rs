@@ -609,3 +609,106 @@ async fn a_killed_primary_taken_over_by_its_replica_is_left_for_the_new_one() {
     assert_eq!(info_field(&mut on_new, &resource, "owner").as_deref(), Some(next.token()));
     assert!(next.release().await.expect("released"));
 }
+
+/// A blocking waiter (`WAIT`, the default strategy) for `resource`, held on the raw connection
+/// `holder` for `held_ms`: the spawned wait, and the holder's fence.
+async fn blocked_waiter(
+    client: &Client,
+    cluster: &Cluster,
+    resource: &'static str,
+    held_ms: u64,
+) -> (tokio::task::JoinHandle<Result<dlock_client::Lease, AcquireError>>, i64) {
+    let owner = cluster.owner(resource);
+    let mut on_owner = cluster.node(owner).client();
+    let fence = acquire(&mut on_owner, resource, "holder", held_ms).expect("the holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let options = AcquireOptions { wait: Some(2 * SLACK), ..AcquireOptions::default() };
+            client.acquire_with(resource, Duration::from_secs(10), &options).await
+        })
+    };
+    assert!(
+        eventually(SLACK, || info_field(&mut on_owner, resource, "waiters").as_deref()
+            == Some("1")),
+        "the waiter blocks on {owner}"
+    );
+    (waiter, fence)
+}
+
+/// The slot of a blocked waiter's resource moves to another shard (the key with it): the old
+/// node ends the wait as the key leaves (nil, long before the wait's end), and the client waits
+/// again on the new node, where the lease passes to it when the holder's runs out. It used to
+/// report `Held` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_wait_survives_its_slot_moving_to_another_shard() {
+    let cluster = Cluster::start();
+    let client = cluster_client(&cluster, ClientOptions::default()).await;
+    let resource = "{wait-moves}:lock";
+    let from = cluster.owner(resource);
+    let to = *primaries(&cluster).iter().find(|&&p| p != from).expect("another primary");
+    let (waiter, held) = blocked_waiter(&client, &cluster, resource, 3_000).await;
+    let started = Instant::now();
+
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(resource)
+        .query(&mut cluster.node(from).client())
+        .expect("KEYSLOT");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    setslot(&cluster, to, slot, "IMPORTING", &from_id);
+    setslot(&cluster, from, slot, "MIGRATING", &to_id);
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(resource)
+        .query(&mut cluster.node(from).client())
+        .expect("MIGRATE");
+    setslot(&cluster, to, slot, "NODE", &to_id);
+    setslot(&cluster, from, slot, "NODE", &to_id);
+
+    let lease = tokio::time::timeout(3 * SLACK, waiter)
+        .await
+        .expect("in time")
+        .expect("task")
+        .expect("the wait goes on on the new shard and is served there");
+    assert!(lease.fence() > held as u64, "a larger fence than the holder's");
+    assert!(started.elapsed() < 2 * SLACK, "served when the holder's lease ran out");
+    let mut on_to = cluster.node(to).client();
+    assert_eq!(info_field(&mut on_to, resource, "owner").as_deref(), Some(lease.token()));
+    assert!(lease.release().await.expect("released"));
+}
+
+/// The primary of a blocked waiter fails over: the server answers the wait `UNBLOCKED` as it
+/// turns into a replica (Redis 7.0) or redirects it, and the client waits again on the new
+/// primary, where the replicated lease runs out and passes to it. It used to surface the
+/// `UNBLOCKED` error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_wait_survives_a_failover_of_its_primary() {
+    let cluster = Cluster::start();
+    let client = cluster_client(&cluster, ClientOptions::default()).await;
+    let resource = "{wait-fails-over}:lock";
+    let old = cluster.owner(resource);
+    let replica = cluster.replica_of(old);
+    let (waiter, held) = blocked_waiter(&client, &cluster, resource, 4_000).await;
+    replica_holds(&cluster, replica, resource, held as u64);
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut cluster.node(replica).client())
+        .expect("CLUSTER FAILOVER TAKEOVER");
+    let lease = tokio::time::timeout(3 * SLACK, waiter)
+        .await
+        .expect("in time")
+        .expect("task")
+        .expect("the wait goes on on the new primary and is served there");
+    assert_eq!(cluster.owner(resource), replica, "served by the new primary");
+    assert!(lease.fence() > held as u64);
+    let mut on_new = cluster.node(replica).client();
+    assert_eq!(info_field(&mut on_new, resource, "owner").as_deref(), Some(lease.token()));
+    assert!(lease.release().await.expect("released"));
+}
