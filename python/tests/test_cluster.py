@@ -404,6 +404,11 @@ def keyslot(node: Server, key: str) -> int:
         return slot
 
 
+def node_id(node: Server) -> Any:
+    with node.client() as probe:
+        return cmd(probe, "CLUSTER", "MYID")
+
+
 def in_line(node: Server, resource: str) -> bool:
     """Whether one waiter (a blocked ACQUIRE, or a ticket) stands in ``resource``'s line."""
     with node.client() as probe:
@@ -538,10 +543,6 @@ def test_a_lease_keeps_renewing_while_its_slot_migrates(shard: Cluster) -> None:
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
     locks = dlock.Locks(client, request_timeout=0.5)
     slot = keyslot(source, resource)
-
-    def node_id(node: Server) -> Any:
-        with node.client() as probe:
-            return cmd(probe, "CLUSTER", "MYID")
 
     ttl = 1.5
     with target.client() as admin:
@@ -695,10 +696,6 @@ def test_asyncio_a_lease_keeps_renewing_while_its_slot_migrates(shard: Cluster) 
     )
     ttl = 1.5
 
-    def node_id(node: Server) -> Any:
-        with node.client() as probe:
-            return cmd(probe, "CLUSTER", "MYID")
-
     async def test() -> None:
         client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
         locks = dlock.asyncio.Locks(client, request_timeout=0.5)
@@ -727,6 +724,154 @@ def test_asyncio_a_lease_keeps_renewing_while_its_slot_migrates(shard: Cluster) 
             lease.check()
             assert fence_on(target, resource, lease.fence) == 1
         assert not lease.lost.is_set()
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+# A blocking wait (wait="block", one ACQUIRE … WAIT) whose resource changes node while it waits.
+
+
+def info_on(node: Server, resource: str, *, replica: bool = False) -> dict[Any, Any]:
+    """``DLOCK.INFO resource`` on ``node`` (on a replica: after ``READONLY``), ``{}`` for nil."""
+    with node.client() as probe:
+        if replica:
+            cmd(probe, "READONLY")
+        reply = cmd(probe, "DLOCK.INFO", resource)
+        return {} if reply is None else fields(reply)
+
+
+def blocked_on(node: Server, resource: str) -> bool:
+    """Whether one ACQUIRE … WAIT is blocked on ``node`` for ``resource``."""
+    return bool(info_on(node, resource).get(b"waiters") == 1)
+
+
+def move_slot(shard: Cluster, resource: str, held: int) -> Server:
+    """Moves ``resource``'s slot, its key with it, from its primary to another one: IMPORTING on
+    the target, MIGRATING on the source, MIGRATE of the key, then SETSLOT NODE on both. Returns
+    the new owner."""
+    source = shard.owner(resource)
+    target = next(
+        node for node in shard.live() if role(node)[:1] == [b"master"] and node is not source
+    )
+    slot = keyslot(source, resource)
+    with target.client() as admin:
+        cmd(admin, "CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+    with source.client() as admin:
+        cmd(admin, "CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        cmd(admin, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", resource)
+    for node in (target, source):
+        with node.client() as admin:
+            cmd(admin, "CLUSTER", "SETSLOT", slot, "NODE", node_id(target))
+    assert info_on(target, resource)[b"fence"] == held, "the holder's lease moved with the key"
+    return target
+
+
+def take_over(shard: Cluster, resource: str, held: int) -> Server:
+    """``CLUSTER FAILOVER TAKEOVER`` on the replica of ``resource``'s primary, once the replica
+    has the holder's lease (fence ``held``). Returns the new primary."""
+    replica = shard.replica_of(shard.owner(resource))
+
+    def has_it() -> bool:
+        return bool(info_on(replica, resource, replica=True).get(b"fence") == held)
+
+    assert wait_until(has_it, 5), "the holder's lease never reached the replica"
+    with replica.client() as admin:
+        assert cmd(admin, "CLUSTER", "FAILOVER", "TAKEOVER") == b"OK"
+    assert wait_until(lambda: role(replica)[:1] == [b"master"], 10)
+    return replica
+
+
+# The holder's lease on the raw connection (ms): the waiter is served when it runs out.
+HELD_MS = {"slot_move": 3000, "failover": 4000}
+CHANGES: dict[str, Callable[[Cluster, str, int], Server]] = {
+    "slot_move": move_slot,
+    "failover": take_over,
+}
+
+
+def hold_raw(node: Server, resource: str, ttl_ms: int) -> int:
+    with node.client() as admin:
+        fence: int = cmd(admin, "DLOCK.ACQUIRE", resource, "holder", ttl_ms)
+        return fence
+
+
+@pytest.mark.parametrize("change", ["slot_move", "failover"])
+def test_a_blocked_wait_goes_on_on_the_resources_new_node(shard: Cluster, change: str) -> None:
+    """A waiter blocked in one ACQUIRE … WAIT (20 s) while its resource changes node: its slot
+    moved to another primary (the old node answers the wait nil as the key leaves, long before
+    its end), or its primary taken over by its replica (Redis 7.0 answers the wait
+    ``UNBLOCKED``; Valkey 9 keeps it on the demoted node, which answers nil when the holder's
+    lease runs out there). The wait goes on, same token, for what is left of it, on the new
+    node, and is served there when the holder's lease runs out: a larger fence, the waiter's
+    token the owner there."""
+    resource = f"blocked:{{{change}}}"
+    owner = shard.owner(resource)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+    locks = dlock.Locks(client, request_timeout=1)
+    held = hold_raw(owner, resource, HELD_MS[change])
+    held_at = time.monotonic()
+    served: list[tuple[int, Any]] = []
+    errors: list[BaseException] = []
+    now_on: list[Server] = []
+
+    def wait_in_line() -> None:
+        try:
+            with locks.hold(resource, ttl=5, timeout=20) as lease:
+                assert wait_until(lambda: bool(now_on), 5)
+                owner_there = info_on(now_on[0], resource)[b"owner"]
+                served.append((lease.fence, owner_there == lease.token.encode()))
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=wait_in_line)
+    thread.start()
+    try:
+        assert wait_until(lambda: blocked_on(owner, resource), 5), "the waiter blocks"
+        now_on.append(CHANGES[change](shard, resource, held))
+    finally:
+        thread.join(25)
+    assert errors == []
+    assert len(served) == 1
+    fence, owns_there = served[0]
+    assert fence > held, "a larger fence than the holder's"
+    assert owns_there, "served on the resource's new node"
+    assert time.monotonic() - held_at < HELD_MS[change] / 1000 + 5, "when the holder's ran out"
+    client.close()
+    locks.close()
+
+
+@pytest.mark.parametrize("change", ["slot_move", "failover"])
+def test_asyncio_a_blocked_wait_goes_on_on_the_resources_new_node(
+    shard: Cluster, change: str
+) -> None:
+    """As ``test_a_blocked_wait_goes_on_on_the_resources_new_node``, with the asyncio client."""
+    resource = f"ablocked:{{{change}}}"
+    owner = shard.owner(resource)
+
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=shard.live()[0].port)
+        locks = dlock.asyncio.Locks(client, request_timeout=1)
+        held = hold_raw(owner, resource, HELD_MS[change])
+        held_at = time.monotonic()
+        now_on: asyncio.Future[Server] = asyncio.get_running_loop().create_future()
+
+        async def wait_in_line() -> tuple[int, bool]:
+            async with locks.hold(resource, ttl=5, timeout=20) as lease:
+                there = await now_on
+                owner_there = info_on(there, resource)[b"owner"]
+                return lease.fence, owner_there == lease.token.encode()
+
+        waiting = asyncio.ensure_future(wait_in_line())
+        try:
+            assert await in_thread(wait_until, lambda: blocked_on(owner, resource), 5)
+            now_on.set_result(await in_thread(CHANGES[change], shard, resource, held))
+        finally:
+            fence, owns_there = await waiting
+        assert fence > held, "a larger fence than the holder's"
+        assert owns_there, "served on the resource's new node"
+        assert time.monotonic() - held_at < HELD_MS[change] / 1000 + 5
         await locks.aclose()
         await client.aclose()
 
