@@ -2,11 +2,14 @@
 //!
 //! Seeded random sequences of acquires (exclusive, shared, semaphore permits, with metadata),
 //! re-acquires, waits and tickets with and without claim windows, renewals and releases (with
-//! and without `FENCE`), `DEL`s, short leases expiring, primary restarts and promotions (each
-//! with a grant delay) run against a primary with a replica and `appendfsync always`. After
+//! and without `FENCE`), `DEL`s, short leases expiring, primary restarts, promotions and
+//! failovers there and back with renewals on the other side (each with a grant delay) run against
+//! a primary with a replica and `appendfsync always`. After
 //! every command the replica, and after each batch a server loaded from a copy of the primary's
 //! AOF, must show the primary's live leases: each fence with the same owner, mode and metadata,
-//! and the same deadline within a few milliseconds. `MIRROR_SEED` replays a run, `MIRROR_BATCHES`
+//! and the same deadline within a few milliseconds; and at the end of a batch no line may stand
+//! on the primary with no live lease ahead of it (outside a grant delay), and no key may linger
+//! with neither lease nor waiter. `MIRROR_SEED` replays a run, `MIRROR_BATCHES`
 //! lengthens it (the seed is printed).
 
 use std::thread::{self, JoinHandle, sleep};
@@ -247,6 +250,9 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
     let mut waiting = Vec::new();
     // What the run went through, printed at the end, so a run that never got there shows it.
     let (mut shared_seen, mut meta_seen, mut restarts, mut promotions) = (0, 0, 0, 0);
+    let mut failbacks = 0;
+    // When grants were last held back (a restart or a promotion): lines may stand until then.
+    let mut held_since = Instant::now();
     let mut queued_seen = 0;
     for batch in 1..=batches {
         for _ in 0..rng.between(8, 20) {
@@ -263,7 +269,7 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
             } else {
                 rng.between(SHORT_MS.0, SHORT_MS.1)
             };
-            match rng.between(0, 12) {
+            match rng.between(0, 13) {
                 0..=2 => {
                     // Errors (a holder asking for the other mode) change nothing: ignored.
                     let _: redis::RedisResult<redis::Value> = redis::cmd("DLOCK.ACQUIRE")
@@ -315,6 +321,7 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                 10 if rng.between(0, 2) == 0 => {
                     // A crash: the primary comes back from its AOF, with its grant delay.
                     primary.crash_and_restart_with(&restart_args);
+                    held_since = Instant::now();
                     // After the full resync, Valkey acknowledges WAIT before the replica has
                     // applied what followed the snapshot: wait until writes show there.
                     assert!(wait_until_replica_streams(&primary, &replica), "after restart");
@@ -341,6 +348,47 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                     p = reconnect(&primary);
                     r = replica.client();
                     promotions += 1;
+                    held_since = Instant::now();
+                }
+                12 if rng.between(0, 2) == 0 => {
+                    // A failover and a failback, neither server restarted: the holders renew on
+                    // the other side (each keeps its memory of its earlier term as primary).
+                    for _ in 0..2 {
+                        sync(&mut p);
+                        let _: () = redis::cmd("REPLICAOF")
+                            .arg("NO")
+                            .arg("ONE")
+                            .query(&mut r)
+                            .expect("promote");
+                        let port = replica.port;
+                        let _: () = redis::cmd("REPLICAOF")
+                            .arg("127.0.0.1")
+                            .arg(port)
+                            .query(&mut p)
+                            .expect("demote");
+                        std::mem::swap(&mut primary, &mut replica);
+                        assert!(wait_until_replica_streams(&primary, &replica), "after failover");
+                        p = reconnect(&primary);
+                        r = replica.client();
+                        for resource in RESOURCES {
+                            for holder in holders(&mut p, resource) {
+                                let ttl = if rng.between(0, 1) == 0 {
+                                    rng.between(LONG_MS.0, LONG_MS.1)
+                                } else {
+                                    rng.between(SHORT_MS.0, SHORT_MS.1)
+                                };
+                                let _: i64 = redis::cmd("DLOCK.RENEW")
+                                    .arg(resource)
+                                    .arg(&holder.owner)
+                                    .arg(ttl)
+                                    .query(&mut p)
+                                    .expect("RENEW");
+                            }
+                        }
+                    }
+                    promotions += 2;
+                    failbacks += 1;
+                    held_since = Instant::now();
                 }
                 _ => sleep(Duration::from_millis(rng.between(0, 150))),
             }
@@ -359,6 +407,7 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
         // Short waits and short leases end; every effect reaches the replica and the AOF.
         sleep(Duration::from_millis(SHORT_MS.1 + 1_100));
         assert_replica_mirrors(&mut p, &mut r, seed, batch);
+        assert_nothing_stands_still(&mut p, held_since, seed, batch);
         let mut verdict = Ok(());
         for _ in 0..3 {
             sync(&mut p);
@@ -383,12 +432,46 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
     eprintln!(
         "mirror: seed {seed}, {batches} batches: {shared_seen} shared and {meta_seen} \
          META leases compared, {queued_seen} lines with waiters or tickets, {restarts} restarts, \
-         {promotions} promotions"
+         {promotions} promotions ({failbacks} there and back)"
     );
     drop(primary); // the long waits end with their servers
     drop(replica);
     for waiter in waiting {
         let _ = waiter.join();
+    }
+}
+
+/// At the end of a batch, on the primary: a line (blocked waiters or tickets) stands only behind a
+/// live lease, or while grants are held (up to the grant delay after `held_since`, and a second
+/// for the timer); a key with neither lease nor line is gone. A lease that never ended after a
+/// failover and a failback left its waiter in line behind nobody.
+fn assert_nothing_stands_still(
+    p: &mut redis::Connection,
+    held_since: Instant,
+    seed: u64,
+    batch: usize,
+) {
+    let grants_held = held_since.elapsed() < Duration::from_millis(1_500 + 1_000);
+    for resource in RESOURCES {
+        if !exists(p, resource) || !holders(p, resource).is_empty() {
+            continue;
+        }
+        let mut field = |name| info_field(p, resource, name).unwrap_or_default();
+        let (waiters, tickets) = (field("waiters"), field("tickets"));
+        let in_line =
+            !matches!(waiters.as_str(), "" | "0") || !matches!(tickets.as_str(), "" | "0");
+        assert!(
+            in_line,
+            "after batch {batch} (MIRROR_SEED={seed}): {resource} lingers with no lease and no line"
+        );
+        let info: redis::Value =
+            redis::cmd("DLOCK.INFO").arg(resource).query(p).unwrap_or(redis::Value::Nil);
+        assert!(
+            grants_held,
+            "after batch {batch} (MIRROR_SEED={seed}): {resource} has {waiters} waiters and \
+             {tickets} tickets in line behind no lease, {:?} after grants were last held: {info:?}",
+            held_since.elapsed()
+        );
     }
 }
 

@@ -430,3 +430,34 @@ fn rdb_files_saved_by_earlier_versions_load_with_their_leases_and_fences() {
         assert_eq!(owner_and_fence(before), owner_and_fence(after));
     }
 }
+
+/// A ticket and a blocked waiter that join the line of a resource with no lease while grants are
+/// held (just after start-up) are granted when the hold ends, not when their own deadlines come
+/// (the entry the hold's end left in the index was taken for a stale one; the ticket stood there
+/// until it lapsed). Found by the mirror test's check that no line stands behind nobody.
+#[test]
+fn a_line_that_formed_while_grants_were_held_is_served_when_the_hold_ends() {
+    let server = Server::start_with(&["--dlock.restart-grant-delay-ms", "1000"]);
+    let started = Instant::now();
+    let mut con = server.client();
+    let ticket: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("queued")
+        .arg("ticket-holder")
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(30_000)
+        .query(&mut con)
+        .expect("QUEUE");
+    assert_eq!(ticket, None, "held back at start-up");
+    let mut waiter = send_wait_for(&server, "blocked", "waiter", 60_000, 30_000, &[]);
+    assert!(started.elapsed() < Duration::from_millis(900), "both joined within the hold");
+    let granted: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("fence or nil");
+    assert!(granted.is_some(), "the blocked waiter is granted");
+    assert!(started.elapsed() < Duration::from_secs(3), "at the hold's end, not its timeout");
+    assert!(
+        eventually(Duration::from_secs(2), || info_field(&mut con, "queued", "owner").as_deref()
+            == Some("ticket-holder")),
+        "the ticket's turn came when the hold ended"
+    );
+}

@@ -1134,6 +1134,11 @@ impl Lock {
         if deadline <= now.mono {
             return Due::Expired; // a lease ended, or a ticket lapsed
         }
+        if !self.has_record() && !self.waiters.is_empty() {
+            // A line with no lease ahead of it stands only while new grants are held: this
+            // entry is the end of that hold (or comes before it, and the settle changes nothing).
+            return Due::Expired;
+        }
         let pending = self.scheduled.get();
         if pending != entry_deadline && pending > now.mono && pending <= deadline {
             Due::Stale
