@@ -271,6 +271,69 @@ def own_server() -> Iterator[Server]:
     server.close()
 
 
+class Pair:
+    """A primary and its replica, not a Cluster: a client stays at the primary's address while a
+    failover turns it into a replica (:meth:`demote`) and back (:meth:`promote_back`)."""
+
+    def __init__(self) -> None:
+        # A full sync starts at once, not after Redis's 5 s wait for more replicas.
+        self.primary = Server("--repl-diskless-sync-delay", "0")
+        self.replica = Server("--repl-diskless-sync-delay", "0")
+        self._follow(self.replica, self.primary)
+
+    @staticmethod
+    def _follow(replica: Server, primary: Server) -> None:
+        """``replica`` replicates ``primary``; returns once its link is up."""
+        with replica.client() as admin:
+            cmd(admin, "REPLICAOF", "127.0.0.1", primary.port)
+
+            def linked() -> bool:
+                return bool(admin.info("replication").get("master_link_status") == "up")
+
+            assert wait_until(linked, 10), f"{replica.port} never synced with {primary.port}"
+
+    def hold(self, resource: str, ttl_ms: int) -> int:
+        """A lease of ``holder`` on ``resource``, made on the primary; returns its fence once
+        the replica has it."""
+        with self.primary.client() as admin:
+            fence: int = cmd(admin, "DLOCK.ACQUIRE", resource, "holder", ttl_ms)
+        with self.replica.client() as probe:
+
+            def replicated() -> bool:
+                return bool(fields(cmd(probe, "DLOCK.INFO", resource) or []).get(b"fence") == fence)
+
+            assert wait_until(replicated, 5), "the holder's lease never reached the replica"
+        return fence
+
+    def readonly_answers(self) -> int:
+        """How many requests the primary refused with ``READONLY`` (while a replica)."""
+        with self.primary.client() as probe:
+            stats: dict[str, Any] = probe.info("errorstats")
+        return int(stats.get("errorstat_READONLY", {}).get("count", 0))
+
+    def demote(self) -> None:
+        """The replica becomes the primary, and the primary its replica."""
+        with self.replica.client() as admin:
+            cmd(admin, "REPLICAOF", "NO", "ONE")
+        self._follow(self.primary, self.replica)
+
+    def promote_back(self) -> None:
+        with self.primary.client() as admin:
+            cmd(admin, "REPLICAOF", "NO", "ONE")
+        self._follow(self.replica, self.primary)
+
+    def close(self) -> None:
+        self.primary.close()
+        self.replica.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    started = Pair()
+    yield started
+    started.close()
+
+
 @pytest.fixture
 def r(server: Server) -> Iterator[redis.Redis]:
     client = server.client()

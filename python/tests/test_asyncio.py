@@ -15,7 +15,7 @@ from redis.backoff import ExponentialBackoff
 
 import dlock
 import dlock.asyncio
-from conftest import LinkProxy, Server, cmd, fields
+from conftest import LinkProxy, Pair, Server, cmd, fields, wait_until
 
 
 async def eventually(
@@ -375,5 +375,40 @@ def test_a_waiter_cancelled_as_the_lease_is_handed_over_releases_it(server: Serv
             await through.aclose()
             await r.aclose()
             proxy.close()
+
+    run(test)
+
+
+def test_a_blocked_wait_goes_on_while_its_primary_is_a_replica(pair: Pair) -> None:
+    """As the threaded client's test: ``UNBLOCKED``, then ``READONLY`` retried until the primary
+    is one again, and the wait served there."""
+    held = pair.hold("ademoted", 3000)
+
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=pair.primary.port)
+        locks = dlock.asyncio.Locks(r, request_timeout=1)
+
+        async def wait_in_line() -> tuple[int, bool]:
+            async with locks.hold("ademoted", ttl=5, timeout=20) as lease:
+                owner = fields(await cmd(r, "DLOCK.INFO", "ademoted"))[b"owner"]
+                return lease.fence, owner == lease.token.encode()
+
+        async def waiters() -> int:
+            return int(fields(await cmd(r, "DLOCK.INFO", "ademoted"))[b"waiters"])
+
+        waiting = asyncio.ensure_future(wait_in_line())
+        assert await eventually(waiters, 1, 5), "the waiter blocks"
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, pair.demote)
+        refused = await loop.run_in_executor(
+            None, wait_until, lambda: pair.readonly_answers() >= 2, 5
+        )
+        assert refused, "retries refused READONLY"
+        await loop.run_in_executor(None, pair.promote_back)
+        fence, owns = await waiting
+        assert fence > held
+        assert owns
+        await locks.aclose()
+        await r.aclose()
 
     run(test)

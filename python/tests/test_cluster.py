@@ -349,6 +349,8 @@ def parsed(reply: str) -> redis.RedisError:
             None,
             "stale",
         ),
+        # A demoted primary: what the retries of a wait it ended meet until the failover is over.
+        (parsed("READONLY You can't write against a read only replica."), None, "stale"),
         (redis.exceptions.ClusterError("TTL exhausted"), None, "stale"),
         (redis.exceptions.SlotNotCoveredError('Slot "3999" not covered'), None, "stale"),
         (
@@ -377,7 +379,6 @@ def test_cluster_errors_are_followed_or_retried(
         parsed("WRONGTYPE Operation against a key holding the wrong kind of value"),
         parsed("CROSSSLOT Keys in request don't hash to the same slot"),
         parsed("NOPERM User locker has no permissions to access the 'other' key"),
-        parsed("READONLY You can't write against a read only replica."),
         parsed("WRONGPASS invalid username-password pair or user is disabled."),
         redis.exceptions.RedisClusterException("Cluster mode is not enabled on this node"),
     ],
@@ -394,6 +395,7 @@ def test_the_codes_are_read_from_the_types_not_the_text() -> None:
     assert not str(moved).startswith("MOVED")  # what the client used to look for
     assert common.not_carried_out(moved)
     assert common.not_carried_out(parsed("TRYAGAIN Multiple keys request during rehashing"))
+    assert common.not_carried_out(parsed("READONLY You can't write against a read only replica."))
     # A wait the server ended may have been granted just before: not "surely nothing".
     assert not common.not_carried_out(parsed("UNBLOCKED client unblocked via CLIENT UNBLOCK"))
 

@@ -16,7 +16,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 import dlock
-from conftest import LinkProxy, Server, cmd, fields, wait_until
+from conftest import LinkProxy, Pair, Server, cmd, fields, wait_until
 
 
 def test_hold_acquires_renews_and_releases(server: Server, r: redis.Redis) -> None:
@@ -508,3 +508,46 @@ def test_a_release_that_overtook_the_acquire_is_sent_once_more(
     finally:
         locks.close()
         proxy.close()
+
+
+def test_a_blocked_wait_goes_on_while_its_primary_is_a_replica(pair: Pair) -> None:
+    """A waiter blocked in ACQUIRE … WAIT (20 s) on a primary that a failover turns into a
+    replica, and later back: the server ends the wait (``UNBLOCKED``) and refuses its retries
+    (``READONLY``), nothing granted; the same token retries until the primary is one again, waits
+    there for what is left, and is served when the holder's lease runs out."""
+    held = pair.hold("demoted", 3000)
+    client = pair.primary.client()
+    locks = dlock.Locks(client, request_timeout=1)
+    served: list[tuple[int, bool]] = []
+    errors: list[BaseException] = []
+
+    def wait_in_line() -> None:
+        try:
+            with locks.hold("demoted", ttl=5, timeout=20) as lease:
+                with pair.primary.client() as probe:
+                    owner = fields(cmd(probe, "DLOCK.INFO", "demoted"))[b"owner"]
+                served.append((lease.fence, owner == lease.token.encode()))
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=wait_in_line)
+    thread.start()
+    try:
+        with pair.primary.client() as probe:
+
+            def blocked() -> bool:
+                return bool(fields(cmd(probe, "DLOCK.INFO", "demoted"))[b"waiters"] == 1)
+
+            assert wait_until(blocked, 5), "the waiter blocks"
+        pair.demote()
+        assert wait_until(lambda: pair.readonly_answers() >= 2, 5), "retries refused READONLY"
+        pair.promote_back()
+    finally:
+        thread.join(25)
+    assert errors == []
+    assert len(served) == 1
+    fence, owns = served[0]
+    assert fence > held
+    assert owns
+    locks.close()
+    client.close()

@@ -417,13 +417,15 @@ def release_command(features: Features, resource: str, token: str, fence: int) -
 
 # The server refused to run the request on this node for now, said so, and ran nothing: a MOVED or
 # ASK redirect (``MovedError`` is an ``AskError``), TRYAGAIN (a slot in migration), CLUSTERDOWN and
-# MASTERDOWN (``MasterDownError`` is a ``ClusterDownError``), LOADING (``BusyLoadingError``). A
-# retry may get past it, on the node the redirect names or once the cluster has settled.
+# MASTERDOWN (``MasterDownError`` is a ``ClusterDownError``), LOADING (``BusyLoadingError``),
+# READONLY (``ReadOnlyError``: a primary demoted to a replica, a failover under way). A retry may
+# get past it, on the node the redirect names or once the cluster (or the failover) has settled.
 _REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (
     redis.exceptions.AskError,
     redis.exceptions.TryAgainError,
     redis.exceptions.ClusterDownError,
     redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
 )
 
 # The caller's Cluster client knows no node for the resource's slot (its map is out of date, or a
@@ -465,10 +467,10 @@ def is_ambiguous(error: BaseException) -> bool:
     """An error that a retry with the same token may get past: the request may or may not have
     been carried out (a connection that failed, a timeout, a wait the server ended), or the server
     ran nothing for now (:data:`_REFUSED_FOR_NOW`: a redirect, a slot in migration, a cluster
-    that is down or failing over, a server loading its data), or a Cluster client that knows no
-    node for the slot yet. An ACQUIRE is retried until the caller's deadline, each time after a
-    longer pause (:meth:`AcquirePlan.retry_pause`), with its token: it can never be granted
-    twice."""
+    that is down or failing over, a primary demoted to a replica, a server loading its data), or
+    a Cluster client that knows no node for the slot yet. An ACQUIRE is retried until the
+    caller's deadline, each time after a longer pause (:meth:`AcquirePlan.retry_pause`), with its
+    token: it can never be granted twice."""
     if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
         return False
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
