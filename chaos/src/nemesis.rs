@@ -444,6 +444,17 @@ pub fn run(config: &Config) -> Outcome {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(
+        // The weakness shown with the bare fence rule: a start-up lead would absorb steps back
+        // shorter than itself, and hold a fallen counter below the old fences for up to its
+        // length after the clock came back (docs/chaos.md).
+        config
+            .clock_weakness
+            .then_some(["--dlock.fence-lead-ms", "0"])
+            .into_iter()
+            .flatten()
+            .map(String::from),
+    )
     .collect();
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     // One clock for both servers: they share this machine's.
