@@ -295,3 +295,26 @@ def test_a_grant_from_the_queue_is_confirmed_even_at_the_deadline() -> None:
     assert plan.answered(1234, waited=True) == "confirm"  # ... but was granted at the last moment
     assert plan.next_wait_ms() is None  # confirmed with a plain ACQUIRE, whatever the time
     assert plan.answered(1234, waited=False) == "granted"
+
+
+def test_a_wait_cut_short_waits_again_for_what_is_left() -> None:
+    """A WAIT answered nil long before its end was ended by the server (the key migrated away,
+    CLIENT UNBLOCK, …), not timed out: the same token waits again, 10 ms later, for what is
+    left. One answered nil within 50 ms of its end timed out."""
+    plan = common.AcquirePlan(ttl=5, timeout=0.2, max_hold=None, request_timeout=1)
+    token = plan.token
+    assert plan.answered(None, waited=False) == "nil"
+    assert plan.wait_again_in(waited=False) == 0  # the first WAIT follows the plain ACQUIRE
+    first = plan.next_wait_ms()
+    assert first is not None
+    assert plan.answered(None, waited=True) == "nil"  # at once: cut short
+    assert not plan.gives_up(waited=True)
+    assert plan.wait_again_in(waited=True) == common.WAIT_AGAIN_PAUSE == 0.01
+    time.sleep(0.1)
+    again = plan.next_wait_ms()
+    assert again is not None
+    assert again <= first - 100  # what is left of it
+    assert plan.token == token
+    time.sleep(0.07)  # within 50 ms of the end: a time-out
+    assert plan.answered(None, waited=True) == "nil"
+    assert plan.gives_up(waited=True)

@@ -38,9 +38,14 @@ WAIT_MODES = ("block", "tickets")
 # waiters woken by one message share a handful of pooled connections.
 TICKET_REQUESTS = 4
 
-# A WAIT that answered nil earlier than this before the caller's deadline was cut short (a newer
-# wait by the same token, CLIENT UNBLOCK): the caller waits again for what is left.
+# A WAIT that answered nil earlier than this before the caller's deadline was cut short, not timed
+# out: a newer wait by the same token, CLIENT UNBLOCK, the key migrated to another node (MIGRATE
+# answers its waiters nil), deleted, renamed or swapped away, a demoted primary whose copy of the
+# holder's lease ran out. The caller waits again, with the same token, for what is left, on the node
+# that serves the resource by then, after WAIT_AGAIN_PAUSE: a server that keeps ending the wait at
+# once costs one request per 10 ms until the deadline, not a busy loop.
 CUT_SHORT = 0.05
+WAIT_AGAIN_PAUSE = 0.01
 
 
 def check_wait(wait: str, ticket_ttl: float) -> None:
@@ -688,6 +693,12 @@ class AcquirePlan:
         """After a nil: whether the caller's timeout has passed (a WAIT that ran to its end
         may leave a few milliseconds of rounding, which must not start another wait)."""
         return self.left() <= (CUT_SHORT if waited else 0)
+
+    def wait_again_in(self, waited: bool) -> float:
+        """After a nil that did not give up: the pause before the next ACQUIRE. None after a
+        plain ACQUIRE (the WAIT follows at once); ``WAIT_AGAIN_PAUSE`` after a WAIT cut short
+        (see ``CUT_SHORT``)."""
+        return min(WAIT_AGAIN_PAUSE, max(0.0, self.left())) if waited else 0.0
 
 
 # The lease's state and its renewal schedule.

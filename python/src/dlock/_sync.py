@@ -292,8 +292,12 @@ class Locks(common.Handles[Hold]):
                     except BaseException:  # interrupted: the ticket stands
                         self._forget(resource, plan.token)
                         raise
-                elif answer == "nil" and plan.gives_up(waited=wait_ms is not None):
-                    raise NotAcquired(resource, request.timeout)
+                elif answer == "nil":
+                    if plan.gives_up(waited=wait_ms is not None):
+                        raise NotAcquired(resource, request.timeout)
+                    pause = plan.wait_again_in(waited=wait_ms is not None)
+                    if pause > 0:
+                        time.sleep(pause)
         finally:
             if watch is not None and channels is not None:
                 channels.leave(watch)  # where it joined, wherever the resource is served now
