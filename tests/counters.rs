@@ -387,3 +387,39 @@ fn random_sequences_end_every_wait_and_every_ticket_in_exactly_one_counter() {
         panic!("COUNTERS_SEED={seed}, at the end: {why}");
     }
 }
+
+/// `FLUSHALL ASYNC`, and a plain `FLUSHALL` (asynchronous by default on Valkey), may free the
+/// lock values on a background thread, where their free callback answers the waiters and counts
+/// the tickets: every blocked waiter is still answered nil, the counters add up, nothing is left
+/// in line and the server lives on.
+#[test]
+fn an_asynchronous_flushall_answers_every_waiter_and_keeps_the_counters() {
+    let server = Server::start();
+    let mut con = server.client();
+    for flush in [&["FLUSHALL", "ASYNC"][..], &["FLUSHALL"][..]] {
+        let mut blocked = Vec::new();
+        for i in 0..40 {
+            let resource = format!("flushed:{i}");
+            acquire(&mut con, &resource, "holder", 60_000).expect("the holder");
+            let mut waiter = server.client();
+            send_wait_on(&mut waiter, &resource, "waiter", 60_000, 30_000);
+            blocked.push(waiter);
+            assert_eq!(queue(&mut con, &resource, "ticket", 30_000), None, "a ticket in line");
+        }
+        for i in 0..40 {
+            until_waiting(&mut con, &format!("flushed:{i}"), 1);
+        }
+        let _: () = redis::cmd(flush[0]).arg(&flush[1..]).query(&mut con).expect("FLUSHALL");
+        for mut waiter in blocked {
+            let answer = waiter.recv_response().expect("every waiter is answered");
+            assert_eq!(answer, redis::Value::Nil, "{flush:?}: answered nil");
+        }
+        let stats = assert_counters_add_up(&mut con);
+        assert_eq!((stats["waiters"], stats["tickets"]), (0, 0), "{flush:?}: nothing in line");
+        assert!(
+            eventually(Duration::from_secs(5), || dlock_counters(&mut con)["lock_keys"] == 0),
+            "{flush:?}: every lock freed"
+        );
+        assert_eq!(dbsize(&mut con), 0);
+    }
+}
