@@ -104,6 +104,99 @@ pub fn gate(ctx: &Context, resource: &[u8], now: Now) -> Result<(), DlockError> 
     }
 }
 
+/// Valkey's server event for its atomic slot migration (`CLUSTER MIGRATESLOTS`).
+pub const ATOMIC_SLOT_MIGRATION_EVENT: u64 = 19;
+const IMPORT_STARTED: u64 = 0;
+const IMPORT_ABORTED: u64 = 2;
+const IMPORT_COMPLETED: u64 = 4;
+
+/// Valkey's `ValkeyModuleSlotRange`.
+#[repr(C)]
+struct SlotRange {
+    start: std::os::raw::c_int,
+    end: std::os::raw::c_int,
+}
+
+/// Valkey's `ValkeyModuleAtomicSlotMigrationInfoV1`.
+#[repr(C)]
+struct MigrationInfo {
+    version: u64,
+    job_name: [c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
+/// An atomic slot migration into this node: the slots it imports come from their owner now
+/// (read from `CLUSTER SLOTS` when it starts); once it completes they are this node's, and its
+/// grants there wait for the old owner's counter, as after `CLUSTER SETSLOT … NODE`.
+///
+/// # Safety
+/// `data` is null or points to the event's `MigrationInfo`, valid for this call.
+pub unsafe fn slot_migration(ctx: &Context, subevent: u64, data: *const std::os::raw::c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: as documented; the ranges array holds num_slot_ranges entries.
+    let slots: Vec<u16> = unsafe {
+        let info = &*data.cast::<MigrationInfo>();
+        if info.version < 1 || info.slot_ranges.is_null() {
+            return;
+        }
+        std::slice::from_raw_parts(info.slot_ranges, info.num_slot_ranges as usize)
+            .iter()
+            .flat_map(|range| range.start.max(0)..=range.end.min(16_383))
+            .map(|slot| slot as u16)
+            .collect()
+    };
+    let changes: Vec<SlotChange> = match subevent {
+        IMPORT_STARTED => {
+            let owners = slot_owners(ctx);
+            slots
+                .iter()
+                .filter_map(|slot| {
+                    let (_, owner) = owners.iter().find(|(range, _)| range.contains(slot))?;
+                    Some(SlotChange::Importing(*slot, *owner))
+                })
+                .collect()
+        }
+        IMPORT_COMPLETED => match my_id() {
+            Some(me) => slots.iter().map(|slot| SlotChange::Node(*slot, me)).collect(),
+            None => Vec::new(),
+        },
+        IMPORT_ABORTED => slots.iter().map(|slot| SlotChange::Stable(*slot)).collect(),
+        _ => Vec::new(),
+    };
+    if !changes.is_empty() {
+        with_taking(|taking| taking.changes.extend(changes));
+    }
+}
+
+/// Each range of slots and the id of the primary serving it, from `CLUSTER SLOTS`.
+fn slot_owners(ctx: &Context) -> Vec<(std::ops::RangeInclusive<u16>, NodeId)> {
+    let Ok(redis_module::RedisValue::Array(ranges)) = ctx.call("CLUSTER", &["SLOTS"]) else {
+        return Vec::new();
+    };
+    let number = |value: &redis_module::RedisValue| match value {
+        redis_module::RedisValue::Integer(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let redis_module::RedisValue::Array(fields) = range else { return None };
+            let (start, end) = (number(fields.first()?)?, number(fields.get(1)?)?);
+            let redis_module::RedisValue::Array(primary) = fields.get(2)? else { return None };
+            let id = match primary.get(2)? {
+                redis_module::RedisValue::BulkString(id) => node_id(id.as_bytes())?,
+                redis_module::RedisValue::SimpleString(id) => node_id(id.as_bytes())?,
+                redis_module::RedisValue::BulkRedisString(id) => node_id(id.as_slice())?,
+                _ => return None,
+            };
+            Some((start..=end, id))
+        })
+        .collect()
+}
+
 /// Before the event loop sleeps: applies the `SETSLOT`s seen and sends the questions they need.
 pub fn before_sleep(ctx: &Context, now: Now) {
     if BUSY.load(Ordering::Acquire) {

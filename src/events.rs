@@ -40,6 +40,11 @@ pub fn subscribe(ctx: &Context) -> Status {
             return Status::Err;
         }
     }
+    // Valkey's atomic slot migration (the event does not exist on Redis: refused there).
+    let migration =
+        raw::RedisModuleEvent { id: crate::cluster::ATOMIC_SLOT_MIGRATION_EVENT, dataver: 1 };
+    // SAFETY: as above.
+    let _ = unsafe { subscribe(ctx.ctx, migration, Some(on_server_event)) };
     // Before the event loop sleeps the expiry timer is armed for what this turn inserted, and a
     // sweep with work left resumes (Redis 7.0+, Valkey).
     let event_loop = raw::RedisModuleEvent { id: raw::REDISMODULE_EVENT_EVENTLOOP, dataver: 1 };
@@ -122,6 +127,10 @@ unsafe extern "C" fn on_server_event(
             crate::commands::setfence::propagate_counter_soon(crate::clock::now());
         }
         raw::REDISMODULE_EVENT_CONFIG => crate::notify::refresh_log_level(&ctx),
+        crate::cluster::ATOMIC_SLOT_MIGRATION_EVENT => {
+            // SAFETY: for this event, data is null or Valkey's migration info, valid now.
+            unsafe { crate::cluster::slot_migration(&ctx, subevent, data) }
+        }
         raw::REDISMODULE_EVENT_EVENTLOOP
             if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP =>
         {

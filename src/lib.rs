@@ -43,7 +43,18 @@ use redis_module::alloc::RedisAlloc as Allocator;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
-    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // Valkey 9: its atomic slot migration (`CLUSTER MIGRATESLOTS`) may move lock keys (the option
+    // bit is Valkey's; Redis 7 leaves it unused).
+    const HANDLE_ATOMIC_SLOT_MIGRATION: i32 = 1 << 5;
+    // SAFETY: ctx is the load context; SetModuleOptions only records the bits.
+    unsafe {
+        if let Some(set) = redis_module::raw::RedisModule_SetModuleOptions {
+            set(
+                ctx.ctx,
+                redis_module::ModuleOptions::HANDLE_IO_ERRORS.bits() | HANDLE_ATOMIC_SLOT_MIGRATION,
+            );
+        }
+    }
     let now = clock::now();
     config::hold_new_grants(now.mono);
     config::lead_fences(now.wall);

@@ -394,3 +394,48 @@ fn a_slot_whose_old_owner_does_not_answer_is_granted_after_the_wait_limit() {
     assert!(waited >= Duration::from_millis(1_900), "granted after {waited:?}, before the limit");
     assert!(waited < Duration::from_secs(5), "still waiting after {waited:?}");
 }
+
+/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) to a node whose clock is ten
+/// minutes behind: a held lease arrives with its owner and fence, and a free resource's next
+/// fence there is larger than its last on the old node (the node asks the old owner for its
+/// counter when the import completes). Redis has no such command: it must say so.
+#[test]
+fn an_atomic_slot_migration_keeps_leases_and_fence_order() {
+    let behind = Clock::new();
+    behind.backward(Duration::from_secs(600));
+    let cluster =
+        Cluster::start_with(|i| if i == 1 { Launch::new().clock(&behind) } else { Launch::new() });
+    let (from, to) = (cluster.nodes[0].port, cluster.nodes[1].port);
+    let tag =
+        (0..).map(|i| format!("{{asm{i}}}")).find(|tag| cluster.owner(tag) == from).expect("tag");
+    let (held, free) = (format!("{tag}held"), format!("{tag}free"));
+    let mut source = cluster.node(from).client();
+    let held_fence = acquire(&mut source, &held, "holder", 60_000).expect("granted");
+    let free_fence = acquire(&mut source, &free, "old", 60_000).expect("granted");
+    assert_eq!(release(&mut source, &free, "old"), 1);
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(&held).query(&mut source).expect("KEYSLOT");
+    let started: redis::RedisResult<()> = redis::cmd("CLUSTER")
+        .arg("MIGRATESLOTS")
+        .arg("SLOTSRANGE")
+        .arg(slot)
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node_id(to))
+        .query(&mut source);
+    let valkey = info_line(&mut source, "server", "valkey_version").is_some();
+    if !valkey {
+        let error = started.expect_err("Redis has no MIGRATESLOTS");
+        assert!(error.to_string().to_lowercase().contains("unknown subcommand"), "{error}");
+        return;
+    }
+    started.expect("the migration starts (the module declares it can follow one)");
+    assert!(eventually(Duration::from_secs(20), || cluster.owner(&held) == to), "moved");
+    let mut target = cluster.node(to).client();
+    assert_eq!(info_field(&mut target, &held, "owner").as_deref(), Some("holder"));
+    assert_eq!(info_field(&mut target, &held, "fence"), Some(held_fence.to_string()));
+    let (fence, _) = acquire_moving(&mut target, &free, false);
+    assert!(fence > free_fence, "a free resource after the move: {fence} after {free_fence}");
+    let (fence, _) = acquire_moving_as(&mut target, &held, "holder", false, &[]);
+    assert_eq!(fence, held_fence, "the holder re-acquires its own lease there");
+}

@@ -111,18 +111,24 @@ impl Floors {
     /// `CLUSTER SETSLOT slot NODE <this node>` at `now`: the slot is ours. If it was being
     /// imported, one answer from its source to a question sent now settles it; returns that
     /// question. A slot taken without an import first has no known source: nothing to ask.
+    /// Many slots taken at one instant from one source (an atomic migration of a range) share
+    /// one question: it is returned for the first only.
     pub fn owned(&mut self, slot: u16, now: Micros) -> Option<Question> {
         let taking = self.taking.get_mut(&slot).filter(|taking| taking.importing)?;
         let source = taking.source;
-        let question = Question { to: source, seq: self.next_seq + 1 };
-        self.next_seq += 1;
+        let shared = self.sent.get(&source).filter(|(_, at)| *at == now).map(|(seq, _)| *seq);
+        let seq = shared.unwrap_or_else(|| {
+            self.next_seq += 1;
+            self.next_seq
+        });
+        let question = Question { to: source, seq };
         let taking = self.taking.get_mut(&slot)?;
         taking.importing = false;
         taking.asked = HashMap::new();
         taking.settles_with = question.seq;
         taking.waiting_since = Some(now);
         self.sent.insert(source, (question.seq, now));
-        Some(question)
+        shared.is_none().then_some(question)
     }
 
     /// `source` answered question `seq` (its counter is already observed).
@@ -244,6 +250,22 @@ mod tests {
         floors.answered(SOURCE, question.seq);
         assert!(floors.is_idle());
         assert_eq!(floors.gate(7, b"anything", 40), Gate::Mint);
+    }
+
+    #[test]
+    fn slots_taken_at_one_instant_from_one_source_share_one_question() {
+        let mut floors = Floors::default();
+        for slot in 0..100 {
+            floors.importing(slot, SOURCE);
+        }
+        floors.importing(100, OTHER);
+        let first = floors.owned(0, 10).expect("one question");
+        assert!((1..100).all(|slot| floors.owned(slot, 10).is_none()), "shared");
+        assert!(floors.owned(100, 10).is_some(), "another source, another question");
+        assert_eq!(floors.gate(50, b"r", 11), Gate::TryAgain { ask: None });
+        floors.answered(SOURCE, first.seq);
+        assert_eq!(floors.gate(50, b"r", 12), Gate::Mint);
+        assert!(matches!(floors.gate(100, b"r", 12), Gate::TryAgain { .. }));
     }
 
     #[test]
