@@ -67,6 +67,7 @@ pub fn apply(
     now: Now,
 ) {
     let mut lease_changed = false;
+    let more_to_settle = changes.iter().any(|change| matches!(change, Transition::MoreToSettle));
     for change in &changes {
         metrics::count(|stats| stats.record(change, now.mono));
         lease_changed |= change.changes_lease();
@@ -84,6 +85,10 @@ pub fn apply(
         if !lock.has_record() {
             // A queue without a lease (grants held after start-up): look again when they resume.
             expiry::wake_at(ctx, site.name, config::grants_held_until());
+        }
+        if more_to_settle {
+            // The rest of a crowd at the head: granted on the timer's next turn.
+            expiry::wake_at(ctx, site.name, now.mono);
         }
     }
 }
@@ -234,6 +239,7 @@ fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition,
         Transition::HandOverFailed(error) => {
             notify::log(ctx, notify::Level::Warning, &format!("dlock: hand-over failed: {error}"));
         }
+        Transition::MoreToSettle => {}
     }
 }
 

@@ -334,3 +334,47 @@ fn verbose_log_lines_name_the_mode_and_the_metadata() {
     let plain = log.lines().find(|l| l.contains("lease acquired resource=job")).expect("logged");
     assert!(!plain.contains("mode=") && !plain.contains("meta="), "{plain}");
 }
+
+/// A writer leaves with 600 readers' tickets in line and a writer's ticket behind them: the
+/// release grants the first 256 (a bounded settle), the timer grants the rest on its next turns,
+/// and the writer behind them still waits for every reader, none passing the line (all 600 were
+/// granted in the one RELEASE before, in one long step).
+#[test]
+fn a_crowd_of_readers_is_granted_over_several_turns_and_keeps_its_place() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "crowd", "writer-1", 60_000).expect("granted");
+    let mut pipe = redis::pipe();
+    for i in 0..600 {
+        pipe.cmd("DLOCK.ACQUIRE").arg("crowd").arg(format!("reader-{i}")).arg(60_000);
+        pipe.arg("SHARED").arg("QUEUE").arg(60_000).ignore();
+    }
+    pipe.cmd("DLOCK.ACQUIRE").arg("crowd").arg("writer-2").arg(60_000);
+    pipe.arg("QUEUE").arg(60_000).ignore();
+    let _: () = pipe.query(&mut con).expect("tickets");
+    assert_eq!(field(&mut con, "crowd", "tickets").as_deref(), Some("601"));
+    let (released, holders): (i64, Value) = redis::pipe()
+        .cmd("DLOCK.RELEASE")
+        .arg("crowd")
+        .arg("writer-1")
+        .cmd("DLOCK.INFO")
+        .arg("crowd")
+        .query(&mut con)
+        .expect("RELEASE and INFO in one write");
+    assert_eq!(released, 1);
+    let at_once = match &holders {
+        Value::Array(fields) => fields
+            .chunks(2)
+            .find(|pair| pair[0] == Value::BulkString(b"holders".to_vec()))
+            .and_then(|pair| if let Value::Int(n) = pair[1] { Some(n) } else { None }),
+        _ => None,
+    };
+    assert_eq!(at_once, Some(256), "the release grants one slice: {holders:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || field(&mut con, "crowd", "holders").as_deref()
+            == Some("600")),
+        "the timer grants the rest"
+    );
+    assert_eq!(field(&mut con, "crowd", "tickets").as_deref(), Some("1"), "the writer waits");
+    assert_eq!(field(&mut con, "crowd", "mode").as_deref(), Some("shared"));
+}

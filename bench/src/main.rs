@@ -4,7 +4,7 @@
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_HANDOVER_SECONDS` (per hand-over
 //! scheme, default `BENCH_SECONDS`), `BENCH_HANDOVER_WORKERS` (default 16),
 //! `BENCH_STORM_LEASES` (default 1000000),
-//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_LATENESS_SERVERS` (server binaries the
+//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_CROWD` (readers granted at once, default 100000), `BENCH_LATENESS_SERVERS` (server binaries the
 //! lateness section starts, at hz 1, 10 and 100; default `redis-server`), `BENCH_SCALE_SHARED_MAX` (most shared holders the
 //! scale table stands up, default 10000), `BENCH_V1_MODULE` (the version-1 module to compare
 //! against; `make bench` builds it with `scripts/v1-module.sh`), `BENCH_OUT` (default
@@ -16,6 +16,7 @@
 //! is what each lock scheme sends, `harness` the server, the client threads and the PING probe,
 //! `report` the markdown.
 
+mod crowd;
 mod cycles;
 mod handover;
 mod harness;
@@ -34,7 +35,7 @@ use harness::Result;
 use report::Report;
 
 /// Every section, in the order a full run takes them.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "throughput",
     "versions",
     "cycles",
@@ -46,6 +47,7 @@ const SECTIONS: [&str; 12] = [
     "storm",
     "ticketstorm",
     "lateness",
+    "crowd",
     // The memory half of `waiters`, only when named.
     "waiter-memory",
 ];
@@ -58,7 +60,7 @@ fn main() -> Result<()> {
     // BENCH_ONLY=a,b,… runs those sections in that order (one server, as a full run would).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let chosen: Vec<&str> = if only.is_empty() {
-        SECTIONS[..11].to_vec()
+        SECTIONS[..12].to_vec()
     } else {
         only.split(',').map(str::trim).collect()
     };
@@ -84,6 +86,7 @@ fn main() -> Result<()> {
             "scale" => scale::run(&server, &mut report)?,
             "storm" => storm::run(&server, &mut report, storm_leases)?,
             "lateness" => lateness::run(&mut report, harness::module_path())?,
+            "crowd" => crowd::run(&server, &mut report, env_or("BENCH_CROWD", 100_000))?,
             _ => storm::run_tickets(&server, &mut report, storm_tickets)?,
         }
     }

@@ -1126,6 +1126,11 @@ impl Lock {
         (leases, gone)
     }
 
+    /// Whether the first in line would be admitted now (its liveness and the rules aside).
+    pub fn head_may_pass(&self, now: Now) -> bool {
+        self.waiters.front().is_some_and(|waiter| self.admits(waiter.mode, now))
+    }
+
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
     pub fn on_due(&self, entry_deadline: Micros, now: Now) -> Due {
         let Some(deadline) = self.next_wake() else {
@@ -1134,9 +1139,10 @@ impl Lock {
         if deadline <= now.mono {
             return Due::Expired; // a lease ended, or a ticket lapsed
         }
-        if !self.has_record() && !self.waiters.is_empty() {
-            // A line with no lease ahead of it stands only while new grants are held: this
-            // entry is the end of that hold (or comes before it, and the settle changes nothing).
+        if self.head_may_pass(now) {
+            // The head of the line may be granted: a settle left the rest of a crowd for this
+            // turn, or new grants were held (this entry is the end of the hold, or comes before
+            // it and the settle changes nothing).
             return Due::Expired;
         }
         let pending = self.scheduled.get();

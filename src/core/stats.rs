@@ -197,7 +197,7 @@ impl Stats {
                 self.renew_refused_max_hold += 1;
             }
             Transition::Refused(Refusal::ReleaseNotOwner { .. }) => self.release_not_owner += 1,
-            Transition::HandOverFailed(_) => {}
+            Transition::HandOverFailed(_) | Transition::MoreToSettle => {}
         }
     }
 

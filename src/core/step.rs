@@ -106,7 +106,15 @@ pub enum Transition {
     Refused(Refusal),
     /// The lock was free for the head of its queue, but no fence could be minted.
     HandOverFailed(DlockError),
+    /// A settle made [`SETTLE_GRANTS_MAX`] hand-overs and the head of the line may still pass:
+    /// the rest are granted on the timer's next turns (so no one command or timer turn grants a
+    /// crowd at once). Nothing changed by itself.
+    MoreToSettle,
 }
+
+/// Most hand-overs one settle makes (a release before a crowd of shared requests, the end of a
+/// write pause): about a millisecond of grants, replication and messages.
+pub const SETTLE_GRANTS_MAX: usize = 256;
 
 impl Transition {
     /// Whether the lock's lease changed (what replicas and the AOF must learn).
@@ -123,6 +131,7 @@ impl Transition {
                 | Self::Dismissed { .. }
                 | Self::Refused(_)
                 | Self::HandOverFailed(_)
+                | Self::MoreToSettle
         )
     }
 }
@@ -190,16 +199,23 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         );
         self.changes.extend(lock.expire(self.now).into_iter().map(Transition::Expired));
         let host = self.host;
-        // Every compatible request at the head is granted: readers together, one writer alone.
-        while let Some(handed) =
-            lock.hand_over(self.now, self.fences, self.rules, |w| host.waiter_alive(w.id))?
-        {
+        // Every compatible request at the head is granted: readers together, one writer alone;
+        // a crowd of them over several turns, none passing the line meanwhile.
+        for _ in 0..SETTLE_GRANTS_MAX {
+            let Some(handed) =
+                lock.hand_over(self.now, self.fences, self.rules, |w| host.waiter_alive(w.id))?
+            else {
+                return Ok(());
+            };
             self.changes.push(Transition::HandedOver {
                 waiter: handed.waiter,
                 fence: handed.fence,
                 waited: handed.waited,
                 ticket: handed.ticket,
             });
+        }
+        if lock.head_may_pass(self.now) {
+            self.changes.push(Transition::MoreToSettle);
         }
         Ok(())
     }
