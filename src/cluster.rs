@@ -294,30 +294,16 @@ unsafe extern "C" fn on_message(
 /// # Safety
 /// Called by Redis for every command, with a filter context valid for this call.
 unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    // SAFETY: fctx is valid; argument strings live for this call.
-    let change = unsafe {
-        let (Some(count), Some(arg)) =
-            (raw::RedisModule_CommandFilterArgsCount, raw::RedisModule_CommandFilterArgGet)
-        else {
-            return;
-        };
-        let count = count(fctx);
-        if !(4..=5).contains(&count) {
-            return;
-        }
-        let text = |pos| {
-            let string = arg(fctx, pos);
-            let mut len = 0;
-            let ptr =
-                raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(string, &mut len));
-            if ptr.is_null() { &[][..] } else { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
-        };
-        if !text(0).eq_ignore_ascii_case(b"cluster") || !text(1).eq_ignore_ascii_case(b"setslot") {
-            return;
-        }
-        slot_change(text(2), text(3), (count == 5).then(|| text(4)))
-    };
-    if let Some(change) = change {
+    // SAFETY: fctx is this call's filter context, and `command` lives only in this call.
+    let command = unsafe { crate::filter::Filtered::new(fctx) };
+    if !(4..=5).contains(&command.len())
+        || !command.arg(0).eq_ignore_ascii_case(b"cluster")
+        || !command.arg(1).eq_ignore_ascii_case(b"setslot")
+    {
+        return;
+    }
+    let node = (command.len() == 5).then(|| command.arg(4));
+    if let Some(change) = slot_change(command.arg(2), command.arg(3), node) {
         with_taking(|taking| taking.changes.push(change));
     }
 }

@@ -18,6 +18,7 @@ pub mod core;
 pub mod datatype;
 pub mod events;
 pub mod expiry;
+pub mod filter;
 pub mod keyspec;
 pub mod metrics;
 pub mod notify;

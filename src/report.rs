@@ -59,25 +59,12 @@ fn watch_resetstat(ctx: &Context) -> Status {
 /// # Safety
 /// Called by Redis for every command, with a filter context valid for this call.
 unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    // SAFETY: fctx is valid; argument strings live for this call.
-    unsafe {
-        let (Some(count), Some(arg)) =
-            (raw::RedisModule_CommandFilterArgsCount, raw::RedisModule_CommandFilterArgGet)
-        else {
-            return;
-        };
-        if count(fctx) != 2 {
-            return;
-        }
-        let text = |pos| {
-            let string = arg(fctx, pos);
-            let mut len = 0;
-            let ptr =
-                raw::RedisModule_StringPtrLen.map_or(std::ptr::null(), |f| f(string, &mut len));
-            if ptr.is_null() { &[][..] } else { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
-        };
-        if text(0).eq_ignore_ascii_case(b"config") && text(1).eq_ignore_ascii_case(b"resetstat") {
-            metrics::reset();
-        }
+    // SAFETY: fctx is this call's filter context, and `command` lives only in this call.
+    let command = unsafe { crate::filter::Filtered::new(fctx) };
+    if command.len() == 2
+        && command.arg(0).eq_ignore_ascii_case(b"config")
+        && command.arg(1).eq_ignore_ascii_case(b"resetstat")
+    {
+        metrics::reset();
     }
 }

@@ -175,19 +175,6 @@ fn setslot(con: &mut redis::Connection, slot: i64, state: &str, node: &str) {
         .unwrap_or_else(|e| panic!("SETSLOT {state}: {e}"));
 }
 
-fn migrate(source: &mut redis::Connection, to: u16, keys: &[&str]) {
-    let _: String = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to)
-        .arg("")
-        .arg(0)
-        .arg(5_000)
-        .arg("KEYS")
-        .arg(keys)
-        .query(source)
-        .expect("MIGRATE");
-}
-
 fn fenced_push(con: &mut redis::Connection, fence: i64, item: &str) -> redis::RedisResult<i64> {
     redis::cmd("DLOCK.FENCED")
         .arg("{r}lock")

@@ -331,22 +331,7 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                 11 if rng.between(0, 3) == 0 => {
                     // A promotion: the replica becomes the primary (with its grant delay), the
                     // old primary its replica. Waiters on the old primary lose their queue.
-                    sync(&mut p);
-                    let _: () = redis::cmd("REPLICAOF")
-                        .arg("NO")
-                        .arg("ONE")
-                        .query(&mut r)
-                        .expect("promote");
-                    let port = replica.port;
-                    let _: () = redis::cmd("REPLICAOF")
-                        .arg("127.0.0.1")
-                        .arg(port)
-                        .query(&mut p)
-                        .expect("demote");
-                    std::mem::swap(&mut primary, &mut replica);
-                    assert!(wait_until_replica_streams(&primary, &replica), "after promotion");
-                    p = reconnect(&primary);
-                    r = replica.client();
+                    (p, r) = fail_over(&mut primary, &mut replica, &mut p, &mut r);
                     promotions += 1;
                     held_since = Instant::now();
                 }
@@ -354,22 +339,7 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                     // A failover and a failback, neither server restarted: the holders renew on
                     // the other side (each keeps its memory of its earlier term as primary).
                     for _ in 0..2 {
-                        sync(&mut p);
-                        let _: () = redis::cmd("REPLICAOF")
-                            .arg("NO")
-                            .arg("ONE")
-                            .query(&mut r)
-                            .expect("promote");
-                        let port = replica.port;
-                        let _: () = redis::cmd("REPLICAOF")
-                            .arg("127.0.0.1")
-                            .arg(port)
-                            .query(&mut p)
-                            .expect("demote");
-                        std::mem::swap(&mut primary, &mut replica);
-                        assert!(wait_until_replica_streams(&primary, &replica), "after failover");
-                        p = reconnect(&primary);
-                        r = replica.client();
+                        (p, r) = fail_over(&mut primary, &mut replica, &mut p, &mut r);
                         for resource in RESOURCES {
                             for holder in holders(&mut p, resource) {
                                 let ttl = if rng.between(0, 1) == 0 {
@@ -473,6 +443,23 @@ fn assert_nothing_stands_still(
             held_since.elapsed()
         );
     }
+}
+
+/// The replica becomes the primary and the primary its replica, neither restarted (waiters on
+/// the old primary lose their queue); returns connections to the new primary and replica.
+fn fail_over(
+    primary: &mut Server,
+    replica: &mut Server,
+    p: &mut redis::Connection,
+    r: &mut redis::Connection,
+) -> (redis::Connection, redis::Connection) {
+    sync(p);
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(r).expect("promote");
+    let _: () =
+        redis::cmd("REPLICAOF").arg("127.0.0.1").arg(replica.port).query(p).expect("demote");
+    std::mem::swap(primary, replica);
+    assert!(wait_until_replica_streams(primary, replica), "after a failover");
+    (reconnect(primary), replica.client())
 }
 
 /// `options` without a trailing value whose keyword was filtered out.

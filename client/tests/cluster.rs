@@ -449,16 +449,7 @@ async fn a_slot_moved_to_another_shard_is_followed_by_ask_then_moved_and_subscri
     let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
     setslot(&cluster, to, slot, "IMPORTING", &from_id);
     setslot(&cluster, from, slot, "MIGRATING", &to_id);
-    let _: String = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to)
-        .arg("")
-        .arg(0)
-        .arg(5_000)
-        .arg("KEYS")
-        .arg(resource)
-        .query(&mut on_from)
-        .expect("MIGRATE");
+    migrate(&mut on_from, to, &[resource]);
     let redirects = client.redirects();
     assert!(client.fence_is_live(resource, holder.fence()).await.expect("asked the new shard"));
     assert!(client.redirects() > redirects, "the client followed the ASK");
@@ -658,16 +649,7 @@ async fn a_blocked_wait_survives_its_slot_moving_to_another_shard() {
     let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
     setslot(&cluster, to, slot, "IMPORTING", &from_id);
     setslot(&cluster, from, slot, "MIGRATING", &to_id);
-    let _: String = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to)
-        .arg("")
-        .arg(0)
-        .arg(5_000)
-        .arg("KEYS")
-        .arg(resource)
-        .query(&mut cluster.node(from).client())
-        .expect("MIGRATE");
+    migrate(&mut cluster.node(from).client(), to, &[resource]);
     setslot(&cluster, to, slot, "NODE", &to_id);
     setslot(&cluster, from, slot, "NODE", &to_id);
 

@@ -123,3 +123,18 @@ impl Cluster {
         redis::cmd("CLUSTER").arg("MYID").query(&mut con).expect("MYID")
     }
 }
+
+/// `MIGRATE` of `keys` from the node `source` is connected to, to the node on `to` (local host,
+/// database 0, 5 s timeout): what `redis-cli --cluster reshard` sends for each batch.
+pub fn migrate(source: &mut redis::Connection, to: u16, keys: &[&str]) {
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(keys)
+        .query(source)
+        .expect("MIGRATE");
+}

@@ -17,7 +17,7 @@ mod rng;
 mod server;
 
 pub use clock::{Clock, clock_shim};
-pub use cluster::Cluster;
+pub use cluster::{Cluster, migrate};
 pub use commands::{
     acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
     release, renew, resp_command, send_wait, send_wait_for, value_number, value_text,
