@@ -378,3 +378,32 @@ fn a_crowd_of_readers_is_granted_over_several_turns_and_keeps_its_place() {
     assert_eq!(field(&mut con, "crowd", "tickets").as_deref(), Some("1"), "the writer waits");
     assert_eq!(field(&mut con, "crowd", "mode").as_deref(), Some("shared"));
 }
+
+/// 1,200 readers' leases end together with a writer waiting behind them: a settle ends at most
+/// 512 of them, the timer the rest over its next turns, and only then is the writer granted;
+/// every end reaches the replica (equal digests), and each is counted once.
+#[test]
+fn a_crowd_of_shared_leases_ending_together_ends_in_slices_before_the_writer_behind_it() {
+    let (primary, replica) = primary_and_replica_with(&[], &[]);
+    let mut con = primary.client();
+    let mut pipe = redis::pipe();
+    for i in 0..1_200 {
+        pipe.cmd("DLOCK.ACQUIRE").arg("ending").arg(format!("reader-{i}")).arg(400);
+        pipe.arg("SHARED").ignore();
+    }
+    let _: () = pipe.query(&mut con).expect("readers");
+    assert_eq!(field(&mut con, "ending", "holders").as_deref(), Some("1200"));
+    let mut writer = send_wait_for(&primary, "ending", "writer", 60_000, 10_000, &[]);
+    let granted: Option<i64> =
+        redis::from_redis_value(&writer.recv_response().expect("reply")).expect("fence or nil");
+    assert!(granted.is_some(), "the writer is granted once every reader's lease has ended");
+    assert_eq!(field(&mut con, "ending", "holders").as_deref(), Some("1"));
+    assert_eq!(field(&mut con, "ending", "mode").as_deref(), Some("exclusive"));
+    let stats = dlock_counters(&mut con);
+    assert_eq!(stats["leases_expired"], 1_200, "each end counted once");
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut con).expect("WAIT");
+    let digest = |con: &mut redis::Connection| -> String {
+        redis::cmd("DEBUG").arg("DIGEST").query(con).expect("DEBUG DIGEST")
+    };
+    assert_eq!(digest(&mut con), digest(&mut replica.client()), "the replica holds the same");
+}

@@ -71,5 +71,56 @@ pub fn run(server: &Server, report: &mut Report, crowd: u64) -> Result<()> {
     report.note(&format!(
         "Worst stall seen (the RELEASE itself or a PING): {worst:.2} ms (target: nothing over 10 ms)."
     ));
+    expiring(server, report, crowd)?;
     flush(server)
+}
+
+/// `crowd` shared leases of one resource, and a write pause (`CLIENT PAUSE … WRITE`) that lasts
+/// past all their deadlines, so that they all end when it does: the worst PING while they end,
+/// against its median.
+fn expiring(server: &Server, report: &mut Report, crowd: u64) -> Result<()> {
+    report.header(&[
+        "shared leases ending when a write pause ends",
+        "all ended after the pause (ms)",
+        "PING median ms",
+        "PING max ms",
+    ]);
+    for leases in [crowd / 10, crowd] {
+        flush(server)?;
+        let mut con = server.try_client()?;
+        let ttl_ms = 2_000 + leases / 50;
+        let granted = Instant::now();
+        for batch in 0..leases.div_ceil(10_000) {
+            let mut pipe = redis::pipe();
+            for i in batch * 10_000..((batch + 1) * 10_000).min(leases) {
+                pipe.cmd("DLOCK.ACQUIRE").arg("ending").arg(format!("reader-{i:029}"));
+                pipe.arg(ttl_ms).arg("SHARED").ignore();
+            }
+            pipe.query::<()>(&mut con)?;
+        }
+        let pause_ms = (ttl_ms + 1_000).saturating_sub(granted.elapsed().as_millis() as u64);
+        redis::cmd("CLIENT").arg("PAUSE").arg(pause_ms).arg("WRITE").query::<()>(&mut con)?;
+        let deadline = Instant::now() + Duration::from_millis(pause_ms);
+        std::thread::sleep(Duration::from_millis(pause_ms.saturating_sub(300)));
+        let probe = PingProbe::start(server)?;
+        let all_ended = loop {
+            let keys = info_line(&mut con, "dlock", "dlock_lock_keys").unwrap_or_default();
+            if keys == "0" {
+                break deadline.elapsed().as_secs_f64() * 1_000.0;
+            }
+            if granted.elapsed() > Duration::from_secs(120) {
+                return Err("the leases had not ended two minutes later".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let rtts_us = probe.finish()?;
+        report.row(&[
+            leases.to_string(),
+            format!("{all_ended:.0}"),
+            format!("{:.3}", percentile(&rtts_us, 50.0) / 1_000.0),
+            format!("{:.2}", rtts_us.last().copied().unwrap_or_default() / 1_000.0),
+        ]);
+    }
+    Ok(())
 }

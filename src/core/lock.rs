@@ -418,11 +418,14 @@ impl SharedLeases {
         Some(lease)
     }
 
-    /// Takes out the leases that have expired at `now`, in grant order: O(k log n) for k of them.
-    fn expire(&mut self, now: Now) -> Vec<Lease> {
+    /// Takes out at most `max` of the leases that have expired at `now` (the earliest
+    /// deadlines first), in grant order: O(k log n) for k of them.
+    fn expire(&mut self, now: Now, max: usize) -> Vec<Lease> {
         let mut expired = Vec::new();
-        while let Some(&(deadline, fence)) =
-            self.deadlines.first().filter(|(deadline, _)| *deadline <= now.mono)
+        while let Some(&(deadline, fence)) = self
+            .deadlines
+            .first()
+            .filter(|(deadline, _)| *deadline <= now.mono && expired.len() < max)
         {
             match self.remove(fence) {
                 Some(lease) => expired.push(lease),
@@ -516,10 +519,10 @@ impl Queue {
         lease
     }
 
-    /// Takes out the shared leases that have expired at `now`, in grant order.
-    fn expire_shared(&mut self, now: Now) -> Vec<Lease> {
+    /// Takes out at most `max` of the shared leases that have expired at `now`, in grant order.
+    fn expire_shared(&mut self, now: Now, max: usize) -> Vec<Lease> {
         let Some(line) = self.0.as_mut() else { return Vec::new() };
-        let expired = line.shared.expire(now);
+        let expired = line.shared.expire(now, max);
         self.shrink();
         expired
     }
@@ -890,14 +893,14 @@ impl Lock {
     }
 
     /// Installs a new grant: an exclusive one replaces every (expired) lease; a shared one
-    /// replaces an expired exclusive lease and expired shared ones. Returns whether it replaced
-    /// an expired lease.
-    fn install(&mut self, lease: Lease, now: Now) -> bool {
+    /// replaces an expired exclusive lease and an expired shared one of its token (other expired
+    /// shared leases stay until a settle ends them, each with its `Expired`). Returns whether it
+    /// replaced an expired lease.
+    fn install(&mut self, lease: Lease) -> bool {
         if !lease.shared {
             return self.put(lease);
         }
-        let mut replaced = self.lease.take().is_some();
-        replaced |= !self.waiters.expire_shared(now).is_empty();
+        let replaced = self.lease.take().is_some();
         self.waiters.add_shared(lease) || replaced
     }
 
@@ -939,7 +942,7 @@ impl Lock {
             if let Some(meta) = &waiter.meta {
                 lease.token = lease.token.with_meta(Some(meta));
             }
-            self.install(lease, now);
+            self.install(lease);
             let waited = now.mono.saturating_sub(waiter.queued_at);
             let ticket = waiter.ticket_until.is_some();
             return Ok(Some(HandOver { waiter: waiter.id, fence, waited, ticket }));
@@ -1013,7 +1016,7 @@ impl Lock {
         if meta.is_some() {
             lease.token = lease.token.with_meta(meta);
         }
-        let replaced_expired = self.install(lease, now);
+        let replaced_expired = self.install(lease);
         Ok(Acquired::Granted { fence, replaced_expired })
     }
 
@@ -1066,14 +1069,26 @@ impl Lock {
         self.lease_with_fence(fence).is_some_and(|lease| lease.is_live(now))
     }
 
-    /// Removes the leases that have expired at `now`; returns them in grant order.
-    pub fn expire(&mut self, now: Now) -> Vec<Lease> {
+    /// Removes at most `max` of the leases that have expired at `now` (the exclusive one first,
+    /// then the shared ones with the earliest deadlines); returns them in grant order.
+    pub fn expire(&mut self, now: Now, max: usize) -> Vec<Lease> {
         let mut expired = Vec::new();
-        if self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
+        if max > 0 && self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
             expired.extend(self.lease.take());
         }
-        expired.extend(self.waiters.expire_shared(now));
+        let left = max - expired.len();
+        expired.extend(self.waiters.expire_shared(now, left));
         expired
+    }
+
+    /// Whether a lease that has expired at `now` is still in the lock (a settle ended only some).
+    pub fn has_expired(&self, now: Now) -> bool {
+        self.lease.as_ref().is_some_and(|lease| !lease.is_live(now))
+            || self
+                .waiters
+                .shared()
+                .and_then(SharedLeases::first_deadline)
+                .is_some_and(|deadline| deadline <= now.mono)
     }
 
     /// The deadline at which the caller must insert an expiry index entry for this key (and
@@ -1432,7 +1447,7 @@ mod tests {
         assert_eq!(lease.deadline_mono, 3 * SEC, "the window, not B's 10 s ttl");
         // B never comes back: its grant lapses at the window and C is next.
         assert!(lock.live_lease(at(3)).is_none());
-        assert!(matches!(&lock.expire(at(3))[..], [lease] if lease.unclaimed));
+        assert!(matches!(&lock.expire(at(3), usize::MAX)[..], [lease] if lease.unclaimed));
         lock.hand_over(at(3), &mut fences, rules, |_| true).expect("mint").expect("C");
         // C claims with a RENEW: from then on its ttl is its own.
         assert_eq!(lock.renew(b"C", 10_000, at(4), rules), Renewal::Renewed);
@@ -1495,7 +1510,7 @@ mod tests {
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Reschedule(15 * SEC));
         assert_eq!(lock.on_due(10 * SEC, at(10)), Due::Stale, "a duplicate entry is dropped");
         assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Expired);
-        assert_eq!(lock.expire(at(15)).len(), 1);
+        assert_eq!(lock.expire(at(15), usize::MAX).len(), 1);
         assert_eq!(lock.on_due(15 * SEC, at(15)), Due::Vacant);
     }
 

@@ -106,15 +106,19 @@ pub enum Transition {
     Refused(Refusal),
     /// The lock was free for the head of its queue, but no fence could be minted.
     HandOverFailed(DlockError),
-    /// A settle made [`SETTLE_GRANTS_MAX`] hand-overs and the head of the line may still pass:
-    /// the rest are granted on the timer's next turns (so no one command or timer turn grants a
-    /// crowd at once). Nothing changed by itself.
+    /// A settle made [`SETTLE_GRANTS_MAX`] hand-overs and the head of the line may still pass,
+    /// or ended [`SETTLE_EXPIRE_MAX`] leases and more have expired: the rest follow on the timer's
+    /// next turns (no one command or timer turn does a crowd's work at once). Nothing changed
+    /// by itself.
     MoreToSettle,
 }
 
 /// Most hand-overs one settle makes (a release before a crowd of shared requests, the end of a
 /// write pause): about a millisecond of grants, replication and messages.
 pub const SETTLE_GRANTS_MAX: usize = 256;
+/// Most leases one settle ends (a crowd of shared leases with one deadline, the end of a write
+/// pause over them): each is replicated and announced on its own.
+pub const SETTLE_EXPIRE_MAX: usize = 512;
 
 impl Transition {
     /// Whether the lock's lease changed (what replicas and the AOF must learn).
@@ -197,7 +201,13 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.extend(
             lapsed.into_iter().map(|waiter| Transition::TicketLapsed { token: waiter.token }),
         );
-        self.changes.extend(lock.expire(self.now).into_iter().map(Transition::Expired));
+        let expired = lock.expire(self.now, SETTLE_EXPIRE_MAX);
+        self.changes.extend(expired.into_iter().map(Transition::Expired));
+        if lock.has_expired(self.now) {
+            // The rest end on the timer's next turns; nothing is handed over before they have.
+            self.changes.push(Transition::MoreToSettle);
+            return Ok(());
+        }
         let host = self.host;
         // Every compatible request at the head is granted: readers together, one writer alone;
         // a crowd of them over several turns, none passing the line meanwhile.
@@ -259,6 +269,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         meta: Option<&[u8]>,
     ) -> Result<Acquired, DlockError> {
         self.settle(lock)?;
+        if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
+            // Expired leases are still ending, a slice a turn: no new grant before they have
+            // (it would end them unannounced). The request waits or is refused as if held.
+            return Ok(Acquired::Busy);
+        }
         let unclaimed = self.unclaimed_by(lock, token, None);
         let outcome =
             lock.acquire_as(token, ttl_ms, mode, meta, self.now, self.fences, self.rules)?;
