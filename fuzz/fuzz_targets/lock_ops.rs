@@ -58,9 +58,12 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                 for lapsed in lock.drop_lapsed_tickets(now) {
                     assert!(lapsed.ticket_until.is_some_and(|until| until <= now.mono));
                 }
-                let _ = lock.expire(now);
-                while let Ok(Some(handed)) =
-                    lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
+                // A settle in slices: a few expired leases at a time, and hand-overs only once
+                // none is left (as Step::settle does).
+                let _ = lock.expire(now, (amount % 8) as usize + 1);
+                while !lock.has_expired(now)
+                    && let Ok(Some(handed)) =
+                        lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
                 {
                     assert!(handed.fence > last_fence);
                     last_fence = handed.fence;
