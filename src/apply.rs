@@ -12,10 +12,10 @@
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, raw};
 
-use crate::core::args::printable;
 use crate::core::decimal::{MAX_DIGITS, decimal};
-use crate::core::{Host, Lease, Lock, Now, Refusal, Step, Transition};
-use crate::notify::{self, Event};
+use crate::core::effects::{self, Effect, LogLevel, Place};
+use crate::core::{Host, Lease, Lock, Now, Step, Transition};
+use crate::notify;
 use crate::state::{self, Grant};
 use crate::waiters::{self, Outcome};
 use crate::{config, expiry, metrics};
@@ -57,7 +57,8 @@ pub struct Site<'a> {
     pub name: &'a RedisString,
 }
 
-/// Makes `changes` (of `lock`, stored at `site` unless `stored` is false) visible and durable.
+/// Makes `changes` (of `lock`, stored at `site` unless `stored` is false) visible and durable:
+/// performs the effects [`effects::plan`] gives, in its order.
 pub fn apply(
     ctx: &Context,
     site: &Site<'_>,
@@ -66,31 +67,15 @@ pub fn apply(
     changes: Vec<Transition>,
     now: Now,
 ) {
-    let mut lease_changed = false;
-    let more_to_settle = changes.iter().any(|change| matches!(change, Transition::MoreToSettle));
-    for change in &changes {
-        metrics::count(|stats| stats.record(change, now.mono));
-        lease_changed |= change.changes_lease();
-        announce(ctx, site.name, lock, change, now);
-    }
-    let vacant = lock.is_vacant(now);
-    if stored && vacant {
-        expiry::forget(ctx, site.name, lock, now);
-        delete(ctx, site);
-    } else if lease_changed {
-        replicate_leases(ctx, site.name, lock, &changes, now);
-    }
-    if stored && !vacant {
-        expiry::schedule(ctx, site.name, lock, now);
-        if !lock.has_record() {
-            // A queue without a lease (grants held after start-up): look again when they resume.
-            expiry::wake_at(ctx, site.name, config::grants_held_until());
+    let place = if stored {
+        Place::Stored {
+            indexes: expiry::decides_expiry(ctx),
+            grants_held_until: config::grants_held_until(),
         }
-        if more_to_settle {
-            // The rest of a crowd at the head: granted on the timer's next turn.
-            expiry::wake_at(ctx, site.name, now.mono);
-        }
-    }
+    } else {
+        Place::NotStored
+    };
+    perform_all(ctx, site, now, |effect| effects::plan(lock, place, &changes, now, effect));
 }
 
 /// For a decision made inside a keyspace notification (a value arrived under a new name),
@@ -103,9 +88,86 @@ pub fn announce_only(
     changes: Vec<Transition>,
     now: Now,
 ) {
-    for change in &changes {
-        metrics::count(|stats| stats.record(change, now.mono));
-        announce(ctx, name, lock, change, now);
+    effects::plan(lock, Place::Notified, &changes, now, |effect| perform(ctx, name, effect, now));
+}
+
+/// Performs the effects of a replicated lease change (`DLOCK.SETLEASE`, `DLOCK.ENDLEASE`)
+/// already made to `lock` at `site` ([`effects::plan_replicated`]).
+pub fn apply_replicated(ctx: &Context, site: &Site<'_>, lock: &Lock, now: Now) {
+    let indexes = expiry::decides_expiry(ctx);
+    perform_all(ctx, site, now, |effect| effects::plan_replicated(lock, indexes, now, effect));
+}
+
+/// Performs every effect `plan` gives; the key is deleted last, once nothing refers to the lock.
+fn perform_all<'a>(
+    ctx: &Context,
+    site: &Site<'_>,
+    now: Now,
+    plan: impl FnOnce(&mut dyn FnMut(Effect<'a>)),
+) {
+    let mut delete = None;
+    plan(&mut |effect| match effect {
+        Effect::DeleteKey { forget, propagate } => delete = Some((forget, propagate)),
+        effect => perform(ctx, site.name, effect, now),
+    });
+    if let Some((forget, propagate)) = delete {
+        if let Some(deadline) = forget {
+            expiry::forget(ctx, site.name, deadline);
+        }
+        if site.key.delete().is_ok() && propagate {
+            replicate_del(ctx, site.name);
+        }
+    }
+}
+
+/// Performs one effect (a key deletion is [`perform_all`]'s).
+fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
+    match effect {
+        Effect::Count(change) => metrics::count(|stats| stats.record(change, now.mono)),
+        Effect::Block { waiter } => {
+            // Its time-out (and, if the block fails, its leaving the line) is the timer's.
+            waiters::block(ctx, waiter);
+            state::arm_soon();
+        }
+        Effect::Event { what, lease, publish } => {
+            notify::transition(ctx, what, name, lease, now);
+            if publish {
+                notify::publish(ctx, what, name, lease);
+            }
+        }
+        Effect::Log(line) => match line.level() {
+            LogLevel::Verbose => notify::verbose(ctx, || line.text(name.as_slice())),
+            LogLevel::Anomaly => notify::anomaly(ctx, now, || line.text(name.as_slice())),
+            LogLevel::Warning => {
+                notify::log(ctx, notify::Level::Warning, &line.text(name.as_slice()));
+            }
+        },
+        Effect::Answer { waiter, grant: Some(lease) } => {
+            let grant = Grant {
+                key: expiry::key_ref(ctx, name.as_slice()),
+                token: (*lease.token).into(),
+                fence: lease.fence,
+            };
+            waiters::answer(waiter, Outcome::Granted(lease.fence), Some(grant));
+        }
+        Effect::Answer { waiter, grant: None } => {
+            waiters::answer(waiter, Outcome::Nil, None);
+        }
+        Effect::Confirm { fence } => {
+            waiters::confirm_grant(fence);
+            state::confirm_grant(fence);
+        }
+        Effect::ReplicateLease(lease) => replicate_lease(ctx, name, lease, now),
+        Effect::ReplicateEnd(lease) => {
+            let fence = lease.fence.to_string();
+            ctx.replicate(ENDLEASE, &[name.as_slice(), &lease.token, fence.as_bytes()]);
+        }
+        Effect::ReplicateDel => replicate_del(ctx, name),
+        Effect::Index(at) => expiry::insert(ctx, name.as_slice(), at),
+        Effect::PassOn => ctx.replicate_verbatim(),
+        Effect::DeleteKey { .. } => {
+            unreachable!("a key is deleted by perform_all, after every other effect")
+        }
     }
 }
 
@@ -130,198 +192,6 @@ pub fn propagate_fence_counter(ctx: &Context) {
     let last = state::last_fence();
     if last > 0 {
         ctx.replicate(SETFENCE, &[last.to_string().as_str()]);
-    }
-}
-
-/// Events, log lines and answers to blocked clients for one transition.
-fn announce(ctx: &Context, name: &RedisString, lock: &Lock, change: &Transition, now: Now) {
-    let current = |fence: u64| lock.lease_with_fence(fence);
-    match change {
-        Transition::Granted { fence } => event(ctx, Event::Acquired, name, current(*fence), now),
-        // A ticket's holder learns of its end from its next ACQUIRE; the counters have it.
-        Transition::Ticketed { .. } | Transition::TicketDismissed { .. } => {}
-        Transition::Claimed { fence } => {
-            if let Some(lease) = current(*fence) {
-                notify::verbose(ctx, || {
-                    format!(
-                        "lease claimed resource={} owner={} fence={}",
-                        printable(name.as_slice()),
-                        printable(&lease.token),
-                        lease.fence
-                    )
-                });
-            }
-        }
-        Transition::TicketWithdrawn { token } => notify::verbose(ctx, || {
-            format!(
-                "ticket withdrawn resource={} token={}",
-                printable(name.as_slice()),
-                printable(token)
-            )
-        }),
-        Transition::TicketLapsed { token } => notify::anomaly(ctx, now, || {
-            format!(
-                "ticket lapsed (not refreshed in time) resource={} token={}",
-                printable(name.as_slice()),
-                printable(token)
-            )
-        }),
-        Transition::Reacquired { fence } | Transition::Renewed { fence } => {
-            // The holder was answered about this grant: a clean-up of a hand-over whose reply
-            // was lost must not take it back any more.
-            waiters::confirm_grant(*fence);
-            state::confirm_grant(*fence);
-            event(ctx, Event::Renewed, name, current(*fence), now);
-        }
-        Transition::Released(lease) => event(ctx, Event::Released, name, Some(lease), now),
-        Transition::Expired(lease) if lease.unclaimed => {
-            event(ctx, Event::Expired, name, Some(lease), now);
-            notify::anomaly(ctx, now, || {
-                format!(
-                    "grant lapsed unclaimed (its claim window ended) resource={} owner={} fence={}",
-                    printable(name.as_slice()),
-                    printable(&lease.token),
-                    lease.fence
-                )
-            });
-        }
-        Transition::Expired(lease) => {
-            event(ctx, Event::Expired, name, Some(lease), now);
-            notify::anomaly(ctx, now, || {
-                format!(
-                    "lease expired under its holder resource={} owner={} fence={} held-ms={} renewals={}",
-                    printable(name.as_slice()),
-                    printable(&lease.token),
-                    lease.fence,
-                    lease.deadline_mono.saturating_sub(lease.granted_mono) / 1_000,
-                    lease.renewals
-                )
-            });
-        }
-        Transition::HandedOver { waiter, fence, ticket, .. } => {
-            let lease = current(*fence);
-            event(ctx, Event::Handoff, name, lease, now);
-            if *ticket {
-                return; // its holder learns the fence from its next ACQUIRE
-            }
-            let grant = lease.map(|lease| Grant {
-                key: expiry::key_ref(ctx, name.as_slice()),
-                token: (*lease.token).into(),
-                fence: lease.fence,
-            });
-            waiters::answer(*waiter, Outcome::Granted(*fence), grant);
-        }
-        Transition::GrantUndone(lease) => {
-            event(ctx, Event::Released, name, Some(lease), now);
-            notify::anomaly(ctx, now, || {
-                format!(
-                    "lease released: its waiter left before the reply resource={} owner={} fence={}",
-                    printable(name.as_slice()),
-                    printable(&lease.token),
-                    lease.fence
-                )
-            });
-        }
-        // The timer answers the wait when it times out.
-        Transition::Queued { .. } => state::arm_soon(),
-        Transition::Superseded { waiter } | Transition::Dismissed { waiter } => {
-            waiters::answer(*waiter, Outcome::Nil, None);
-        }
-        Transition::Displaced(lease) => notify::anomaly(ctx, now, || {
-            format!(
-                "lease ended: its key was renamed or moved to resource={} owner={} fence={}",
-                printable(name.as_slice()),
-                printable(&lease.token),
-                lease.fence
-            )
-        }),
-        Transition::Refused(refusal) => refused(ctx, name, refusal, now),
-        Transition::HandOverFailed(error) => {
-            notify::log(ctx, notify::Level::Warning, &format!("dlock: hand-over failed: {error}"));
-        }
-        Transition::MoreToSettle => {}
-    }
-}
-
-fn event(ctx: &Context, what: Event, name: &RedisString, lease: Option<&Lease>, now: Now) {
-    if let Some(lease) = lease {
-        notify::transition(ctx, what, name, lease, now);
-        if what != Event::Renewed {
-            notify::publish(ctx, what, name, lease);
-        }
-    }
-}
-
-/// Rate-limited notice lines for refusals that say something is wrong with a client.
-fn refused(ctx: &Context, name: &RedisString, refusal: &Refusal, now: Now) {
-    match refusal {
-        Refusal::Contended | Refusal::RenewNotHeld { holder: None, .. } => {}
-        Refusal::ReleaseNotOwner { holder: None, .. } => {}
-        Refusal::RenewNotHeld { token, holder: Some(holder) } => notify::anomaly(ctx, now, || {
-            format!(
-                "renewal refused (not the owner) resource={} token={} holder={}",
-                printable(name.as_slice()),
-                printable(token),
-                printable(holder)
-            )
-        }),
-        Refusal::RenewPastMaxHold { token, held_ms } => notify::anomaly(ctx, now, || {
-            format!(
-                "renewal refused (past dlock.max-hold-ms) resource={} token={} held-ms={}",
-                printable(name.as_slice()),
-                printable(token),
-                held_ms
-            )
-        }),
-        Refusal::ReleaseNotOwner { token, holder: Some(holder) } => {
-            notify::anomaly(ctx, now, || {
-                format!(
-                    "release by a non-owner refused resource={} token={} holder={}",
-                    printable(name.as_slice()),
-                    printable(token),
-                    printable(holder)
-                )
-            });
-        }
-    }
-}
-
-/// Tells replicas and the AOF what `changes` did to the lock's leases. With no live lease left,
-/// copies drop the key (the primary may keep it for its waiters). A live exclusive lease
-/// replaces whatever a copy holds in one `DLOCK.SETLEASE`; shared leases travel one by one:
-/// each one touched as it now is, or its end (`DLOCK.ENDLEASE`).
-fn replicate_leases(
-    ctx: &Context,
-    resource: &RedisString,
-    lock: &Lock,
-    changes: &[Transition],
-    now: Now,
-) {
-    if let Some(lease) = lock.live_exclusive(now) {
-        return replicate_lease(ctx, resource, lease, now);
-    }
-    if !lock.has_live(now) {
-        return replicate_del(ctx, resource);
-    }
-    for change in changes {
-        match change {
-            Transition::Granted { fence }
-            | Transition::Reacquired { fence }
-            | Transition::Renewed { fence }
-            | Transition::HandedOver { fence, .. } => {
-                if let Some(lease) = lock.lease_with_fence(*fence).filter(|l| l.is_live(now)) {
-                    replicate_lease(ctx, resource, lease, now);
-                }
-            }
-            Transition::Released(lease)
-            | Transition::Expired(lease)
-            | Transition::GrantUndone(lease)
-            | Transition::Displaced(lease) => {
-                let fence = lease.fence.to_string();
-                ctx.replicate(ENDLEASE, &[resource.as_slice(), &lease.token, fence.as_bytes()]);
-            }
-            _ => {}
-        }
     }
 }
 
@@ -371,13 +241,6 @@ fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: No
                 renewals.len(),
             );
         }
-    }
-}
-
-/// Deletes a lock key that holds nothing live any more and propagates the `DEL`.
-fn delete(ctx: &Context, site: &Site<'_>) {
-    if site.key.delete().is_ok() {
-        replicate_del(ctx, site.name);
     }
 }
 

@@ -42,13 +42,11 @@ pub fn wake_at(ctx: &Context, name: &RedisString, deadline: Micros) {
     }
 }
 
-/// The key of `lock`, `name` in the selected database, goes away: its pending index entry is
-/// dropped when that is cheap (see `ExpiryIndex::forget_recent`).
-pub fn forget(ctx: &Context, name: &RedisString, lock: &Lock, now: Now) {
-    if let Some(deadline) = lock.pending_index_entry(now) {
-        let db = selected_db(ctx);
-        state::with_expiry(|expiry| expiry.index.forget_recent(deadline, db, name.as_slice()));
-    }
+/// The key `name` in the selected database goes away: its index entry pending at `deadline`
+/// is dropped when that is cheap (see `ExpiryIndex::forget_recent`).
+pub fn forget(ctx: &Context, name: &RedisString, deadline: Micros) {
+    let db = selected_db(ctx);
+    state::with_expiry(|expiry| expiry.index.forget_recent(deadline, db, name.as_slice()));
 }
 
 /// Indexes key `name` of the selected database at `deadline`.

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 
 use redis_module::{Context, NotifyEvent, RedisString, RedisValue, raw};
 
@@ -14,53 +14,7 @@ use crate::core::channel;
 use crate::core::ratelimit::{RateLimit, Verdict};
 use crate::core::{Lease, Now};
 
-/// An ownership change, as its event name says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// A new lease was granted.
-    Acquired,
-    /// The holder moved its deadline (RENEW, or ACQUIRE by the holder).
-    Renewed,
-    /// The holder released the lease.
-    Released,
-    /// The lease ended at its deadline, nobody having released it.
-    Expired,
-    /// The lease was handed to the head of the queue.
-    Handoff,
-}
-
-impl Event {
-    fn event(self) -> &'static CStr {
-        match self {
-            Self::Acquired => c"dlock.acquired",
-            Self::Renewed => c"dlock.renewed",
-            Self::Released => c"dlock.released",
-            Self::Expired => c"dlock.expired",
-            Self::Handoff => c"dlock.handoff",
-        }
-    }
-
-    /// The word its channel message starts with.
-    pub fn word(self) -> &'static str {
-        match self {
-            Self::Acquired => "acquired",
-            Self::Renewed => "renewed",
-            Self::Released => "released",
-            Self::Expired => "expired",
-            Self::Handoff => "handoff",
-        }
-    }
-
-    fn verb(self) -> &'static str {
-        match self {
-            Self::Acquired => "acquired",
-            Self::Renewed => "renewed",
-            Self::Released => "released",
-            Self::Expired => "expired",
-            Self::Handoff => "handed over",
-        }
-    }
-}
+pub use crate::core::effects::Event;
 
 /// Whether the server logs at `verbose` (or `debug`): read at load and on every CONFIG change,
 /// so that no line is formatted when it would be dropped.

@@ -108,34 +108,64 @@ pub fn is_alive(id: u64) -> bool {
     })
 }
 
-/// Blocks the client of this command until the module answers it; `gives_up_at` is when the
-/// module's timer answers nil (`None`: never). Returns the waiter id, or `None` when the server
-/// refused to block the client.
-pub fn block(ctx: &Context, key: KeyRef, gives_up_at: Option<Micros>) -> Option<u64> {
-    // SAFETY: ctx is the live command context; the callbacks are plain functions. Timeout 0:
-    // the server never times the client out on its own.
-    let handle = unsafe {
-        let block = raw::RedisModule_BlockClient?;
-        let handle = block(ctx.ctx, Some(on_reply), Some(on_unblock), Some(free_answer), 0);
-        if handle.is_null() {
-            return None;
-        }
-        if let Some(on_disconnect_of) = raw::RedisModule_SetDisconnectCallback {
-            on_disconnect_of(handle, Some(on_disconnect));
-        }
-        handle
-    };
-    Some(with_registry(|registry| {
+/// Registers a waiter for the client of this command, waiting on `key`, before the decision
+/// that puts it in line; `gives_up_at` is when the module's timer answers nil (`None`: never).
+/// Only bookkeeping: the client is blocked by [`block`] once the decision is made.
+pub fn register(key: KeyRef, gives_up_at: Option<Micros>) -> u64 {
+    with_registry(|registry| {
         registry.next_id += 1;
         let id = registry.next_id;
         let state = State::Waiting { gives_up_at };
-        registry.by_id.insert(id, Blocked { handle: handle as usize, key, state });
-        registry.by_handle.insert(handle as usize, id);
+        registry.by_id.insert(id, Blocked { handle: 0, key, state });
         if let Some(at) = gives_up_at {
             registry.timeouts.insert((at, id));
         }
         id
-    }))
+    })
+}
+
+/// Blocks the client of this command as waiter `id` (registered by [`register`]) until the module
+/// answers it. Returns false, and takes the waiter out of its line, when the server refused to
+/// block the client (the command then answers nil).
+pub fn block(ctx: &Context, id: u64) -> bool {
+    // SAFETY: ctx is the live command context; the callbacks are plain functions. Timeout 0:
+    // the server never times the client out on its own.
+    let handle = unsafe {
+        raw::RedisModule_BlockClient
+            .map(|block| block(ctx.ctx, Some(on_reply), Some(on_unblock), Some(free_answer), 0))
+            .filter(|handle| !handle.is_null())
+    };
+    let Some(handle) = handle else {
+        let key = with_registry(|registry| {
+            let blocked = registry.remove(id)?;
+            if let State::Waiting { gives_up_at: Some(at) } = blocked.state {
+                registry.timeouts.remove(&(at, id));
+            }
+            Some(blocked.key)
+        });
+        if let Some(key) = key {
+            state::prune_later(key, id);
+        }
+        return false;
+    };
+    // SAFETY: the handle was just returned by BlockClient; the callback is a plain function.
+    unsafe {
+        if let Some(on_disconnect_of) = raw::RedisModule_SetDisconnectCallback {
+            on_disconnect_of(handle, Some(on_disconnect));
+        }
+    }
+    with_registry(|registry| {
+        if let Some(blocked) = registry.by_id.get_mut(&id) {
+            blocked.handle = handle as usize;
+            registry.by_handle.insert(handle as usize, id);
+        }
+    });
+    true
+}
+
+/// Whether waiter `id` is a blocked client (registered and blocked, answered or not).
+pub fn is_blocked(id: u64) -> bool {
+    with_registry(|registry| registry.by_id.get(&id).is_some_and(|blocked| blocked.handle != 0))
 }
 
 /// Answers a waiting client: the fence of the lease it was handed (`grant` says where, so the

@@ -56,6 +56,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         Some(lock) => lock,
         None => fresh.insert(Lock::default()),
     };
+    // The waiter this command put in line, to block once the decision is applied.
+    let mut waiting = 0;
     let (outcome, changes) = apply::decide(now, |step| {
         let outcome =
             step.acquire_as(lock, request.token, request.ttl_ms, request.mode, request.meta)?;
@@ -65,7 +67,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             }
             Acquired::Busy | Acquired::GrantsHeld => match (request.wait_ms, request.queue_ms) {
                 (Some(timeout_ms), _) if may_block(ctx) => {
-                    wait(ctx, resource, step, lock, &request, timeout_ms)
+                    waiting = wait(ctx, resource, step, lock, &request, timeout_ms);
+                    RedisValue::NoReply
                 }
                 (_, Some(ticket_ms)) => {
                     queue(step, lock, &request, ticket_ms);
@@ -92,7 +95,11 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
         None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),
     }
-    Ok(outcome?)
+    match outcome? {
+        // The server refused to block the client (it left the line again): no lease, now.
+        RedisValue::NoReply if !waiters::is_blocked(waiting) => Ok(RedisValue::Null),
+        outcome => Ok(outcome),
+    }
 }
 
 /// Whether this call may block: not inside MULTI/EXEC or a script (they answer at once, as
@@ -102,7 +109,8 @@ fn may_block(ctx: &Context) -> bool {
         .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
 }
 
-/// Blocks the caller and puts it in line; the reply comes from the hand-over or the timeout.
+/// Puts the caller in line as a waiter to block; the reply comes from the hand-over or the
+/// timeout.
 fn wait(
     ctx: &Context,
     resource: &RedisString,
@@ -110,14 +118,12 @@ fn wait(
     lock: &mut Lock,
     request: &args::AcquireArgs<'_>,
     timeout_ms: u64,
-) -> RedisValue {
+) -> u64 {
     let now = step.now();
     let gives_up_at = (timeout_ms > 0).then(|| now.mono.saturating_add(timeout_ms * 1_000));
     let key = expiry::key_ref(ctx, resource.as_slice());
-    let Some(id) = waiters::block(ctx, key, gives_up_at) else {
-        step.contended();
-        return RedisValue::Null;
-    };
+    // Only registered here: the client is blocked when the decision is applied.
+    let id = waiters::register(key, gives_up_at);
     let waiter = Waiter {
         id,
         token: request.token.into(),
@@ -130,7 +136,7 @@ fn wait(
         meta: request.meta.map(Into::into),
     };
     step.enqueue(lock, waiter);
-    RedisValue::NoReply
+    id
 }
 
 /// Takes or keeps the token's place in line with a ticket of `ticket_ms`; its turn is granted

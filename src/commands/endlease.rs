@@ -5,9 +5,11 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
+use crate::apply::{self, Site};
+use crate::clock;
 use crate::core::DlockError;
 use crate::core::args::{parse_fence, parse_token};
-use crate::{clock, expiry};
+use crate::core::replica;
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.endlease",
@@ -34,14 +36,14 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
     let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
     let key = ctx.open_key_writable(resource);
-    if let Some(lock) = lock_at(&key)? {
-        let ended = lock.drop_holder(token, fence).is_some();
-        if ended && !lock.has_record() && lock.waiters().len() == 0 {
-            expiry::forget(ctx, resource, lock, clock::now());
-            key.delete()?;
+    match lock_at(&key)? {
+        Some(lock) => {
+            replica::end_lease(lock, token, fence);
+            apply::apply_replicated(ctx, &Site { key: &key, name: resource }, lock, clock::now());
         }
+        // The arguments are absolute, so passing the command on unchanged is deterministic.
+        None => ctx.replicate_verbatim(),
     }
-    ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 

@@ -6,10 +6,12 @@
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
+use crate::apply::{self, Site};
 use crate::core::args::{parse_fence, parse_int, parse_meta, parse_token};
+use crate::core::replica::{self, History};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
-use crate::{clock, expiry, metrics, state};
+use crate::{clock, metrics, state};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
@@ -55,40 +57,19 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         Some(lock) => lock,
         None => fresh.insert(Lock::default()),
     };
-    let previous = lock.lease_with_fence(fence).filter(|l| *l.token == *token);
-    match (history, previous) {
-        // The grant's own history travels with it: hold time and `max-hold-ms` count from
-        // the grant on every copy, across restarts and promotions.
-        (Some((granted_wall, renewals)), _) => {
-            lease.granted_mono = now.mono_from_wall(granted_wall).min(now.mono);
-            lease.renewals = renewals;
-        }
-        // An older stream without it: a renewal of the grant this copy has keeps its history.
-        (None, Some(previous)) => {
-            let renewed = previous.deadline_wall != deadline;
-            lease.granted_mono = previous.granted_mono;
-            lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
-        }
-        (None, None) => {}
-    }
-    lock.put(lease);
+    replica::set_lease(lock, lease, history, now);
     state::observe_fence(fence);
-    expiry::schedule(ctx, resource, lock, now);
+    apply::apply_replicated(ctx, &Site { key: &key, name: resource }, lock, now);
     if let Some(lock) = fresh.take() {
         key.set_value(&LOCK_TYPE, lock)?;
         metrics::lock_key_created();
     }
-    // The arguments are absolute, so passing the command on unchanged is deterministic.
-    ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
 fn parse_unsigned(bytes: &[u8]) -> Option<u64> {
     parse_int(bytes).and_then(|n| u64::try_from(n).ok())
 }
-
-/// The grant's history (`GRANTED granted-unix-us RENEWALS renewals`; none in older streams).
-type History = Option<(u64, u32)>;
 
 /// `[GRANTED granted-unix-us RENEWALS renewals] [SHARED] [META value]`, in this order.
 fn parse_options<'a>(args: &[&'a [u8]]) -> Result<(History, bool, Option<&'a [u8]>), DlockError> {

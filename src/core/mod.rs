@@ -8,6 +8,7 @@ pub mod channel;
 #[cfg(test)]
 mod counters_tests;
 pub mod decimal;
+pub mod effects;
 pub mod encoding;
 pub mod error;
 pub mod expiry;
@@ -19,6 +20,7 @@ pub mod mode;
 #[cfg(test)]
 mod model_tests;
 pub mod ratelimit;
+pub mod replica;
 pub mod schedule;
 #[cfg(test)]
 mod shared_index_tests;

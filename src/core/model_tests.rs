@@ -2,8 +2,9 @@
 //!
 //! A `Store` runs the same [`Step`] operations the commands and the expiry timer run (each
 //! settles the lock first: an expired lease goes, the head of the queue gets the lease), then
-//! does what the glue's apply step does with the lock: keys are deleted once vacant, index
-//! entries are inserted on every deadline change, and a sweep pops due entries. Random operation
+//! performs the effects the core plans for it ([`effects::plan`]): keys deleted, index entries
+//! inserted, and every replicated effect applied to a copy through the replica's own path, which
+//! must hold every live lease the primary holds and nothing it ended. A sweep pops due entries. Random operation
 //! sequences must agree with the model at every step, and the contract's invariants must hold:
 //! at most one live lease per resource, fences strictly increasing, nothing changed by a
 //! non-owner, waiters served in FIFO order, and no expired lease left behind by a full sweep.
@@ -12,11 +13,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use proptest::prelude::*;
 
+use super::effects::{self, Effect, Place};
 use super::expiry::{DueBatch, ExpiryIndex};
 use super::fence::FenceCounter;
 use super::lock::{Due, Renewal, Rules};
 use super::mode::Mode;
-use super::{Acquired, Host, Lock, Now, Step, Transition, Waiter};
+use super::replica;
+use super::{Acquired, Host, Lease, Lock, Now, Step, Transition, Waiter};
 
 type Resource = u8;
 
@@ -101,6 +104,57 @@ struct Store {
     next_waiter: u64,
     /// Hand-overs in the order they happened: (resource, waiter id, fence).
     handed: Vec<(Resource, u64, u64)>,
+    /// A replica: the replicated effects applied through the copy's own path.
+    copy: Copy,
+}
+
+/// A copy of the data set that learns only what the primary's effects tell it, through the same
+/// path as `DLOCK.SETLEASE`, `DLOCK.ENDLEASE` and `DEL` on a replica.
+#[derive(Default)]
+struct Copy {
+    keys: BTreeMap<Resource, Lock>,
+    last_fence: u64,
+}
+
+impl Copy {
+    fn apply(&mut self, resource: Resource, effect: Effect<'_>, now: Now) {
+        match effect {
+            Effect::ReplicateLease(lease) => {
+                // What `DLOCK.SETLEASE` carries: token, fence, deadline, history, mode, meta.
+                let mut copied = Lease::restore(
+                    &lease.token,
+                    lease.fence,
+                    lease.deadline_wall,
+                    now,
+                    self.last_fence,
+                )
+                .expect("a lease the primary minted is a valid one");
+                copied.shared = lease.shared;
+                let history = Some((lease.granted_wall(now), lease.renewals));
+                self.last_fence = self.last_fence.max(lease.fence);
+                replica::set_lease(self.keys.entry(resource).or_default(), copied, history, now);
+            }
+            Effect::ReplicateEnd(lease) => {
+                let lock = self.keys.get_mut(&resource).expect("an end names a key the copy has");
+                assert!(replica::end_lease(lock, &lease.token, lease.fence), "the copy had it");
+            }
+            Effect::ReplicateDel => {
+                self.keys.remove(&resource);
+            }
+            _ => {}
+        }
+    }
+
+    /// (token, fence, shared, deadline, renewals) of every lease the copy holds for `resource`.
+    fn leases(&self, resource: Resource) -> BTreeSet<(Vec<u8>, u64, bool, u64, u32)> {
+        leases_of(self.keys.get(&resource).into_iter().flat_map(Lock::holders))
+    }
+}
+
+fn leases_of<'a>(
+    leases: impl Iterator<Item = &'a Lease>,
+) -> BTreeSet<(Vec<u8>, u64, bool, u64, u32)> {
+    leases.map(|l| (l.token.to_vec(), l.fence, l.shared, l.deadline_wall, l.renewals)).collect()
 }
 
 #[derive(Default)]
@@ -113,7 +167,8 @@ impl Host for Gone {
 }
 
 impl Store {
-    /// One decision on `resource` (an empty lock when it has no key), then the glue's part.
+    /// One decision on `resource` (an empty lock when it has no key), then its effects: the
+    /// ones on keys and the index performed here, the replicated ones on the copy.
     fn run<T>(
         &mut self,
         resource: Resource,
@@ -123,15 +178,30 @@ impl Store {
         let lock = self.keys.entry(resource).or_default();
         let mut step = Step::new(now, Rules::default(), &mut self.fences, &self.gone);
         let result = op(&mut step, lock);
-        for change in step.into_changes() {
+        let changes = step.into_changes();
+        for change in &changes {
             if let Transition::HandedOver { waiter, fence, .. } = change {
-                self.handed.push((resource, waiter, fence));
+                self.handed.push((resource, *waiter, *fence));
             }
         }
-        if lock.is_vacant(now) {
+        let (mut delete, mut index) = (false, Vec::new());
+        let place = Place::Stored { indexes: true, grants_held_until: 0 };
+        let copy = &mut self.copy;
+        effects::plan(lock, place, &changes, now, |effect| match effect {
+            Effect::DeleteKey { propagate, .. } => {
+                delete = true;
+                if propagate {
+                    copy.keys.remove(&resource);
+                }
+            }
+            Effect::Index(at) => index.push(at),
+            effect => copy.apply(resource, effect, now),
+        });
+        if delete {
             self.keys.remove(&resource);
-        } else if let Some(deadline) = lock.needs_index_entry(now) {
-            self.index.insert(deadline, 0, &[resource]);
+        }
+        for at in index {
+            self.index.insert(at, 0, &[resource]);
         }
         result
     }
@@ -483,6 +553,16 @@ proptest! {
                 let queue: Vec<u64> = store.keys.get(&resource).map(|l| l.waiters().map(|w| w.id).collect()).unwrap_or_default();
                 let want: Vec<u64> = model.queues.get(&resource).map(|q| q.iter().map(|w| w.id).collect()).unwrap_or_default();
                 prop_assert_eq!(queue, want);
+                // The copy holds every live lease as the primary does, and nothing the primary
+                // ended (it may still hold a lease that expired on both and was not yet ended).
+                let copied = store.copy.leases(resource);
+                let primary = store.keys.get(&resource);
+                let live = leases_of(primary.into_iter().flat_map(|lock| lock.live_holders(now)));
+                prop_assert!(live.is_subset(&copied), "live {:?} not all on the copy {:?}", live, copied);
+                let held: BTreeSet<(Vec<u8>, u64)> = primary.into_iter().flat_map(Lock::holders).map(|l| (l.token.to_vec(), l.fence)).collect();
+                for (token, fence, ..) in &copied {
+                    prop_assert!(held.contains(&(token.clone(), *fence)), "the copy keeps an ended lease {:?}", (token, fence));
+                }
             }
         }
         // With the clock far past every deadline and the queues drained, one sweep leaves nothing.
@@ -491,6 +571,7 @@ proptest! {
             store.sweep(now);
         }
         prop_assert!(store.keys.is_empty(), "free locks cost no memory");
+        prop_assert!(store.copy.keys.is_empty(), "the copy deleted every key too");
         prop_assert!(store.index.is_empty());
     }
 }
