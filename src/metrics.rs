@@ -34,16 +34,11 @@ pub fn lock_key_freed() {
 /// busy (a crash report must not wait on a lock the crashing code may hold).
 pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>> {
     let mut stats = STATS.try_lock().ok()?;
-    let gauges = Gauges {
-        lock_keys: LOCK_KEYS.load(Ordering::Relaxed),
-        waiters,
-        tickets: crate::core::lock::tickets_in_line(),
-        index_entries,
-    };
+    let gauges = Gauges { lock_keys: LOCK_KEYS.load(Ordering::Relaxed), waiters, index_entries };
     Some(stats.get_or_insert_with(Stats::default).fields(gauges))
 }
 
 /// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters).
 pub fn reset() {
-    *stats() = Some(Stats::default());
+    stats().get_or_insert_with(Stats::default).reset();
 }

@@ -5,8 +5,17 @@
 #![no_main]
 
 use dlock::core::fence::FenceCounter;
-use dlock::core::{Acquired, Lock, Mode, Now, Rules, Waiter};
+use dlock::core::{Acquired, Host, Lock, Mode, Now, Rules, Step, Transition, Waiter};
 use libfuzzer_sys::fuzz_target;
+
+/// Every fifth waiter is gone by the time its turn comes.
+struct SomeGone;
+
+impl Host for SomeGone {
+    fn waiter_alive(&self, id: u64) -> bool {
+        id % 5 != 0
+    }
+}
 
 fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
     let mut lock = Lock::default();
@@ -24,51 +33,46 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
             2 => Mode::Shared { limit: None },
             _ => Mode::Shared { limit: Some(u32::from(amount % 4) + 1) },
         };
+        let mut step = Step::new(now, rules, &mut fences, &SomeGone);
         match op % 7 {
             0 => {
                 if let Ok(Acquired::Granted { fence, .. }) =
-                    lock.acquire_as(&token, ttl, mode, None, now, &mut fences, rules)
+                    step.acquire_as(&mut lock, &token, ttl, mode, None)
                 {
-                    assert!(fence > last_fence);
-                    last_fence = fence;
+                    assert!(lock.fence_check(fence, now) || mode.is_shared());
                 }
             }
             1 => {
-                let _ = lock.renew(&token, ttl, now, rules);
+                let _ = step.renew(&mut lock, &token, ttl);
             }
             2 => {
-                let _ = lock.release(&token, now);
+                let _ = step.release(&mut lock, &token);
             }
             3 => {
                 next_waiter += 1;
                 let gives_up_at = (amount % 3 == 0).then(|| now.mono + u64::from(amount) * 10);
-                let _ = lock.enqueue(Waiter {
+                let ticket_until = (op & 0x80 != 0).then(|| now.mono + u64::from(amount) * 100);
+                let waiter = Waiter {
                     id: next_waiter,
                     token: token.into(),
                     ttl_ms: ttl,
                     gives_up_at,
                     queued_at: now.mono,
                     claim_ms: (amount % 5 == 0).then_some(u64::from(amount % 50) + 1),
-                    ticket_until: (op & 0x80 != 0).then(|| now.mono + u64::from(amount) * 100),
+                    ticket_until,
                     mode,
                     meta: None,
-                });
+                };
+                if ticket_until.is_some() {
+                    step.enqueue_ticket(&mut lock, waiter);
+                } else {
+                    step.enqueue(&mut lock, waiter);
+                }
             }
             4 => {
-                for lapsed in lock.drop_lapsed_tickets(now) {
-                    assert!(lapsed.ticket_until.is_some_and(|until| until <= now.mono));
-                }
-                // A settle in slices: a few expired leases at a time, and hand-overs only once
-                // none is left (as Step::settle does).
-                let _ = lock.expire(now, (amount % 8) as usize + 1);
-                while !lock.has_expired(now)
-                    && let Ok(Some(handed)) =
-                        lock.hand_over(now, &mut fences, rules, |w| w.id % 5 != 0)
-                {
-                    assert!(handed.fence > last_fence);
-                    last_fence = handed.fence;
-                    assert!(lock.fence_check(handed.fence, now));
-                }
+                // A settle: expired leases end a slice at a time, hand-overs only once none is
+                // left, at most a bounded crowd per settle.
+                let _ = step.settle(&mut lock);
             }
             5 => {
                 let _ = lock.fence_check(u64::from(amount), now);
@@ -80,6 +84,13 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     .wall
                     .wrapping_add(u64::from(amount) * 100)
                     .wrapping_sub(u64::from(op & 3) * 1_000);
+            }
+        }
+        // Every fence minted in this step, in the order it was.
+        for change in step.into_changes() {
+            if let Transition::Granted { fence } | Transition::HandedOver { fence, .. } = change {
+                assert!(fence > last_fence);
+                last_fence = fence;
             }
         }
         assert!(fences.last() >= last_fence);

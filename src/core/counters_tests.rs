@@ -261,7 +261,7 @@ impl Server {
         }
     }
 
-    /// Both identities, or which one fails.
+    /// Both identities and the tickets gauge, or which one fails.
     fn counters_add_up(&self) -> Result<(), String> {
         let s = &self.stats;
         let waiting = self.registry.waiting.borrow().len() as u64;
@@ -287,6 +287,12 @@ impl Server {
                 s.tickets_withdrawn,
                 s.tickets_dismissed,
                 tickets
+            ));
+        }
+        if s.tickets_in_line != tickets {
+            return Err(format!(
+                "the tickets gauge {} != {tickets} standing in lines",
+                s.tickets_in_line
             ));
         }
         Ok(())

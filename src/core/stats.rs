@@ -134,6 +134,9 @@ pub struct Stats {
     pub claims_lapsed: u64,
     /// Leases handed over to a blocked client whose reply never reached it, taken back.
     pub grants_undone: u64,
+    /// Tickets standing in lines now (a lapsed one until its lock is next settled): a gauge kept
+    /// from the same transitions, which `CONFIG RESETSTAT` leaves as it is.
+    pub tickets_in_line: u64,
     /// Time from ACQUIRE … WAIT to the hand-over, in µs.
     pub wait_time: Histogram,
     /// Time from grant to release or expiry, in µs.
@@ -147,8 +150,6 @@ pub struct Gauges {
     pub lock_keys: u64,
     /// Clients blocked in ACQUIRE … WAIT.
     pub waiters: u64,
-    /// Tickets standing in lines.
-    pub tickets: u64,
     /// Entries in the expiry index, live or stale.
     pub index_entries: u64,
 }
@@ -176,13 +177,26 @@ impl Stats {
             }
             Transition::HandedOver { waited, ticket: true, .. } => {
                 self.tickets_granted += 1;
+                self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
                 self.wait_time.record(*waited);
             }
-            Transition::Ticketed { refreshed: false } => self.tickets_queued += 1,
+            Transition::Ticketed { refreshed: false } => {
+                self.tickets_queued += 1;
+                self.tickets_in_line += 1;
+            }
             Transition::Ticketed { refreshed: true } => {}
-            Transition::TicketLapsed { .. } => self.tickets_lapsed += 1,
-            Transition::TicketWithdrawn { .. } => self.tickets_withdrawn += 1,
-            Transition::TicketDismissed { .. } => self.tickets_dismissed += 1,
+            Transition::TicketLapsed { .. } => {
+                self.tickets_lapsed += 1;
+                self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
+            }
+            Transition::TicketWithdrawn { .. } => {
+                self.tickets_withdrawn += 1;
+                self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
+            }
+            Transition::TicketDismissed { .. } => {
+                self.tickets_dismissed += 1;
+                self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
+            }
             // Its wait was counted as granted at the hand-over.
             Transition::GrantUndone(_) => self.grants_undone += 1,
             Transition::Queued { .. } => self.waits_started += 1,
@@ -207,12 +221,18 @@ impl Stats {
     pub fn record_freed(&mut self, answered: u64, tickets: u64) {
         self.waits_timed_out += answered;
         self.tickets_dismissed += tickets;
+        self.tickets_in_line = self.tickets_in_line.saturating_sub(tickets);
+    }
+
+    /// `CONFIG RESETSTAT`: every counter back to 0; the gauge stays.
+    pub fn reset(&mut self) {
+        *self = Self { tickets_in_line: self.tickets_in_line, ..Self::default() };
     }
 
     /// `INFO` fields (`name`, value) in a stable order, with Prometheus-friendly names.
     /// `index_entries` counts the expiry index's entries, live or stale.
     pub fn fields(&self, gauges: Gauges) -> Vec<(String, u64)> {
-        let Gauges { lock_keys, waiters, tickets, index_entries } = gauges;
+        let Gauges { lock_keys, waiters, index_entries } = gauges;
         let counters = [
             ("acquire_granted", self.acquire_granted),
             ("acquire_reacquired", self.acquire_reacquired),
@@ -242,7 +262,7 @@ impl Stats {
             ("grants_undone", self.grants_undone),
             ("lock_keys", lock_keys),
             ("waiters", waiters),
-            ("tickets", tickets),
+            ("tickets", self.tickets_in_line),
             ("index_entries", index_entries),
         ];
         let mut fields: Vec<(String, u64)> =
@@ -279,6 +299,20 @@ mod tests {
         }
         assert_eq!(histogram.percentile(100.0), 100_000);
         assert_eq!(Histogram::default().percentile(99.0), 0);
+    }
+
+    #[test]
+    fn a_reset_zeroes_the_counters_and_keeps_the_tickets_gauge() {
+        let mut stats = Stats::default();
+        stats.record(&Transition::Ticketed { refreshed: false }, 0);
+        stats.record(&Transition::Ticketed { refreshed: false }, 0);
+        stats.record(&Transition::Ticketed { refreshed: true }, 0);
+        stats.record(&Transition::TicketLapsed { token: b"A"[..].into() }, 0);
+        assert_eq!((stats.tickets_queued, stats.tickets_in_line), (2, 1));
+        stats.reset();
+        assert_eq!((stats.tickets_queued, stats.tickets_lapsed, stats.tickets_in_line), (0, 0, 1));
+        stats.record_freed(0, 1);
+        assert_eq!(stats.tickets_in_line, 0);
     }
 
     #[test]
