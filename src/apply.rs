@@ -14,7 +14,7 @@ use redis_module::{Context, RedisString, raw};
 
 use crate::core::decimal::{MAX_DIGITS, decimal};
 use crate::core::effects::{self, Effect, LogLevel, Place};
-use crate::core::{Host, Lease, Lock, Now, Step, Transition};
+use crate::core::{Host, Lease, Lock, Micros, Now, Step, Transition};
 use crate::notify;
 use crate::state::{self, Grant};
 use crate::waiters::{self, Outcome};
@@ -75,7 +75,9 @@ pub fn apply(
     } else {
         Place::NotStored
     };
-    perform_all(ctx, site, now, |effect| effects::plan(lock, place, &changes, now, effect));
+    let mut executor = Executor { ctx, name: site.name, now, delete: None };
+    effects::plan(lock, place, &changes, now, |effect| executor.perform(effect));
+    executor.finish(site);
 }
 
 /// For a decision made inside a keyspace notification (a value arrived under a new name),
@@ -88,39 +90,50 @@ pub fn announce_only(
     changes: Vec<Transition>,
     now: Now,
 ) {
-    effects::plan(lock, Place::Notified, &changes, now, |effect| perform(ctx, name, effect, now));
+    let mut executor = Executor { ctx, name, now, delete: None };
+    effects::plan(lock, Place::Notified, &changes, now, |effect| executor.perform(effect));
 }
 
 /// Performs the effects of a replicated lease change (`DLOCK.SETLEASE`, `DLOCK.ENDLEASE`)
 /// already made to `lock` at `site` ([`effects::plan_replicated`]).
 pub fn apply_replicated(ctx: &Context, site: &Site<'_>, lock: &Lock, now: Now) {
     let indexes = expiry::decides_expiry(ctx);
-    perform_all(ctx, site, now, |effect| effects::plan_replicated(lock, indexes, now, effect));
+    let mut executor = Executor { ctx, name: site.name, now, delete: None };
+    effects::plan_replicated(lock, indexes, now, |effect| executor.perform(effect));
+    executor.finish(site);
 }
 
-/// Performs every effect `plan` gives; the key is deleted last, once nothing refers to the lock.
-fn perform_all<'a>(
-    ctx: &Context,
-    site: &Site<'_>,
+/// Performs effects one by one, each with one call into the server; the key's deletion waits for
+/// [`Executor::finish`], once nothing refers to the lock any more.
+struct Executor<'c> {
+    ctx: &'c Context,
+    name: &'c RedisString,
     now: Now,
-    plan: impl FnOnce(&mut dyn FnMut(Effect<'a>)),
-) {
-    let mut delete = None;
-    plan(&mut |effect| match effect {
-        Effect::DeleteKey { forget, propagate } => delete = Some((forget, propagate)),
-        effect => perform(ctx, site.name, effect, now),
-    });
-    if let Some((forget, propagate)) = delete {
+    /// A planned deletion: the pending index entry to forget, and whether to propagate it.
+    delete: Option<(Option<Micros>, bool)>,
+}
+
+impl Executor<'_> {
+    fn perform(&mut self, effect: Effect<'_>) {
+        match effect {
+            Effect::DeleteKey { forget, propagate } => self.delete = Some((forget, propagate)),
+            effect => perform(self.ctx, self.name, effect, self.now),
+        }
+    }
+
+    /// Deletes the key if that was planned (the lock must not be used after this).
+    fn finish(self, site: &Site<'_>) {
+        let Some((forget, propagate)) = self.delete else { return };
         if let Some(deadline) = forget {
-            expiry::forget(ctx, site.name, deadline);
+            expiry::forget(self.ctx, site.name, deadline);
         }
         if site.key.delete().is_ok() && propagate {
-            replicate_del(ctx, site.name);
+            replicate_del(self.ctx, site.name);
         }
     }
 }
 
-/// Performs one effect (a key deletion is [`perform_all`]'s).
+/// Performs one effect (a key deletion is [`Executor::finish`]'s).
 fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
     match effect {
         Effect::Count(change) => metrics::count(|stats| stats.record(change, now.mono)),
@@ -166,7 +179,7 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
         Effect::Index(at) => expiry::insert(ctx, name.as_slice(), at),
         Effect::PassOn => ctx.replicate_verbatim(),
         Effect::DeleteKey { .. } => {
-            unreachable!("a key is deleted by perform_all, after every other effect")
+            unreachable!("a key is deleted by Executor::finish, after every other effect")
         }
     }
 }

@@ -7,44 +7,27 @@
 
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
 
 use redis_module::{Context, ContextFlags, raw};
 
-use crate::core::slotfloor::{Floors, Gate, NodeId, Question, key_slot};
+use crate::config;
+use crate::core::slotfloor::{Gate, NodeId, SlotChange, SlotMoves, key_slot};
 use crate::core::{DlockError, Now};
 use crate::notify::{self, Level};
-use crate::{config, state};
+use crate::state::{self, MODULE};
 
 /// Cluster bus message types of this module.
 const QUESTION: u8 = 1;
 const ANSWER: u8 = 2;
 
-/// A `CLUSTER SETSLOT` the filter saw, applied before the next gate or event-loop sleep.
-enum SlotChange {
-    Importing(u16, NodeId),
-    Node(u16, NodeId),
-    Stable(u16),
-}
-
-#[derive(Default)]
-struct Taking {
-    floors: Floors,
-    changes: Vec<SlotChange>,
-    outbox: Vec<Question>,
-}
-
-static TAKING: Mutex<Option<Taking>> = Mutex::new(None);
-/// Set while a slot is being taken or a change waits: a grant checks the gate only then.
-static BUSY: AtomicBool = AtomicBool::new(false);
-
-fn with_taking<T>(f: impl FnOnce(&mut Taking) -> T) -> T {
-    let mut guard: MutexGuard<'_, Option<Taking>> =
-        TAKING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let taking = guard.get_or_insert_with(Taking::default);
+fn with_taking<T>(f: impl FnOnce(&mut SlotMoves) -> T) -> T {
+    let mut guard = state::lock(&MODULE.slots);
+    let taking = guard.get_or_insert_with(SlotMoves::default);
     let result = f(taking);
-    BUSY.store(!taking.floors.is_idle() || !taking.changes.is_empty(), Ordering::Release);
+    MODULE
+        .slots_busy
+        .store(!taking.floors.is_idle() || !taking.changes.is_empty(), Ordering::Release);
     result
 }
 
@@ -73,7 +56,7 @@ pub fn register(ctx: &Context) -> redis_module::Status {
 /// An `ACQUIRE` of `resource` at `now`: `Err` (TRYAGAIN) while its slot waits for the
 /// old owner's counter.
 pub fn gate(ctx: &Context, resource: &[u8], now: Now) -> Result<(), DlockError> {
-    if !BUSY.load(Ordering::Acquire) {
+    if !MODULE.slots_busy.load(Ordering::Acquire) {
         return Ok(());
     }
     let gate = with_taking(|taking| {
@@ -199,13 +182,13 @@ fn slot_owners(ctx: &Context) -> Vec<(std::ops::RangeInclusive<u16>, NodeId)> {
 
 /// Before the event loop sleeps: applies the `SETSLOT`s seen and sends the questions they need.
 pub fn before_sleep(ctx: &Context, now: Now) {
-    if BUSY.load(Ordering::Acquire) {
+    if MODULE.slots_busy.load(Ordering::Acquire) {
         with_taking(|taking| apply_changes(taking, now));
         flush(ctx);
     }
 }
 
-fn apply_changes(taking: &mut Taking, now: Now) {
+fn apply_changes(taking: &mut SlotMoves, now: Now) {
     let me = my_id();
     for change in std::mem::take(&mut taking.changes) {
         match change {

@@ -1,7 +1,7 @@
 //! Module configuration, set with `CONFIG SET dlock.<name>` or as load arguments
 //! (`--loadmodule libdlock.so max-ttl-ms 60000`).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::core::{Micros, Rules};
@@ -28,9 +28,6 @@ pub const DEFAULT_FENCE_LEAD_MS: i64 = 30_000;
 /// Upper bound of `dlock.fence-lead-ms`: one day.
 pub const FENCE_LEAD_MS_LIMIT: i64 = 86_400_000;
 
-/// Monotonic instant until which new grants are held back (0: none).
-static GRANTS_HELD_UNTIL: AtomicU64 = AtomicU64::new(0);
-
 /// The rules grants and renewals follow at `now_mono`.
 pub fn rules(now_mono: Micros) -> Rules {
     Rules {
@@ -48,7 +45,7 @@ pub fn max_ttl_ms() -> u64 {
 pub fn hold_new_grants(now_mono: Micros) {
     let delay_ms = RESTART_GRANT_DELAY_MS.load(Ordering::Acquire).max(0) as u64;
     let until = now_mono.saturating_add(delay_ms.saturating_mul(1_000));
-    GRANTS_HELD_UNTIL.store(until, Ordering::Release);
+    crate::state::MODULE.grants_held_until.store(until, Ordering::Release);
 }
 
 /// Puts the fence counter `dlock.fence-lead-ms` ahead of the wall clock `now_wall` (start-up,
@@ -62,10 +59,10 @@ pub fn lead_fences(now_wall: Micros) {
 
 /// Whether new grants are still held back at `now_mono`.
 pub fn new_grants_held(now_mono: Micros) -> bool {
-    now_mono < GRANTS_HELD_UNTIL.load(Ordering::Acquire)
+    now_mono < crate::state::MODULE.grants_held_until.load(Ordering::Acquire)
 }
 
 /// The monotonic instant new grants are held back until (in the past when none are).
 pub fn grants_held_until() -> Micros {
-    GRANTS_HELD_UNTIL.load(Ordering::Acquire)
+    crate::state::MODULE.grants_held_until.load(Ordering::Acquire)
 }

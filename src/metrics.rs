@@ -1,17 +1,13 @@
 //! The module's counters and latency percentiles; `report.rs` shows them in `INFO dlock`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
 
 use crate::core::stats::{Gauges, Stats};
-
-static STATS: Mutex<Option<Stats>> = Mutex::new(None);
-
-/// Lock values Redis holds right now (each lock key, live or about to be swept).
-static LOCK_KEYS: AtomicU64 = AtomicU64::new(0);
+use crate::state::{self, MODULE};
 
 fn stats() -> MutexGuard<'static, Option<Stats>> {
-    STATS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    state::lock(&MODULE.stats)
 }
 
 /// Updates the counters. `f` must not call into Redis.
@@ -21,20 +17,22 @@ pub fn count(f: impl FnOnce(&mut Stats)) {
 
 /// A lock value was handed to Redis (new key, load, copy).
 pub fn lock_key_created() {
-    LOCK_KEYS.fetch_add(1, Ordering::Relaxed);
+    MODULE.lock_keys.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Redis freed a lock value.
 pub fn lock_key_freed() {
-    let _ =
-        LOCK_KEYS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+    let _ = MODULE
+        .lock_keys
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
 }
 
 /// Every `INFO dlock` field now, given the gauges kept elsewhere; `None` if the counters are
 /// busy (a crash report must not wait on a lock the crashing code may hold).
 pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>> {
-    let mut stats = STATS.try_lock().ok()?;
-    let gauges = Gauges { lock_keys: LOCK_KEYS.load(Ordering::Relaxed), waiters, index_entries };
+    let mut stats = MODULE.stats.try_lock().ok()?;
+    let gauges =
+        Gauges { lock_keys: MODULE.lock_keys.load(Ordering::Relaxed), waiters, index_entries };
     Some(stats.get_or_insert_with(Stats::default).fields(gauges))
 }
 

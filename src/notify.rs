@@ -2,8 +2,7 @@
 //! and greppable `key=value` log lines, verbose for transitions and rate-limited notices for
 //! anomalies.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use std::ffi::CString;
 
@@ -13,16 +12,12 @@ use crate::core::args::printable;
 use crate::core::channel;
 use crate::core::ratelimit::{RateLimit, Verdict};
 use crate::core::{Lease, Now};
+use crate::state::{self, MODULE};
 
 pub use crate::core::effects::Event;
 
-/// Whether the server logs at `verbose` (or `debug`): read at load and on every CONFIG change,
-/// so that no line is formatted when it would be dropped.
-static VERBOSE: AtomicBool = AtomicBool::new(false);
-
 /// Notice lines for anomalies: at most this many a second.
 const NOTICES_PER_SECOND: u32 = 10;
-static NOTICES: Mutex<Option<RateLimit>> = Mutex::new(None);
 
 /// Log levels of the server log.
 #[derive(Clone, Copy)]
@@ -61,7 +56,7 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
             notify(ctx.ctx, NotifyEvent::MODULE.bits(), what.event().as_ptr(), resource.inner);
         }
     }
-    if VERBOSE.load(Ordering::Relaxed) {
+    if MODULE.log.verbose.load(Ordering::Relaxed) {
         log(
             ctx,
             Level::Verbose,
@@ -94,49 +89,46 @@ pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease
     let mut message = [0; channel::MAX_MESSAGE];
     let holder = (what == Event::Handoff).then_some(&*lease.token);
     let message = channel::write_message(what.word(), lease.fence, holder, &mut message);
-    CHANNEL.with_borrow_mut(|name| {
+    let channel = {
+        // The name's buffer is reused from message to message.
+        let mut name = state::lock(&MODULE.log.channel);
         name.clear();
-        channel::write_name(resource.as_slice(), name);
-        let channel = RedisString::create_from_slice(ctx.ctx, name);
-        let message = RedisString::create_from_slice(ctx.ctx, message);
-        // SAFETY: ctx is live; both strings live until the end of this call.
-        unsafe {
-            let publish = if in_cluster(ctx) {
-                raw::RedisModule_PublishMessageShard.or(raw::RedisModule_PublishMessage)
-            } else {
-                raw::RedisModule_PublishMessage
-            };
-            if let Some(publish) = publish {
-                publish(ctx.ctx, channel.inner, message.inner);
-            }
+        channel::write_name(resource.as_slice(), &mut name);
+        RedisString::create_from_slice(ctx.ctx, &name)
+    };
+    let message = RedisString::create_from_slice(ctx.ctx, message);
+    // SAFETY: ctx is live; both strings live until the end of this call.
+    unsafe {
+        let publish = if in_cluster(ctx) {
+            raw::RedisModule_PublishMessageShard.or(raw::RedisModule_PublishMessage)
+        } else {
+            raw::RedisModule_PublishMessage
+        };
+        if let Some(publish) = publish {
+            publish(ctx.ctx, channel.inner, message.inner);
         }
-    });
-}
-
-thread_local! {
-    /// The channel name being published to, reused (commands run on the main thread).
-    static CHANNEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
 }
 
 /// Whether the server runs in Cluster mode: read once, as `cluster-enabled` cannot change while
 /// the server runs.
 fn in_cluster(ctx: &Context) -> bool {
-    static CLUSTER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CLUSTER.get_or_init(|| ctx.get_flags().contains(redis_module::ContextFlags::CLUSTER))
+    *MODULE
+        .log
+        .in_cluster
+        .get_or_init(|| ctx.get_flags().contains(redis_module::ContextFlags::CLUSTER))
 }
 
 /// Logs a line at verbose level, built only when the server logs verbose lines.
 pub fn verbose(ctx: &Context, line: impl FnOnce() -> String) {
-    if VERBOSE.load(Ordering::Relaxed) {
+    if MODULE.log.verbose.load(Ordering::Relaxed) {
         log(ctx, Level::Verbose, &line());
     }
 }
 
 /// Logs an anomaly at notice level, unless too many were logged this second.
 pub fn anomaly(ctx: &Context, now: Now, line: impl FnOnce() -> String) {
-    let verdict = NOTICES
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    let verdict = state::lock(&MODULE.log.notices)
         .get_or_insert_with(RateLimit::default)
         .check(now.mono, NOTICES_PER_SECOND);
     match verdict {
@@ -160,16 +152,16 @@ fn server_config(ctx: &Context, name: &str) -> Option<String> {
     }
 }
 
-/// The eviction policy last warned about, so a warning is written once per change.
-static WARNED_POLICY: Mutex<Option<String>> = Mutex::new(None);
-
 /// Re-reads the settings that change what the module logs (at load and after CONFIG SET):
 /// the log level, and an eviction policy that can drop live leases.
 pub fn refresh_log_level(ctx: &Context) {
     let level = server_config(ctx, "loglevel");
-    VERBOSE.store(matches!(level.as_deref(), Some("verbose" | "debug")), Ordering::Relaxed);
+    MODULE
+        .log
+        .verbose
+        .store(matches!(level.as_deref(), Some("verbose" | "debug")), Ordering::Relaxed);
     let policy = server_config(ctx, "maxmemory-policy").unwrap_or_default();
-    let mut warned = WARNED_POLICY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut warned = state::lock(&MODULE.log.warned_policy);
     if warned.as_deref() != Some(policy.as_str()) {
         if policy.starts_with("allkeys-") {
             log(

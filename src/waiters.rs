@@ -14,80 +14,25 @@
 //! lock's line is pruned, or the lost grant undone, by the timer through `apply`
 //! (`state::prune_later`, `state::release_later`). docs/architecture.md says why.
 
-use std::collections::{BTreeSet, HashMap};
 use std::os::raw::{c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, raw};
 
-use crate::core::{Micros, shrink_if_sparse};
+use crate::core::Micros;
+pub use crate::core::registry::Outcome;
+use crate::core::registry::{Blocked, Registry, State};
 use crate::state::{self, Grant, KeyRef};
-
-/// What a blocked ACQUIRE finally answers.
-pub enum Outcome {
-    /// The lease was handed over with this fence.
-    Granted(u64),
-    /// Not granted: the wait timed out, or a newer wait of the same token took its place.
-    Nil,
-}
-
-enum State {
-    Waiting { gives_up_at: Option<Micros> },
-    // The grant is boxed: it is rare next to a waiting entry, and every entry is as large as the
-    // largest state.
-    Answered { fence: Option<u64>, grant: Option<Box<Grant>>, delivered: bool },
-}
-
-struct Blocked {
-    handle: usize,
-    key: KeyRef,
-    state: State,
-}
-
-#[derive(Default)]
-struct Registry {
-    next_id: u64,
-    by_id: HashMap<u64, Blocked>,
-    by_handle: HashMap<usize, u64>,
-    timeouts: BTreeSet<(Micros, u64)>,
-    /// Registrations answered with a grant whose private data Redis has not freed yet, by the
-    /// grant's fence: few, and only until the event loop's next turn.
-    answered_grants: HashMap<u64, u64>,
-}
-
-impl Registry {
-    /// Takes registration `id` out of both maps, and gives their memory back once they are
-    /// mostly empty: a hash map keeps its largest capacity otherwise, so a crowd of waiters
-    /// that left would stay allocated for the life of the server.
-    fn remove(&mut self, id: u64) -> Option<Blocked> {
-        let blocked = self.by_id.remove(&id)?;
-        self.by_handle.remove(&blocked.handle);
-        if let State::Answered { grant: Some(grant), .. } = &blocked.state {
-            self.answered_grants.remove(&grant.fence);
-        }
-        shrink_if_sparse(&mut self.by_id);
-        shrink_if_sparse(&mut self.by_handle);
-        shrink_if_sparse(&mut self.answered_grants);
-        Some(blocked)
-    }
-}
 
 /// Private data handed to `UnblockClient`: which registration it answers.
 struct Answer(u64);
 
-static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
-
-fn registry() -> MutexGuard<'static, Option<Registry>> {
-    REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
-    f(registry().get_or_insert_with(Registry::default))
+    state::with_waiters(f)
 }
 
 /// How many clients wait in ACQUIRE … WAIT now; `None` if the registry is busy (crash report).
 pub fn count_now() -> Option<usize> {
-    let guard = REGISTRY.try_lock().ok()?;
+    let guard = state::MODULE.waiters.try_lock().ok()?;
     Some(guard.as_ref().map_or(0, |registry| {
         registry.by_id.values().filter(|b| matches!(b.state, State::Waiting { .. })).count()
     }))
@@ -406,34 +351,5 @@ unsafe extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, privdata: *mut 
     if let Some(grant) = lost {
         state::release_later(grant);
         state::arm_soon();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn waiting(handle: usize) -> Blocked {
-        let key = KeyRef { db: 0, name: b"one".to_vec().into_boxed_slice() };
-        Blocked { handle, key, state: State::Waiting { gives_up_at: None } }
-    }
-
-    #[test]
-    fn a_crowd_that_left_gives_the_maps_back() {
-        let mut registry = Registry::default();
-        for id in 1..=2_000u64 {
-            registry.by_id.insert(id, waiting(id as usize * 16));
-            registry.by_handle.insert(id as usize * 16, id);
-        }
-        let crowd = registry.by_id.capacity();
-        for id in 1..=1_990u64 {
-            assert!(registry.remove(id).is_some());
-        }
-        assert_eq!(registry.by_id.len(), 10);
-        assert_eq!(registry.by_handle.len(), 10);
-        assert!(registry.by_id.capacity() <= 64, "{} of {crowd} kept", registry.by_id.capacity());
-        assert!(registry.by_handle.capacity() <= 64);
-        assert!(registry.by_handle.get(&(1_995 * 16)) == Some(&1_995), "the rest still found");
-        assert!(registry.remove(1).is_none(), "a removed id is gone");
     }
 }

@@ -20,6 +20,7 @@ pub mod mode;
 #[cfg(test)]
 mod model_tests;
 pub mod ratelimit;
+pub mod registry;
 pub mod replica;
 pub mod schedule;
 #[cfg(test)]

@@ -46,6 +46,29 @@ pub struct Question {
     pub seq: u64,
 }
 
+/// A `CLUSTER SETSLOT` the filter saw, applied before the next gate or event-loop sleep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotChange {
+    /// `SETSLOT slot IMPORTING node`: this node starts taking the slot from `node`.
+    Importing(u16, NodeId),
+    /// `SETSLOT slot NODE node`: the slot now belongs to `node`.
+    Node(u16, NodeId),
+    /// `SETSLOT slot STABLE`: the move was called off.
+    Stable(u16),
+}
+
+/// The slots this node is taking, the `SETSLOT` changes not yet applied, and the questions owed
+/// to old owners: the module's cluster-bus state (kept in the module's one owner).
+#[derive(Debug, Default)]
+pub struct SlotMoves {
+    /// What the old owners answered, and what is still asked.
+    pub floors: Floors,
+    /// `SETSLOT` changes seen by the filter, in order.
+    pub changes: Vec<SlotChange>,
+    /// Questions to send before the event loop sleeps.
+    pub outbox: Vec<Question>,
+}
+
 /// What to do with an `ACQUIRE` of a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Gate {

@@ -419,7 +419,13 @@ impl Lock {
     #[cfg(test)]
     /// RENEW: the owner of the live lease moves its deadline to `now + ttl_ms`. An expired lease
     /// is never renewed back to life.
-    pub(in crate::core) fn renew(&mut self, token: &[u8], ttl_ms: u64, now: Now, rules: Rules) -> Renewal {
+    pub(in crate::core) fn renew(
+        &mut self,
+        token: &[u8],
+        ttl_ms: u64,
+        now: Now,
+        rules: Rules,
+    ) -> Renewal {
         self.renew_grant(token, None, ttl_ms, now, rules)
     }
 
@@ -457,7 +463,12 @@ impl Lock {
 
     /// RELEASE with `FENCE`: as [`Lock::release`], and only if the live lease is the grant with
     /// `fence` (when given): a retried or duplicated RELEASE never frees a later grant.
-    pub(in crate::core) fn release_grant(&mut self, token: &[u8], fence: Option<u64>, now: Now) -> Option<Lease> {
+    pub(in crate::core) fn release_grant(
+        &mut self,
+        token: &[u8],
+        fence: Option<u64>,
+        now: Now,
+    ) -> Option<Lease> {
         let fence = self.owned(token, fence, now)?.fence;
         self.drop_holder(token, fence)
     }
