@@ -128,10 +128,11 @@ PY
   rm -rf "$smoke"
 }
 
-# pytest exits 5 when it collected no test: that is a failure here too.
+# pytest exits 5 when it collected no test: that is a failure here too. PYTHONPATH puts this
+# checkout's sources first: the venv's editable install may point at another checkout sharing .deps.
 run_pytest() {
   local status=0
-  (cd python && "$repo/$py" -m pytest -q -p no:cacheprovider) || status=$?
+  (cd python && PYTHONPATH="$repo/python/src" "$repo/$py" -m pytest -q -p no:cacheprovider) || status=$?
   if [ "$status" -ne 0 ]; then
     [ "$status" -eq 5 ] && echo "python: pytest collected no tests" >&2
     exit "$status"

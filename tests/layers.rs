@@ -284,3 +284,55 @@ fn every_import_points_down_the_layers_of_the_architecture_page() {
     assert!(layer_of("commands::acquire") < layer_of("apply"));
     assert!(graph["apply"].iter().any(|target| target.starts_with("core")));
 }
+
+/// The crates a file's code (above its tests) names in `use` lines, beside `std`, `crate`,
+/// `super` and `self`.
+fn external_crates(code: &str) -> BTreeSet<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let path = line.strip_prefix("pub use ").or_else(|| line.strip_prefix("use "))?;
+            let root = path.split("::").next()?.trim_end_matches(';').to_owned();
+            (!["std", "core", "alloc", "crate", "super", "self"].contains(&root.as_str()))
+                .then_some(root)
+        })
+        .collect()
+}
+
+#[test]
+fn the_core_and_the_protocol_crate_reach_nothing_but_each_other_and_std() {
+    // The core may use the protocol crate (the rules the clients share), and nothing else.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src/core"), &mut files);
+    let mut used = BTreeSet::new();
+    // Test files (`*_tests.rs`) may use test crates.
+    let is_test = |file: &PathBuf| {
+        file.file_stem().is_some_and(|stem| stem.to_string_lossy().ends_with("_tests"))
+    };
+    for file in files.iter().filter(|file| !is_test(file)) {
+        for name in external_crates(&code_of(&std::fs::read_to_string(file).expect("read"))) {
+            assert_eq!(name, "dlock_proto", "{} uses the crate {name}", file.display());
+            used.insert(name);
+        }
+    }
+    assert!(used.contains("dlock_proto"), "the parser must see the core use dlock_proto");
+    // The protocol crate has no dependency at all, and no I/O or clock of its own.
+    let manifest = std::fs::read_to_string(root.join("proto/Cargo.toml")).expect("read");
+    let dependencies = manifest.split("[dependencies]").nth(1).expect("a [dependencies] table");
+    let table = dependencies.split("\n[").next().unwrap_or("");
+    assert!(
+        table.lines().all(|line| line.trim().is_empty() || line.trim().starts_with('#')),
+        "proto/Cargo.toml lists dependencies:{table}"
+    );
+    let mut files = Vec::new();
+    rust_files(&root.join("proto/src"), &mut files);
+    for file in files {
+        let code = code_of(&std::fs::read_to_string(&file).expect("read"));
+        for forbidden in ["std::net", "std::fs", "std::io", "std::time", "std::thread", "std::env"]
+        {
+            assert!(!code.contains(forbidden), "{} names {forbidden}", file.display());
+        }
+        assert!(external_crates(&code).is_empty(), "{} uses another crate", file.display());
+    }
+}

@@ -142,14 +142,10 @@ fn two_resources_never_share_a_channel() {
     assert_eq!(heard.get_payload::<String>().expect("text"), format!("released {tagged}"));
 }
 
-/// The tag a `handoff` message names its new holder by: FNV-1a 32-bit of the token, in hex
-/// (computed here apart from the module's own).
+/// The tag a `handoff` message names its new holder by (the protocol crate's rule, which
+/// `protocol/vectors/tags.json` pins for every client).
 fn tag(token: &str) -> String {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in token.bytes() {
-        hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
-    }
-    format!("{hash:08x}")
+    dlock_proto::channel::tag_hex(token.as_bytes())
 }
 
 #[test]

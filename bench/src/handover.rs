@@ -22,8 +22,6 @@ use crate::schemes::{LUA_ACQUIRE, LUA_RELEASE, Scheme, lock, unlock};
 const WORKERS: usize = 16;
 /// The one resource.
 const RESOURCE: &str = "hot";
-/// dlock's channel for [`RESOURCE`] (`dlock:{resource}`, see the ACQUIRE page).
-const DLOCK_CHANNEL: &str = "dlock:{hot}";
 /// The channel the pub/sub scheme's release publishes on (Redisson names it after the lock).
 const PUBSUB_CHANNEL: &str = "lock-released:{hot}";
 /// Every lease's ttl; the pub/sub scheme waits at most this long for a message (as Redisson
@@ -331,11 +329,12 @@ fn ticket_wait(
     running: &dyn Fn() -> bool,
 ) -> Result<bool> {
     *commands += 1;
-    sub.subscribe(DLOCK_CHANNEL)?;
+    let channel = dlock_proto::channel::name_of(RESOURCE);
+    sub.subscribe(&channel)?;
     let refresh = Duration::from_millis(TICKET_MS / 3);
     // `handoff <fence> <tag>`: the tag ends the message, after a space (a fence is 16 digits or
     // more, so it never matches as " <8 digits>\r\n").
-    let mine = format!(" {:08x}\r\n", tag(token.as_bytes())).into_bytes();
+    let mine = format!(" {}\r\n", dlock_proto::channel::tag_hex(token.as_bytes())).into_bytes();
     let granted = loop {
         *commands += 1;
         let fence: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
@@ -357,7 +356,7 @@ fn ticket_wait(
         sub.wait_for(refresh, &mine)?;
     };
     *commands += 1;
-    sub.unsubscribe(DLOCK_CHANNEL)?;
+    sub.unsubscribe(&channel)?;
     Ok(granted)
 }
 
@@ -485,11 +484,4 @@ impl Subscriber {
         self.stream.write_all(&resp_command(&[b"UNSUBSCRIBE", channel.as_bytes()]))?;
         Ok(())
     }
-}
-
-/// The tag a `handoff` message names its new holder by: FNV-1a 32-bit of the token.
-fn tag(token: &[u8]) -> u32 {
-    token
-        .iter()
-        .fold(0x811c_9dc5, |hash: u32, &byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193))
 }

@@ -5,10 +5,12 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use dlock_proto::command::{self, Acquire, Wait};
+use dlock_proto::error::ErrorClass;
 use redis::RedisError;
 
 use crate::connection::millis;
-use crate::{AcquireError, Client, Lease, observe};
+use crate::{AcquireError, Client, Lease, observe, protocol};
 
 /// The kind of lease an acquire asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,19 +38,6 @@ impl Mode {
             Self::Exclusive => "exclusive",
             Self::Shared => "shared",
             Self::Permit(_) => "permit",
-        }
-    }
-
-    /// The ACQUIRE arguments that ask for this mode.
-    fn add_args(self, cmd: &mut redis::Cmd) {
-        match self {
-            Self::Exclusive => {}
-            Self::Shared => {
-                cmd.arg("SHARED");
-            }
-            Self::Permit(permits) => {
-                cmd.arg("SHARED").arg("LIMIT").arg(permits);
-            }
         }
     }
 }
@@ -108,23 +97,24 @@ const FORGET_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// A server older than `CLAIM` refusing it.
 fn refuses_claim(error: &RedisError) -> bool {
-    error.to_string().contains("unexpected argument 'CLAIM'")
+    protocol::unsupported_option(error) == Some("CLAIM")
 }
 
 /// An error after which the request may or may not have been carried out, or that a retry may
-/// get past (a server loading its data, a failover in progress).
+/// get past (a server loading its data, a slot in migration: [`ErrorClass::Retry`]).
 fn is_ambiguous(error: &RedisError) -> bool {
     error.is_timeout()
         || error.is_connection_dropped()
         || error.is_io_error()
-        || matches!(error.code(), Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+        || protocol::class_of(error) == Some(ErrorClass::Retry)
 }
 
-/// A failover under way, with nothing granted: a wait the server ended as it turned into a
-/// replica (`UNBLOCKED`), or a request that reached the demoted primary (`READONLY`). The request
-/// is sent again (to the new primary, once the client follows it) until the deadline.
+/// A failover under way: a wait the server ended as it turned into a replica
+/// ([`ErrorClass::Unblocked`]: a grant made an instant before is undone by the server), or a
+/// request that reached the demoted primary ([`ErrorClass::Failover`]). The request is sent
+/// again (to the new primary, once the client follows it) until the deadline.
 fn is_failing_over(error: &RedisError) -> bool {
-    matches!(error.code(), Some("UNBLOCKED" | "READONLY"))
+    matches!(protocol::class_of(error), Some(ErrorClass::Failover | ErrorClass::Unblocked))
 }
 
 /// A wait answered nil this long or more before its end did not time out: the server ended it
@@ -262,19 +252,17 @@ impl Client {
                 wait_ends.map(|end| end.saturating_duration_since(Instant::now()))
             };
             let with_claim = waiting.is_some() && !self.claim_refused.load(Ordering::Relaxed);
-            let mut cmd = redis::cmd("DLOCK.ACQUIRE");
-            cmd.arg(resource).arg(token).arg(ttl_ms);
             // The claim repeats the mode (another mode is a LOCKMODE error) and the metadata.
-            options.mode.add_args(&mut cmd);
-            if let Some(meta) = &options.meta {
-                cmd.arg("META").arg(meta);
-            }
-            if let Some(wait) = waiting {
-                cmd.arg("WAIT").arg(millis(wait));
-                if with_claim {
-                    cmd.arg("CLAIM").arg(claim_ms);
+            let cmd = protocol::cmd(
+                Acquire {
+                    mode: protocol::mode(options.mode),
+                    wait: waiting.map_or(Wait::No, |wait| Wait::Block(millis(wait))),
+                    claim_ms: with_claim.then_some(claim_ms),
+                    meta: options.meta.as_deref().map(str::as_bytes),
+                    ..Acquire::new(resource, token, ttl_ms)
                 }
-            }
+                .args(),
+            );
             let sent = Instant::now();
             match self.send_write::<Option<u64>>(&cmd, waiting.unwrap_or_default()).await {
                 // Granted at once or handed over, perhaps with a claim window: the same ACQUIRE
@@ -493,8 +481,7 @@ impl Client {
     /// [`ClientOptions::connect_timeout`](crate::ClientOptions::connect_timeout) and
     /// [`ClientOptions::request_timeout`](crate::ClientOptions::request_timeout).
     async fn release_alone(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
-        let mut cmd = redis::cmd("DLOCK.RELEASE");
-        cmd.arg(resource).arg(token);
+        let cmd = protocol::cmd(command::release(resource, token, None));
         let released: i64 = self.send_alone(&cmd).await?;
         Ok(released == 1)
     }
@@ -513,11 +500,7 @@ impl Client {
         token: &str,
         fence: Option<u64>,
     ) -> Result<bool, RedisError> {
-        let mut cmd = redis::cmd("DLOCK.RELEASE");
-        cmd.arg(resource).arg(token);
-        if let Some(fence) = fence {
-            cmd.arg("FENCE").arg(fence);
-        }
+        let cmd = protocol::cmd(command::release(resource, token, fence));
         let released: i64 = self.send(&cmd, Duration::ZERO).await?;
         Ok(released == 1)
     }
@@ -531,8 +514,8 @@ struct Grant {
     sent: Instant,
 }
 
-/// `DLOCK.ACQUIRE resource token ttl QUEUE ticket-ms [CLAIM claim-ms]` with the mode and the
-/// metadata `options` ask for.
+/// `DLOCK.ACQUIRE resource token ttl … QUEUE ticket-ms [CLAIM claim-ms] …` with the mode and
+/// the metadata `options` ask for.
 fn ticket_cmd(
     resource: &str,
     token: &str,
@@ -541,16 +524,16 @@ fn ticket_cmd(
     ticket_ms: u64,
     claim_ms: Option<u64>,
 ) -> redis::Cmd {
-    let mut cmd = redis::cmd("DLOCK.ACQUIRE");
-    cmd.arg(resource).arg(token).arg(millis(ttl)).arg("QUEUE").arg(ticket_ms);
-    if let Some(claim_ms) = claim_ms {
-        cmd.arg("CLAIM").arg(claim_ms);
-    }
-    options.mode.add_args(&mut cmd);
-    if let Some(meta) = &options.meta {
-        cmd.arg("META").arg(meta);
-    }
-    cmd
+    protocol::cmd(
+        Acquire {
+            mode: protocol::mode(options.mode),
+            wait: Wait::Queue(ticket_ms),
+            claim_ms,
+            meta: options.meta.as_deref().map(str::as_bytes),
+            ..Acquire::new(resource, token, millis(ttl))
+        }
+        .args(),
+    )
 }
 
 /// An acquire attempt in progress; dropped while armed, it releases the attempt's token in a

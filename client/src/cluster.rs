@@ -16,35 +16,14 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo, RedisError, Val
 use crate::connection::Node;
 
 /// The number of hash slots of a Redis Cluster.
-pub(crate) const SLOTS: usize = 16_384;
+pub(crate) const SLOTS: usize = dlock_proto::slot::SLOTS as usize;
 
 /// The shortest time between two reads of the slot map (a failing node makes every request
 /// ask for one).
 const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
-/// The slot `key` hashes to: CRC16 (XMODEM) of the key, or of its hash tag (the text between
-/// the first `{` and the next `}`, if not empty), modulo 16384.
-pub(crate) fn slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS as u16
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
-}
+/// The slot `key` hashes to (`dlock_proto::slot::key_slot`).
+pub(crate) use dlock_proto::slot::key_slot as slot;
 
 /// The cluster as this client knows it.
 pub(crate) struct Topology {
@@ -248,21 +227,4 @@ fn parse_slots(reply: &Value, host_asked: &str) -> Result<Vec<Arc<str>>, RedisEr
         }
     }
     Ok(map)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_the_ones_redis_computes() {
-        // Values of CLUSTER KEYSLOT (and of the Redis Cluster specification's example).
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot(b"foo"), 12_182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"), "an empty tag hashes the key");
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
-        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
-        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
-    }
 }

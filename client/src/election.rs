@@ -30,15 +30,7 @@ const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The leader of an election, as `DLOCK.INFO` shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Leader {
-    /// The leader's token: one per campaign, so one per term.
-    pub token: String,
-    /// The term's fence: every later term has a larger one, so it serves as an epoch.
-    pub fence: u64,
-    /// The address the leader campaigned with (the lease's `META`), if any.
-    pub address: Option<String>,
-}
+pub use dlock_proto::reply::Leader;
 
 /// Leadership won by [`Client::campaign`]: an exclusive lease on the election's name whose
 /// `META` is the leader's address. The leader leads while [`Leadership::lead`]'s work runs.
@@ -117,8 +109,9 @@ impl Client {
 
     /// The leader of the election `name` now (`DLOCK.INFO`): `None` when nobody leads.
     pub async fn leader(&self, name: &str) -> Result<Option<Leader>, RedisError> {
-        let info: redis::Value =
-            self.send(redis::cmd("DLOCK.INFO").arg(name), Duration::ZERO).await?;
+        let info: redis::Value = self
+            .send(&crate::protocol::cmd(dlock_proto::command::info(name)), Duration::ZERO)
+            .await?;
         Ok(leader_in(&info))
     }
 
@@ -257,107 +250,14 @@ impl Watch {
 }
 
 /// The channel the server publishes `resource`'s ownership changes on: `dlock:{resource}`, or
-/// `dlock:key:resource` when the name has braces of its own (it keeps its hash tag, or has none
-/// that could be added without changing its Cluster slot); no two resources share one
-/// (`protocol/vectors/channels.tsv`).
+/// `dlock:key:resource` when the name has braces of its own (`dlock_proto::channel::name_of`;
+/// `protocol/vectors/channels.json` has examples).
 pub fn channel_of(resource: &str) -> String {
-    if resource.contains(['{', '}']) {
-        format!("dlock:key:{resource}")
-    } else {
-        format!("dlock:{{{resource}}}")
-    }
+    dlock_proto::channel::name_of(resource)
 }
 
-/// The leader a `DLOCK.INFO` reply shows: the holder of a live exclusive lease. Shared leases
-/// on the name (a misuse) lead nothing; a server without modes shows none, and its live lease
-/// is exclusive.
-fn leader_in(info: &redis::Value) -> Option<Leader> {
-    let pairs: Vec<(&redis::Value, &redis::Value)> = match info {
-        redis::Value::Array(items) => {
-            items.chunks_exact(2).map(|pair| (&pair[0], &pair[1])).collect()
-        }
-        redis::Value::Map(pairs) => pairs.iter().map(|(name, value)| (name, value)).collect(),
-        _ => return None,
-    };
-    let field = |wanted: &str| {
-        pairs.iter().find(|(name, _)| text(name).as_deref() == Some(wanted)).map(|(_, v)| *v)
-    };
-    if field("mode").and_then(text).is_some_and(|mode| mode != "exclusive") {
-        return None;
-    }
-    let token = text(field("owner")?)?;
-    let fence = match field("fence")? {
-        redis::Value::Int(fence) => u64::try_from(*fence).ok()?,
-        _ => return None,
-    };
-    let address = field("meta").and_then(text);
-    Some(Leader { token, fence, address })
-}
-
-/// A bulk or simple string as text; `None` for anything else (nil).
-fn text(value: &redis::Value) -> Option<String> {
-    match value {
-        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        redis::Value::SimpleString(text) => Some(text.clone()),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_channel_is_the_one_the_server_publishes_on() {
-        // As src/core/channel.rs names it (and docs/commands/dlock.acquire.md documents).
-        assert_eq!(channel_of("invoice:123"), "dlock:{invoice:123}");
-        assert_eq!(channel_of("invoice:{7}"), "dlock:key:invoice:{7}");
-        let vectors = include_str!("../../protocol/vectors/channels.tsv");
-        for line in vectors.lines().filter(|line| !line.starts_with('#') && !line.is_empty()) {
-            let (resource, channel) = line.split_once('\t').expect("resource<TAB>channel");
-            assert_eq!(channel_of(resource), channel, "the shared vector for {resource}");
-        }
-    }
-
-    fn bulk(text: &str) -> redis::Value {
-        redis::Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn the_leader_is_the_exclusive_holder_dlock_info_shows() {
-        let reply = |mode: redis::Value, meta: redis::Value| {
-            redis::Value::Array(vec![
-                bulk("owner"),
-                bulk("candidate-a"),
-                bulk("fence"),
-                redis::Value::Int(1_796_207_764_003_135),
-                bulk("ttl-ms"),
-                redis::Value::Int(900),
-                bulk("mode"),
-                mode,
-                bulk("meta"),
-                meta,
-            ])
-        };
-        let leader = Leader {
-            token: "candidate-a".into(),
-            fence: 1_796_207_764_003_135,
-            address: Some("10.0.0.1:80".into()),
-        };
-        assert_eq!(leader_in(&reply(bulk("exclusive"), bulk("10.0.0.1:80"))), Some(leader));
-        let without = leader_in(&reply(bulk("exclusive"), redis::Value::Nil));
-        assert_eq!(without.and_then(|leader| leader.address), None);
-        assert_eq!(
-            leader_in(&reply(bulk("shared"), redis::Value::Nil)),
-            None,
-            "readers lead nothing"
-        );
-        assert_eq!(leader_in(&redis::Value::Nil), None, "no lease, no leader");
-        let queue_only = redis::Value::Map(vec![
-            (bulk("owner"), redis::Value::Nil),
-            (bulk("fence"), redis::Value::Nil),
-            (bulk("mode"), redis::Value::Nil),
-        ]);
-        assert_eq!(leader_in(&queue_only), None, "waiters without a lease");
-    }
+/// The leader a `DLOCK.INFO` reply shows: the holder of a live exclusive lease
+/// (`dlock_proto::reply::leader`).
+pub(crate) fn leader_in(info: &redis::Value) -> Option<Leader> {
+    dlock_proto::reply::leader(&crate::protocol::reply_of(info))
 }

@@ -4,17 +4,20 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use dlock_proto::command;
+use dlock_proto::error::ErrorClass;
 use redis::RedisError;
 
 use crate::connection::millis;
-use crate::{CancellationToken, Client, FencedError, LossReason, Mode, RunError, observe};
+use crate::{
+    CancellationToken, Client, FencedError, LossReason, Mode, RunError, observe, protocol,
+};
 
 impl Client {
     /// Whether `fence` is still the live lease's fence on `resource` (`DLOCK.FENCECHECK`).
     pub async fn fence_is_live(&self, resource: &str, fence: u64) -> Result<bool, RedisError> {
-        let live: i64 = self
-            .send(redis::cmd("DLOCK.FENCECHECK").arg(resource).arg(fence), Duration::ZERO)
-            .await?;
+        let live: i64 =
+            self.send(&protocol::cmd(command::fencecheck(resource, fence)), Duration::ZERO).await?;
         Ok(live == 1)
     }
 }
@@ -98,22 +101,22 @@ impl Lease {
         &self,
         command: &redis::Cmd,
     ) -> Result<T, FencedError> {
-        let mut fenced = redis::cmd("DLOCK.FENCED");
-        fenced.arg(&self.resource).arg(self.fence);
-        for arg in command.args_iter() {
-            if let redis::Arg::Simple(bytes) = arg {
-                fenced.arg(bytes);
-            }
-        }
+        let inner = command.args_iter().filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            redis::Arg::Cursor => None,
+        });
+        let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
         self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
             let error = RedisError::from(failure);
-            if error.code() == Some("STALE") {
-                observe::stale_write_refused();
-                FencedError::Stale(error.detail().unwrap_or_default().to_owned())
-            } else if error.code() == Some("CROSSSLOT") {
-                FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
-            } else {
-                FencedError::Redis(error)
+            match protocol::class_of(&error) {
+                Some(ErrorClass::Stale) => {
+                    observe::stale_write_refused();
+                    FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+                }
+                Some(ErrorClass::CrossSlot) => {
+                    FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
+                }
+                _ => FencedError::Redis(error),
             }
         })
     }
@@ -235,13 +238,7 @@ async fn renew_once(
     let sent = Instant::now();
     let ttl_ms = millis(ttl);
     // With the grant's fence: a late or retried RENEW never touches a later grant.
-    let cmd = redis::cmd("DLOCK.RENEW")
-        .arg(resource)
-        .arg(token)
-        .arg(ttl_ms)
-        .arg("FENCE")
-        .arg(fence)
-        .clone();
+    let cmd = protocol::cmd(command::renew(resource, token, ttl_ms, Some(fence)));
     let renewed = client.send_write::<i64>(&cmd, Duration::ZERO).await;
     let renewed = match (renewed, client.options.replicas) {
         (Ok((1, Some(acked))), Some(replicas)) if acked < u64::from(replicas.count) => {

@@ -77,6 +77,7 @@ mod election;
 mod error;
 mod lease;
 pub mod observe;
+mod protocol;
 mod pubsub;
 pub mod sql;
 mod tickets;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use dlock_proto::channel::{self, Woken};
 use redis::RedisError;
 use tokio::sync::watch;
 
@@ -93,16 +94,15 @@ struct Channel {
 impl Channel {
     /// Wakes the waiters that `payload` concerns.
     fn deliver(&self, payload: &str) {
-        let mut words = payload.split(' ');
-        match (words.next(), words.next(), words.next()) {
-            (Some("acquired" | "renewed" | "released" | "expired"), Some(_), None) => {}
-            (Some("handoff"), Some(_), Some(tag)) => {
+        match channel::woken(payload) {
+            Woken::Nobody => {}
+            Woken::Tag(tag) => {
                 if let Some((_, wake)) = self.tags.get(tag) {
                     bump(wake);
                 }
             }
             // A `handoff` without a tag (an older server), or a message not understood.
-            _ => bump(&self.messages),
+            Woken::Everyone => bump(&self.messages),
         }
     }
 }
@@ -111,13 +111,9 @@ fn bump(wake: &watch::Sender<u64>) {
     wake.send_modify(|count| *count = count.wrapping_add(1));
 }
 
-/// The tag a `handoff` message names a token by: FNV-1a 32-bit of its bytes, in 8 lowercase hex
-/// digits (the module's `core::channel::tag`).
+/// The tag a `handoff` message names a token by (`dlock_proto::channel::tag_hex`).
 pub(crate) fn tag(token: &str) -> String {
-    let hash = token
-        .bytes()
-        .fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
-    format!("{hash:08x}")
+    channel::tag_hex(token.as_bytes())
 }
 
 #[derive(Default)]
@@ -373,13 +369,6 @@ async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_tag_is_fnv1a_32_of_the_token_in_hex() {
-        assert_eq!(tag(""), "811c9dc5");
-        assert_eq!(tag("a"), "e40c292c");
-        assert_eq!(tag("foobar"), "bf9cf968");
-    }
 
     #[test]
     fn only_a_handoff_to_the_waiters_tag_or_an_untagged_one_wakes_it() {

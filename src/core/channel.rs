@@ -1,175 +1,43 @@
-//! The channel where a resource's ownership changes are published, so that a client holding a
-//! ticket (or watching a lock) learns of its turn without polling.
-//!
-//! The name hashes to the resource's own Cluster slot and belongs to that resource alone: a
-//! resource without braces is wrapped in a hash tag (`dlock:{invoice:123}`); any other keeps its
-//! bytes, and its own tag, behind `dlock:key:` (`dlock:key:invoice:{123}`). The two forms differ
-//! in the byte after `dlock:` (`{` or `k`), so `app:x` and `{app:x}` never share a channel. A
-//! name with braces but no usable tag has no channel in its own slot (on a single server, or
-//! with `SUBSCRIBE`, that makes no difference). `protocol/vectors/channels.tsv` holds examples
-//! every client checks its rule against.
+//! The channel where a resource's ownership changes are published, and its messages: the
+//! protocol crate's rule (`dlock_proto::channel`), which the clients share. The module publishes
+//! with [`write_name`] and [`write_message`] (no allocation on the grant path).
 
-use super::decimal::{MAX_DIGITS, decimal};
-
-/// What every channel name starts with.
-pub const PREFIX: &[u8] = b"dlock:";
-/// What follows [`PREFIX`] for a resource with braces of its own.
-pub const KEEPS_ITS_BRACES: &[u8] = b"key:";
-
-/// The channel of `resource`.
-pub fn name(resource: &[u8]) -> Vec<u8> {
-    let mut channel = Vec::with_capacity(PREFIX.len() + KEEPS_ITS_BRACES.len() + resource.len());
-    write_name(resource, &mut channel);
-    channel
-}
-
-/// Appends the channel of `resource` to `out` (the publishing path reuses one buffer).
-pub fn write_name(resource: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(PREFIX);
-    if resource.contains(&b'}') || resource.contains(&b'{') {
-        out.extend_from_slice(KEEPS_ITS_BRACES);
-        out.extend_from_slice(resource);
-    } else {
-        out.push(b'{');
-        out.extend_from_slice(resource);
-        out.push(b'}');
-    }
-}
-
-/// Room for any message: an event word of up to 12 bytes, a space, a `u64` (20 digits), and
-/// for a hand-over a space and the new holder's [`tag`] (8 hex digits).
-pub const MAX_MESSAGE: usize = 12 + 1 + MAX_DIGITS + 1 + TAG_LEN;
-
-/// The length of a [`tag`] in the message: 8 lowercase hex digits.
-pub const TAG_LEN: usize = 8;
-
-/// A short, non-secret digest of a token, named in a `handoff` message so that each waiting
-/// client can tell whether the lease went to its own token without the token being published:
-/// 32-bit FNV-1a of the token's bytes (offset basis `0x811c9dc5`; per byte, xor it in, then
-/// multiply by the prime `0x01000193`, wrapping), written as 8 lowercase hex digits. It reveals
-/// 32 bits of a hash of the token to every subscriber, so a token must be random enough that
-/// they do not help guess it (the clients' random tokens are).
-pub fn tag(token: &[u8]) -> u32 {
-    token
-        .iter()
-        .fold(0x811c_9dc5_u32, |hash, &byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193))
-}
-
-/// `tag` as 8 lowercase hex digits.
-fn write_tag(tag: u32, out: &mut [u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, digit) in out.iter_mut().take(TAG_LEN).enumerate() {
-        *digit = HEX[((tag >> (28 - 4 * i)) & 0xf) as usize];
-    }
-}
-
-/// The message for one ownership change: the event's name and the fence of the lease it
-/// concerns, e.g. `released 1796207757444058`, and for a hand-over the new holder's [`tag`]
-/// (`holder`: its token), e.g. `handoff 1796207757444059 9e4f1a2b`.
-pub fn message(event: &str, fence: u64, holder: Option<&[u8]>) -> Vec<u8> {
-    let mut buffer = [0; MAX_MESSAGE];
-    write_message(event, fence, holder, &mut buffer).to_vec()
-}
-
-/// [`message`] written into `buffer`, with no allocation (it runs on every grant). An event
-/// word longer than 12 bytes is cut there (ours are at most 8).
-pub fn write_message<'a>(
-    event: &str,
-    fence: u64,
-    holder: Option<&[u8]>,
-    buffer: &'a mut [u8; MAX_MESSAGE],
-) -> &'a [u8] {
-    let word = &event.as_bytes()[..event.len().min(12)];
-    buffer[..word.len()].copy_from_slice(word);
-    buffer[word.len()] = b' ';
-    let mut digits = [0; MAX_DIGITS];
-    let digits = decimal(fence, &mut digits);
-    let start = word.len() + 1;
-    let mut end = start + digits.len();
-    buffer[start..end].copy_from_slice(digits);
-    if let Some(token) = holder {
-        buffer[end] = b' ';
-        write_tag(tag(token), &mut buffer[end + 1..]);
-        end += 1 + TAG_LEN;
-    }
-    &buffer[..end]
-}
+pub use dlock_proto::channel::{MAX_MESSAGE, TAG_LEN, name, tag, write_message, write_name};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::fenced::key_slot;
+    use dlock_testkit::vectors;
 
     #[test]
-    fn a_channel_hashes_to_its_resources_slot() {
-        for resource in [&b"invoice:123"[..], b"invoice:{123}", b"{a}b{c}", b"x", b"a{b}c"] {
-            let channel = name(resource);
+    fn the_shared_vectors_hold_for_the_names_and_messages_the_module_publishes() {
+        let channels = vectors::load("channels.json");
+        for vector in channels.as_array().expect("a list") {
+            let resource = vectors::text(vector, "resource");
             assert_eq!(
-                key_slot(&channel),
-                key_slot(resource),
-                "{:?}",
-                String::from_utf8_lossy(&channel)
+                String::from_utf8_lossy(&name(resource.as_bytes())),
+                vectors::text(vector, "channel")
             );
         }
-        assert_eq!(name(b"invoice:123"), b"dlock:{invoice:123}");
-        assert_eq!(name(b"invoice:{123}"), b"dlock:key:invoice:{123}");
-        assert_eq!(name(b"odd}name"), b"dlock:key:odd}name", "no tag possible: plain name");
-        assert_eq!(message("handoff", 42, None), b"handoff 42");
-        assert_eq!(message("released", 0, None), b"released 0");
-        assert_eq!(
-            message("acquired", u64::MAX, None),
-            format!("acquired {}", u64::MAX).as_bytes()
-        );
-        assert_eq!(message("a-word-longer-than-twelve", 7, None), b"a-word-longe 7");
-    }
-
-    /// Whether Redis Cluster hashes `key` by a tag.
-    fn has_hash_tag(key: &[u8]) -> bool {
-        key.iter().position(|&b| b == b'{').is_some_and(|open| {
-            key[open + 1..].iter().position(|&b| b == b'}').is_some_and(|len| len > 0)
-        })
-    }
-
-    #[test]
-    fn the_shared_vectors_hold() {
-        let vectors = include_str!("../../protocol/vectors/channels.tsv");
+        assert!(channels.as_array().is_some_and(|list| list.len() >= 10));
+        let messages = vectors::load("messages.json");
         let mut checked = 0;
-        for line in vectors.lines().filter(|line| !line.starts_with('#') && !line.is_empty()) {
-            let (resource, channel) = line.split_once('\t').expect("resource<TAB>channel");
-            assert_eq!(String::from_utf8_lossy(&name(resource.as_bytes())), channel);
+        for vector in messages["published"].as_array().expect("published") {
+            let holder = vector.get("holder").and_then(|token| token.as_str());
+            let mut buffer = [0; MAX_MESSAGE];
+            let written = write_message(
+                vectors::text(vector, "event"),
+                vector["fence"].as_u64().expect("fence"),
+                holder.map(str::as_bytes),
+                &mut buffer,
+            );
+            assert_eq!(String::from_utf8_lossy(written), vectors::text(vector, "message"));
             checked += 1;
         }
-        assert!(checked >= 10, "{checked} vectors");
-    }
-
-    proptest::proptest! {
-        /// No two resources share a channel, and a channel lives in its resource's slot whenever
-        /// the resource has no braces or a usable tag.
-        #[test]
-        fn channels_are_one_to_one_and_in_the_resources_slot(
-            a in proptest::collection::vec(proptest::sample::select(&b"ab:{}x"[..]), 0..8),
-            b in proptest::collection::vec(proptest::sample::select(&b"ab:{}x"[..]), 0..8),
-        ) {
-            if a != b {
-                proptest::prop_assert_ne!(name(&a), name(&b));
-            }
-            let plain = !a.contains(&b'{') && !a.contains(&b'}');
-            if (plain && !a.is_empty()) || has_hash_tag(&a) {
-                proptest::prop_assert_eq!(key_slot(&name(&a)), key_slot(&a));
-            }
+        assert!(checked >= 5, "{checked} messages");
+        for vector in vectors::load("tags.json").as_array().expect("a list") {
+            let token = vectors::text(vector, "token");
+            assert_eq!(format!("{:08x}", tag(token.as_bytes())), vectors::text(vector, "tag"));
         }
-    }
-
-    #[test]
-    fn the_tag_is_fnv1a_32_of_the_token_in_hex() {
-        // Known FNV-1a 32-bit vectors.
-        assert_eq!(tag(b""), 0x811c_9dc5);
-        assert_eq!(tag(b"a"), 0xe40c_292c);
-        assert_eq!(tag(b"foobar"), 0xbf9c_f968);
-        assert_eq!(message("handoff", 42, Some(b"a")), b"handoff 42 e40c292c");
-        assert_eq!(message("handoff", 7, Some(b"")), b"handoff 7 811c9dc5");
-        let longest = message("a-word-longer-than-twelve", u64::MAX, Some(b"foobar"));
-        assert_eq!(longest.len(), MAX_MESSAGE, "the longest message fits exactly");
-        assert!(longest.ends_with(b" bf9cf968"));
     }
 }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use dlock_proto::error::{CROSSSLOT, LOCKMODE, STALE, UNEXPECTED_ARGUMENT};
+
 pub use super::limits::MAX_FENCE;
 
 /// What went wrong with a command. `Display` gives the exact error reply, code first.
@@ -89,7 +91,7 @@ impl fmt::Display for DlockError {
                 super::limits::MAX_TOKEN_LEN
             ),
             Self::BadFence => write!(f, "ERR fence must be a positive integer"),
-            Self::UnknownOption(arg) => write!(f, "ERR syntax error: unexpected argument '{arg}'"),
+            Self::UnknownOption(arg) => write!(f, "{UNEXPECTED_ARGUMENT}{arg}'"),
             Self::WaitWithoutTimeout => write!(f, "ERR WAIT needs a timeout-ms argument"),
             Self::RepeatedOption(option) => {
                 write!(f, "ERR syntax error: {option} given more than once")
@@ -101,17 +103,20 @@ impl fmt::Display for DlockError {
                 write!(f, "READONLY dlock grants, renews and releases leases only on the primary")
             }
             Self::Stale { fence, resource, current: Some(current) } => {
-                write!(f, "STALE fence {fence} does not hold {resource} (current fence {current})")
+                write!(
+                    f,
+                    "{STALE} fence {fence} does not hold {resource} (current fence {current})"
+                )
             }
             Self::Stale { fence, resource, current: None } => {
-                write!(f, "STALE fence {fence} does not hold {resource} (no live lease)")
+                write!(f, "{STALE} fence {fence} does not hold {resource} (no live lease)")
             }
             Self::FencedRefused { command, reason } => {
                 write!(f, "ERR DLOCK.FENCED refuses '{command}': {reason}")
             }
             Self::CrossSlot { key, resource } => write!(
                 f,
-                "CROSSSLOT key '{key}' of the fenced command does not hash to the slot of '{resource}'"
+                "{CROSSSLOT} key '{key}' of the fenced command does not hash to the slot of '{resource}'"
             ),
             Self::InnerCommand(message) => write!(f, "{message}"),
             Self::WrongType => {
@@ -131,7 +136,7 @@ impl fmt::Display for DlockError {
                 let article = |mode: &str| if mode.starts_with('e') { "an" } else { "a" };
                 write!(
                     f,
-                    "LOCKMODE the token holds {} {held} lease on this resource and asked for {} \
+                    "{LOCKMODE} the token holds {} {held} lease on this resource and asked for {} \
                      {asked} one; release it first",
                     article(held),
                     article(asked)
@@ -205,5 +210,87 @@ mod tests {
             DlockError::BadTtl { max: 86_400_000 }.to_string(),
             "ERR ttl-ms must be an integer between 1 and 86400000"
         );
+    }
+
+    #[test]
+    fn every_error_reply_is_a_shared_vector_with_the_class_clients_give_it() {
+        let vectors = dlock_testkit::vectors::load("errors.json");
+        let class_of = |reply: &str| {
+            vectors
+                .as_array()
+                .expect("a list")
+                .iter()
+                .find(|v| v["reply"] == reply)
+                .map(|v| dlock_testkit::vectors::text(v, "class").to_owned())
+        };
+        let max = crate::core::args::DEFAULT_MAX_TTL_MS;
+        let every = [
+            DlockError::WrongArity("dlock.acquire"),
+            DlockError::BadTtl { max },
+            DlockError::BadTimeout { max },
+            DlockError::BadClaim { max },
+            DlockError::BadTicket { max },
+            DlockError::ConflictingOptions("WAIT", "QUEUE"),
+            DlockError::BadToken,
+            DlockError::BadFence,
+            DlockError::UnknownOption("FOO".into()),
+            DlockError::UnknownOption("CLAIM".into()),
+            DlockError::WaitWithoutTimeout,
+            DlockError::RepeatedOption("FENCE"),
+            DlockError::OptionWithoutValue("FENCE", "fence"),
+            DlockError::FencesExhausted,
+            DlockError::NotPrimary,
+            DlockError::Stale { fence: 5, resource: "invoice:1".into(), current: Some(7) },
+            DlockError::Stale { fence: 5, resource: "invoice:1".into(), current: None },
+            DlockError::FencedRefused {
+                command: "blpop".into(),
+                reason: "blocking commands cannot run under a fence",
+            },
+            DlockError::CrossSlot { key: "other".into(), resource: "invoice:{1}".into() },
+            DlockError::InnerCommand("ERR unknown command 'NOSUCH'".into()),
+            DlockError::WrongType,
+            DlockError::InternalCommand("DLOCK.SETLEASE"),
+            DlockError::BadReplicatedLease("deadline"),
+            DlockError::BadLimit { max: super::super::limits::MAX_LIMIT },
+            DlockError::BadMeta { max: super::super::limits::MAX_META_LEN },
+            DlockError::OptionNeeds("LIMIT", "SHARED"),
+            DlockError::SlotMoving,
+            DlockError::ModeConflict { held: "shared", asked: "exclusive" },
+            DlockError::ModeConflict { held: "exclusive", asked: "shared" },
+        ];
+        for error in every {
+            // A new variant must be added above, and its reply to the vectors.
+            match &error {
+                DlockError::WrongArity(_)
+                | DlockError::BadTtl { .. }
+                | DlockError::BadTimeout { .. }
+                | DlockError::BadClaim { .. }
+                | DlockError::BadTicket { .. }
+                | DlockError::ConflictingOptions(..)
+                | DlockError::BadToken
+                | DlockError::BadFence
+                | DlockError::UnknownOption(_)
+                | DlockError::WaitWithoutTimeout
+                | DlockError::RepeatedOption(_)
+                | DlockError::OptionWithoutValue(..)
+                | DlockError::FencesExhausted
+                | DlockError::NotPrimary
+                | DlockError::Stale { .. }
+                | DlockError::FencedRefused { .. }
+                | DlockError::CrossSlot { .. }
+                | DlockError::InnerCommand(_)
+                | DlockError::WrongType
+                | DlockError::InternalCommand(_)
+                | DlockError::BadReplicatedLease(_)
+                | DlockError::BadLimit { .. }
+                | DlockError::BadMeta { .. }
+                | DlockError::OptionNeeds(..)
+                | DlockError::SlotMoving
+                | DlockError::ModeConflict { .. } => {}
+            }
+            let reply = error.to_string();
+            let class = class_of(&reply).unwrap_or_else(|| panic!("{reply} is in errors.json"));
+            assert_eq!(dlock_proto::error::classify(&reply).name(), class, "{reply}");
+        }
     }
 }

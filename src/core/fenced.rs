@@ -73,43 +73,24 @@ pub fn refusal(name: &[u8], args: &[&[u8]]) -> Option<&'static str> {
     }
 }
 
-/// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag (the part
-/// between the first `{` and the next `}`, when not empty), modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % 16_384
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0u16, |mut crc, &byte| {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-        crc
-    })
-}
+/// The Redis Cluster slot of a key: the protocol crate's rule, which the clients route by.
+pub use dlock_proto::slot::key_slot;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn slots_match_redis_cluster() {
-        // Values from CLUSTER KEYSLOT on a real server.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
+    fn slots_are_the_shared_vectors_and_hold_a_resource_and_its_data_together() {
+        for vector in dlock_testkit::vectors::load("slots.json").as_array().expect("a list") {
+            let key = vector["key"].as_str().expect("key");
+            assert_eq!(
+                u64::from(key_slot(key.as_bytes())),
+                vector["slot"].as_u64().expect("slot"),
+                "{key}"
+            );
+        }
         assert_eq!(key_slot(b"{invoice:123}"), key_slot(b"{invoice:123}:data"));
-        assert_eq!(key_slot(b"foo{}{bar}"), 8363, "an empty tag hashes the whole key");
-        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
     }
 
     #[test]

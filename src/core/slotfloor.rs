@@ -35,7 +35,7 @@ pub const FLOOR_RESEND_US: Micros = 200_000;
 pub const FLOOR_WAIT_LIMIT_US: Micros = 2_000_000;
 
 /// Number of hash slots in a cluster.
-pub const SLOTS: u16 = 16_384;
+pub use dlock_proto::slot::SLOTS;
 
 /// A question to send: "what is your fence counter?", numbered `seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

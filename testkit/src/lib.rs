@@ -1,8 +1,8 @@
 //! What dlock's integration tests, benchmarks and chaos harness share, in one place: real
 //! `redis-server` processes with the module loaded (each on its own port and directory, with a
 //! start-up deadline, killed on drop), a primary with a replica, a Redis Cluster, a TCP proxy
-//! for link faults, a wall clock that steps, a seeded random source, INFO parsing, one-line command helpers and a
-//! throwaway PostgreSQL.
+//! for link faults, a wall clock that steps, a seeded random source, INFO parsing, one-line command helpers, a
+//! throwaway PostgreSQL and the shared protocol vectors.
 //!
 //! Modules name their siblings through `super::`, never `crate::`: `tests/common/mod.rs` compiles
 //! these same files for test crates that do not depend on the kit yet.
@@ -15,6 +15,7 @@ mod postgres;
 mod proxy;
 mod rng;
 mod server;
+pub mod vectors;
 
 pub use clock::{Clock, clock_shim};
 pub use cluster::{Cluster, migrate};

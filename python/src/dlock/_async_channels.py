@@ -13,8 +13,8 @@ import redis.asyncio
 import redis.asyncio.client
 
 from ._channels import POLL, RECONNECT_PAUSE
-from ._common import _text, channel_name, wakes
 from ._metrics import log
+from ._protocol import _text, channel_name, wakes
 
 
 class Watch:

@@ -18,8 +18,8 @@ from typing import Any
 import redis
 import redis.client
 
-from ._common import _text, channel_name, wakes
 from ._metrics import log
+from ._protocol import _text, channel_name, wakes
 
 # Pause before the pub/sub connection is made again after it failed.
 RECONNECT_PAUSE = 0.2

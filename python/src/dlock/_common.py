@@ -4,7 +4,6 @@ lease's state and its renewal schedule. No I/O here."""
 from __future__ import annotations
 
 import math
-import re
 import secrets
 import threading
 import time
@@ -13,22 +12,31 @@ from typing import Callable, Generic, TypeVar, Union
 
 import redis
 
+from . import _protocol as protocol
 from ._errors import LeaseLost, Unsupported
 from ._metrics import Metrics
+from ._protocol import (
+    MAX_PERMITS,
+    Arg,
+    Leader,
+    _text,
+    channel_name,
+    leader_from_info,
+    token_tag,
+    wakes,
+)
 
-Arg = Union[str, bytes, int, float]
+__all__ = ["MAX_PERMITS", "Leader", "channel_name", "leader_from_info", "token_tag", "wakes"]
+
 Meta = Union[str, bytes]
 
 # Options of the second version of the commands; each is sent only to a server that advertises it.
-OPTION_TOKENS = ("FENCE", "CLAIM", "LIMIT", "META", "QUEUE", "SHARED", "WAIT")
+OPTION_TOKENS = protocol.OPTIONS
 
 # How long one server-side wait lasts at most when the caller waits without limit: each is one
 # WAIT with the same token, so a lost reply costs nothing but a retry (between two of them the
 # waiter leaves the queue for a round trip).
 UNLIMITED_WAIT_SLICE = 3600.0
-
-# The server's refusal of a wait longer than its dlock.max-ttl-ms, which names the limit.
-_WAIT_LIMIT = re.compile(r"timeout-ms must be an integer between 0 and (\d+)")
 
 # How a Locks waits for a held lock: "block" (one ACQUIRE … WAIT on a connection of its own per
 # waiter) or "tickets" (ACQUIRE … QUEUE on the pooled connections, woken by the resource's channel).
@@ -70,51 +78,6 @@ def millis(seconds: float) -> int:
 def millis_up(seconds: float) -> int:
     """A wait as the server is told it: whole milliseconds rounded up, at least 1."""
     return max(1, math.ceil(seconds * 1000))
-
-
-def channel_name(resource: str) -> str:
-    """The channel where the server publishes ``resource``'s changes of ownership: a resource
-    with braces keeps them, and its hash tag, behind ``dlock:key:`` (``invoice:{7}`` →
-    ``dlock:key:invoice:{7}``), any other is wrapped in a tag (``invoice:7`` →
-    ``dlock:{invoice:7}``), so it lives in the key's slot and no two resources share one
-    (``protocol/vectors/channels.tsv``)."""
-    if "{" in resource or "}" in resource:
-        return "dlock:key:" + resource
-    return "dlock:{" + resource + "}"
-
-
-def token_tag(token: str) -> str:
-    """The tag a ``handoff`` message names its new holder by: FNV-1a 32-bit of the token's
-    UTF-8 bytes, as 8 lowercase hex digits (the module's own, in ``src/core/channel.rs``)."""
-    tag = 0x811C9DC5
-    for byte in token.encode():
-        tag = ((tag ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return f"{tag:08x}"
-
-
-def wakes(payload: str | None, tag: str | None) -> bool:
-    """Whether a channel message ``payload`` should wake a watcher with ``tag`` (``None``: an
-    observer, woken by every message). A ticket waiter sends its ACQUIRE again only when the
-    lease is handed to it: ``handoff <fence> <its tag>``, or ``handoff <fence>`` from an older
-    server, which names nobody; ``acquired``, ``renewed``, ``released``, ``expired`` and a
-    hand-over to another token concern it not (a release with a line always hands over). A
-    message it does not understand wakes it."""
-    if tag is None or payload is None:
-        return True
-    words = payload.split(" ")
-    if len(words) == 2 and words[0] in ("acquired", "renewed", "released", "expired"):
-        return False
-    if len(words) == 3 and words[0] == "handoff":
-        return words[2] == tag
-    return True
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, str):
-        return value
-    return None
 
 
 def _tokens_in(doc: object, found: set[str]) -> None:
@@ -190,18 +153,9 @@ class Mode:
             return ()
         return ("SHARED",) if self.limit is None else ("SHARED", "LIMIT")
 
-    def options(self) -> list[Arg]:
-        """The ACQUIRE options that ask for this mode."""
-        if self.limit is None:
-            return list(self.keywords())
-        return ["SHARED", "LIMIT", self.limit]
-
 
 EXCLUSIVE = Mode()
 SHARED = Mode(shared=True)
-
-# The server's bound on a semaphore's permits (LIMIT n).
-MAX_PERMITS = 1_000_000
 
 
 def semaphore_mode(permits: int) -> Mode:
@@ -327,35 +281,6 @@ class Handles(Generic[HoldT]):
         return self._hold(Request(name, ttl, timeout, address, max_hold))
 
 
-@dataclass(frozen=True)
-class Leader:
-    """Who leads an election (:meth:`dlock.Locks.observe`): the address its candidate gave
-    (the lease's ``META``; ``None`` without one), its term's fence (larger for every newer
-    term) and its lease's token."""
-
-    address: str | None
-    fence: int
-    token: str
-
-
-def leader_from_info(reply: object) -> Leader | None:
-    """The leader ``DLOCK.INFO name`` shows: the holder of a live exclusive lease, or ``None``."""
-    if reply is None:
-        return None
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    elif isinstance(reply, (list, tuple)):
-        items = list(reply)
-        pairs = list(zip(items[::2], items[1::2]))
-    else:
-        raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
-    info = {_text(key): value for key, value in pairs}
-    owner, fence = _text(info.get("owner")), info.get("fence")
-    if owner is None or fence is None or _text(info.get("mode")) != "exclusive":
-        return None
-    return Leader(_text(info.get("meta")), int(fence), owner)
-
-
 FEATURES_COMMAND: tuple[Arg, ...] = (
     "COMMAND",
     "DOCS",
@@ -379,59 +304,39 @@ def acquire_command(
     mode: Mode = EXCLUSIVE,
     queue_ms: int | None = None,
 ) -> list[Arg]:
-    args: list[Arg] = ["DLOCK.ACQUIRE", resource, token, ttl_ms]
+    """The ACQUIRE (``protocol.acquire_args``) with the options this server advertises."""
     if mode.shared:
         # No fallback: an exclusive lease instead of a shared one would be another lock.
         missing = [word for word in mode.keywords() if word not in features.acquire]
         if missing:
             raise Unsupported(resource, missing[0])
-        args += mode.options()
-    if wait_ms is not None or queue_ms is not None:
-        if queue_ms is not None:
-            args += ["QUEUE", queue_ms]
-        elif wait_ms is not None:
-            args += ["WAIT", wait_ms]
-        if claim_ms is not None and "CLAIM" in features.acquire:
-            # A window longer than the lease changes nothing, and the lease's own ttl is
-            # within the server's dlock.max-ttl-ms, which bounds claim-ms too.
-            args += ["CLAIM", min(claim_ms, ttl_ms)]
-    if meta is not None and "META" in features.acquire:
-        args += ["META", meta]
-    return args
+    return protocol.acquire_args(
+        resource,
+        token,
+        ttl_ms,
+        shared=mode.shared,
+        limit=mode.limit,
+        wait_ms=None if queue_ms is not None else wait_ms,
+        queue_ms=queue_ms,
+        claim_ms=claim_ms if "CLAIM" in features.acquire else None,
+        meta=meta if "META" in features.acquire else None,
+    )
 
 
 def renew_command(
     features: Features, resource: str, token: str, ttl_ms: int, fence: int
 ) -> list[Arg]:
-    args: list[Arg] = ["DLOCK.RENEW", resource, token, ttl_ms]
-    if "FENCE" in features.renew:
-        args += ["FENCE", fence]
-    return args
+    return protocol.renew_args(
+        resource, token, ttl_ms, fence if "FENCE" in features.renew else None
+    )
 
 
 def release_command(features: Features, resource: str, token: str, fence: int) -> list[Arg]:
-    args: list[Arg] = ["DLOCK.RELEASE", resource, token]
-    if "FENCE" in features.release:
-        args += ["FENCE", fence]
-    return args
+    return protocol.release_args(resource, token, fence if "FENCE" in features.release else None)
 
 
-# What a failed request means, from redis-py's exception types: its parsers strip the error code
-# from the message of the ones they know (``str(MovedError)`` is ``"3999 127.0.0.1:7001"``), so the
-# code is never read from the text, except for UNBLOCKED, which has no type of its own.
-
-# The server refused to run the request on this node for now, said so, and ran nothing: a MOVED or
-# ASK redirect (``MovedError`` is an ``AskError``), TRYAGAIN (a slot in migration), CLUSTERDOWN and
-# MASTERDOWN (``MasterDownError`` is a ``ClusterDownError``), LOADING (``BusyLoadingError``),
-# READONLY (``ReadOnlyError``: a primary demoted to a replica, a failover under way). A retry may
-# get past it, on the node the redirect names or once the cluster (or the failover) has settled.
-_REFUSED_FOR_NOW: tuple[type[BaseException], ...] = (
-    redis.exceptions.AskError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-)
+# What a failed request means: the class of the server's error reply (``protocol.class_of``,
+# which reads redis-py's exception types and ``status_code``), or an error of this side.
 
 # The caller's Cluster client knows no node for the resource's slot (its map is out of date, or a
 # refresh of it reached no node): nothing was sent.
@@ -461,17 +366,18 @@ def redirect(error: BaseException) -> tuple[str, str, int] | None:
     return None
 
 
-def _unblocked(error: BaseException) -> bool:
-    """A wait ended by the server, not answered: ``UNBLOCKED …`` (a primary that turned into a
-    replica, with Redis's own words ``instance state changed (master -> replica?)``, or
-    ``CLIENT UNBLOCK … ERROR``). redis-py has no type for it and keeps the code in the text."""
-    return isinstance(error, redis.ResponseError) and str(error).startswith("UNBLOCKED")
+# The error classes after which the server surely ran nothing (``protocol.error_class``): a
+# redirect, a refusal for now (TRYAGAIN, LOADING, CLUSTERDOWN, MASTERDOWN), a demoted primary
+# (READONLY). A wait the server ended (UNBLOCKED: its primary turned into a replica, or CLIENT
+# UNBLOCK) is retried too, but may have been granted an instant before (the server undoes it).
+RAN_NOTHING = ("redirect", "retry", "failover")
+RETRIED = (*RAN_NOTHING, "unblocked")
 
 
 def is_ambiguous(error: BaseException) -> bool:
     """An error that a retry with the same token may get past: the request may or may not have
     been carried out (a connection that failed, a timeout, a wait the server ended), or the server
-    ran nothing for now (:data:`_REFUSED_FOR_NOW`: a redirect, a slot in migration, a cluster
+    ran nothing for now (:data:`RAN_NOTHING`: a redirect, a slot in migration, a cluster
     that is down or failing over, a primary demoted to a replica, a server loading its data), or
     a Cluster client that knows no node for the slot yet. An ACQUIRE is retried until the
     caller's deadline, each time after a longer pause (:meth:`AcquirePlan.retry_pause`), with its
@@ -480,11 +386,10 @@ def is_ambiguous(error: BaseException) -> bool:
         return False
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return True
-    if isinstance(error, _REFUSED_FOR_NOW + _NO_NODE):
+    if protocol.class_of(error) in RETRIED or isinstance(error, _NO_NODE):
         return True
-    # redis-py's own Cluster client gave up retrying (the base of ClusterDownError), or a wait
-    # the server ended.
-    return isinstance(error, redis.exceptions.ClusterError) or _unblocked(error)
+    # redis-py's own Cluster client gave up retrying (the base of ClusterDownError).
+    return isinstance(error, redis.exceptions.ClusterError)
 
 
 # A MOVED or ASK is followed to the node it names at most this many times per request (within
@@ -509,8 +414,9 @@ def map_update(error: BaseException) -> str | None:
 
 def not_carried_out(error: BaseException) -> bool:
     """A failure after which the request surely did nothing in the server: a connection that was
-    never made, nothing sent (no node for the slot), or a refusal of :data:`_REFUSED_FOR_NOW`."""
-    if isinstance(error, _REFUSED_FOR_NOW + _NO_NODE):
+    never made, nothing sent (no node for the slot), or a reply of a class in
+    :data:`RAN_NOTHING`."""
+    if protocol.class_of(error) in RAN_NOTHING or isinstance(error, _NO_NODE):
         return True
     cause = error.__cause__ or error.__context__
     return isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(error)
@@ -547,7 +453,7 @@ def forget_command(resource: str, token: str) -> list[Arg]:
     """The RELEASE of an attempt's token after its outcome stayed unknown or its wait ended:
     without ``FENCE`` (the fence is unknown); the token is that attempt's alone, so it frees no
     other grant. It also takes the token's ticket out of line, if one stands."""
-    return ["DLOCK.RELEASE", resource, token]
+    return protocol.release_args(resource, token, None)
 
 
 class AcquirePlan:
@@ -638,10 +544,13 @@ class AcquirePlan:
 
     def retry_after(self, error: BaseException) -> bool:
         """Whether to retry after ``error`` (with the same token)."""
-        limit = _WAIT_LIMIT.search(str(error)) if isinstance(error, redis.ResponseError) else None
-        if limit is not None and self.max_wait_ms is None and int(limit.group(1)) > 0:
+        reply = protocol.error_reply(error)
+        limit = None
+        if reply is not None and reply.startswith("ERR timeout-ms "):
+            limit = protocol.upper_bound(reply)
+        if limit is not None and self.max_wait_ms is None and limit > 0:
             # A wait longer than the server allows: wait in slices of its longest.
-            self.max_wait_ms = int(limit.group(1))
+            self.max_wait_ms = limit
             self._wait_next = True
             return True
         if not is_ambiguous(error):

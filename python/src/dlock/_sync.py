@@ -11,11 +11,13 @@ from typing import Any
 import redis
 
 from . import _common as common
+from . import _protocol as protocol
 from ._channels import Channels, Watch
-from ._common import Arg, Features, Leader, LeaseState, LeaseView, Request
+from ._common import Features, Leader, LeaseState, LeaseView, Request
 from ._connections import Nodes
 from ._errors import LeaseLost, NotAcquired, Stale
 from ._metrics import Metrics, log
+from ._protocol import Arg
 
 __all__ = ["Hold", "Lease", "Locks"]
 
@@ -34,10 +36,10 @@ class Lease(LeaseView):
         Raises :class:`dlock.Stale` when the server refused it: nothing was written."""
         try:
             return self._locks.client.execute_command(
-                "DLOCK.FENCED", self.resource, self.fence, *command
+                *protocol.fenced_args(self.resource, self.fence, command)
             )
         except redis.ResponseError as error:
-            if str(error).startswith("STALE"):
+            if protocol.class_of(error) == "stale":
                 self._locks.metrics.stale_write(self.resource, self.fence, str(error))
                 raise Stale(self.resource, self.fence, str(error)) from error
             raise
@@ -150,7 +152,7 @@ class Locks(common.Handles[Hold]):
             while True:
                 watch.event.clear()
                 try:
-                    reply = self._call(name, ("DLOCK.INFO", name), self.request_timeout)
+                    reply = self._call(name, protocol.info_args(name), self.request_timeout)
                     leader = common.leader_from_info(reply)
                 except common.FAILURES as error:
                     log.debug("dlock: reading the leader of %s failed: %s", name, error)

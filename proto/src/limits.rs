@@ -1,0 +1,13 @@
+//! The bounds every input is checked against (by the server, and by clients before they send).
+
+/// Longest accepted token, in bytes.
+pub const MAX_TOKEN_LEN: usize = 512;
+
+/// Longest accepted holder metadata (`META`), in bytes.
+pub const MAX_META_LEN: usize = 1_024;
+
+/// Largest `LIMIT` of a shared request.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+/// Largest fence any server will ever hand out: replies are signed 64-bit integers.
+pub const MAX_FENCE: u64 = i64::MAX as u64;
