@@ -286,15 +286,23 @@ fn every_import_points_down_the_layers_of_the_architecture_page() {
 }
 
 /// The crates a file's code (above its tests) names in `use` lines, beside `std`, `crate`,
-/// `super` and `self`.
+/// `super`, `self` and the file's own submodules (`mod name;`).
 fn external_crates(code: &str) -> BTreeSet<String> {
+    let submodules: BTreeSet<&str> = code
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod "))?.strip_suffix(';')
+        })
+        .collect();
     code.lines()
         .filter_map(|line| {
             let line = line.trim_start();
             let path = line.strip_prefix("pub use ").or_else(|| line.strip_prefix("use "))?;
             let root = path.split("::").next()?.trim_end_matches(';').to_owned();
-            (!["std", "core", "alloc", "crate", "super", "self"].contains(&root.as_str()))
-                .then_some(root)
+            let local = ["std", "core", "alloc", "crate", "super", "self"].contains(&root.as_str())
+                || submodules.contains(root.as_str());
+            (!local).then_some(root)
         })
         .collect()
 }

@@ -1,7 +1,7 @@
 //! The line of requests for a lock (blocked waiters and tickets), with the lock's shared
 //! leases: only locks that more than one client uses at once have either.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::super::mode::Mode;
 use super::super::{Micros, Now};
@@ -41,9 +41,9 @@ pub(super) struct Line {
     /// Waiters by place.
     places: BTreeMap<u64, Waiter>,
     /// Each waiter's place, by its id.
-    pub(super) place_of_id: HashMap<u64, u64>,
+    pub(super) place_of_id: BTreeMap<u64, u64>,
     /// Each queued token's place: a token waits at most once.
-    pub(super) place_of_token: HashMap<Box<[u8]>, u64>,
+    pub(super) place_of_token: BTreeMap<Box<[u8]>, u64>,
     /// Tickets by when they lapse, then place.
     tickets: BTreeSet<(Micros, u64)>,
     /// The shared leases.
@@ -58,9 +58,6 @@ impl Line {
         if self.place_of_token.get(&waiter.token) == Some(&place) {
             self.place_of_token.remove(&waiter.token);
         }
-        // A line that a crowd left keeps only what its remaining waiters need.
-        super::super::shrink_if_sparse(&mut self.place_of_id);
-        super::super::shrink_if_sparse(&mut self.place_of_token);
         if let Some(until) = waiter.ticket_until {
             self.tickets.remove(&(until, place));
         }
