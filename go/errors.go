@@ -32,6 +32,9 @@ var (
 	ErrModeConflict = errors.New("dlock: lock mode conflict")
 	// ErrUnsupported: the server's dlock module is too old for the request.
 	ErrUnsupported = errors.New("dlock: not supported by the server")
+	// ErrInvalidArgument: a caller's mistake found before anything was sent (a ttl of 0, a
+	// semaphore of 0 permits).
+	ErrInvalidArgument = errors.New("dlock: invalid argument")
 	// ErrReleased: the lease was released by its holder (Lease.Err after Release).
 	ErrReleased = errors.New("dlock: lease released")
 )

@@ -120,7 +120,7 @@ func (l *Locks) Read(ctx context.Context, resource string, opts ...Option) (*Lea
 // while fewer than permits (1 to MaxPermits) live. Every user of name must give the same permits.
 func (l *Locks) Semaphore(ctx context.Context, name string, permits int, opts ...Option) (*Lease, error) {
 	if permits < 1 || permits > MaxPermits {
-		return nil, fmt.Errorf("dlock: permits must be from 1 to %d, not %d", MaxPermits, permits)
+		return nil, fmt.Errorf("%w: permits must be from 1 to %d, not %d", ErrInvalidArgument, MaxPermits, permits)
 	}
 	return l.acquire(ctx, name, mode{shared: true, permits: permits}, l.settings(opts))
 }
@@ -295,10 +295,10 @@ func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settin
 		return nil, l.err
 	}
 	if set.ttl < time.Millisecond {
-		return nil, fmt.Errorf("dlock: ttl must be at least 1 ms, not %v", set.ttl)
+		return nil, fmt.Errorf("%w: ttl must be at least 1 ms, not %v", ErrInvalidArgument, set.ttl)
 	}
 	if set.requestTimeout <= 0 {
-		return nil, fmt.Errorf("dlock: request timeout must be positive, not %v", set.requestTimeout)
+		return nil, fmt.Errorf("%w: request timeout must be positive, not %v", ErrInvalidArgument, set.requestTimeout)
 	}
 	logger, metrics := set.observe()
 	metrics.AcquireAttempt()
