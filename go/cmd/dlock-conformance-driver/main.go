@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -70,14 +71,19 @@ const closingGrace = 2 * time.Second
 
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	rdb, err := connect(os.Getenv("DLOCK_URL"))
+	os.Exit(run(os.Stdin, os.Stdout, os.Getenv("DLOCK_URL")))
+}
+
+// run serves the requests of in on out until in closes; its exit status.
+func run(in io.Reader, out io.Writer, url string) int {
+	rdb, err := connect(url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dlock-conformance-driver:", err)
-		os.Exit(2)
+		return 2
 	}
-	d := &driver{locks: dlock.New(rdb), out: json.NewEncoder(os.Stdout), leases: map[string]*dlock.Lease{}}
+	d := &driver{locks: dlock.New(rdb), out: json.NewEncoder(out), leases: map[string]*dlock.Lease{}}
 	d.write(map[string]any{"event": "ready"})
-	scanner := bufio.NewScanner(os.Stdin)
+	scanner := bufio.NewScanner(in)
 	scanner.Buffer(make([]byte, 1<<20), 1<<24)
 	for scanner.Scan() {
 		line := strings.TrimSpace(scanner.Text())
@@ -103,7 +109,7 @@ func main() {
 	case <-answered:
 	case <-time.After(closingGrace):
 	}
-	os.Exit(0)
+	return 0
 }
 
 // connect makes a client of url: a *redis.Client, or a *redis.ClusterClient for several URLs.
