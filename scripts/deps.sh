@@ -45,3 +45,8 @@ if command -v rustup >/dev/null 2>&1; then
       || rustup component add "$component"
   done
 fi
+
+# The Go client's modules (go/, go/prometheus, go/examples), when a Go toolchain is there.
+if command -v go >/dev/null 2>&1; then
+  bash "$(dirname "$0")/go.sh" download
+fi

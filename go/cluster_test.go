@@ -1,0 +1,75 @@
+package dlock_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dlock "github.com/dlock-dev/dlock/go"
+	"github.com/dlock-dev/dlock/go/internal/testkit"
+)
+
+func TestInAClusterALeaseAndItsFencedWritesFollowTheSlotToAnotherPrimary(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	rdb := cluster.Client(t)
+	redirects := &countedRedirects{}
+	locks := newLocks(t, rdb, dlock.WithMetrics(redirects))
+	ctx := context.Background()
+	ttl := 1500 * time.Millisecond
+
+	lease, err := locks.Hold(ctx, "invoice:{7}", dlock.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.Fenced(ctx, "HSET", "invoice:{7}:data", "status", "draft"); err != nil {
+		t.Fatal(err)
+	}
+	// A key of another slot is refused: every key of a fenced command shares the resource's slot.
+	if _, err := lease.Fenced(ctx, "SET", "elsewhere", "x"); dlock.Class(err) != dlock.ClassCrossSlot {
+		t.Fatalf("a key of another slot: %v", err)
+	}
+
+	from := cluster.Owner(t, "invoice:{7}")
+	to := cluster.Nodes[0]
+	if to == from {
+		to = cluster.Nodes[1]
+	}
+	cluster.MoveSlot(t, "invoice:{7}", to)
+	if cluster.Owner(t, "invoice:{7}") != to {
+		t.Fatal("the slot did not move")
+	}
+
+	// The next fenced write is answered MOVED by the old primary and follows it.
+	if _, err := lease.Fenced(ctx, "HSET", "invoice:{7}:data", "status", "paid"); err != nil {
+		t.Fatalf("a fenced write after the move: %v", err)
+	}
+	if redirects.n.Load() == 0 {
+		t.Fatal("no MOVED was followed")
+	}
+	if status := to.Client(t).HGet(ctx, "invoice:{7}:data", "status").Val(); status != "paid" {
+		t.Fatalf("status on the new primary: %q", status)
+	}
+	// Renewals follow it too: the lease outlives two ttls.
+	time.Sleep(2 * ttl)
+	if lease.Err() != nil {
+		t.Fatalf("the lease was lost after the move: %v", lease.Err())
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter on the new primary gets the resource next, with a larger fence.
+	next, err := locks.Hold(ctx, "invoice:{7}", dlock.Wait(0))
+	if err != nil || next.Fence() <= lease.Fence() {
+		t.Fatalf("the next holder: %v", err)
+	}
+	_ = next.Release(ctx)
+}
+
+type countedRedirects struct {
+	dlock.NoMetrics
+	n atomic.Int64
+}
+
+func (c *countedRedirects) Redirect() { c.n.Add(1) }

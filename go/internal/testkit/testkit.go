@@ -1,0 +1,335 @@
+// Package testkit starts real servers for the tests: redis-server (or $DLOCK_SERVER, e.g. a
+// valkey-server) with the dlock module on its own port and directory, a Redis Cluster of three
+// primaries, and a throwaway PostgreSQL. Each has a start-up deadline and is stopped by the
+// test's cleanup. Nothing assumes port 6379 or a server that is already running.
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startDeadline: how long a server may take to answer PING after start.
+const startDeadline = 20 * time.Second
+
+// RepoRoot is the repository's top directory (the one with Cargo.toml above go/).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "Cargo.toml")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "go")); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no repository root above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// ModulePath is the module under test: $DLOCK_MODULE, else the newest of the repository's
+// target/release and target/debug builds.
+func ModulePath() (string, error) {
+	if path := os.Getenv("DLOCK_MODULE"); path != "" {
+		return filepath.Abs(path)
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	newest, newestTime := "", time.Time{}
+	for _, candidate := range []string{"target/release/libdlock.so", "target/debug/libdlock.so"} {
+		path := filepath.Join(root, candidate)
+		if info, err := os.Stat(path); err == nil && info.ModTime().After(newestTime) {
+			newest, newestTime = path, info.ModTime()
+		}
+	}
+	if newest == "" {
+		return "", fmt.Errorf("libdlock.so not found: run `cargo build -p dlock` or set DLOCK_MODULE")
+	}
+	return newest, nil
+}
+
+// ServerBinary is the server under test: $DLOCK_SERVER, or redis-server.
+func ServerBinary() string {
+	if binary := os.Getenv("DLOCK_SERVER"); binary != "" {
+		return binary
+	}
+	return "redis-server"
+}
+
+// FreePort is a loopback port nobody listens on right now.
+func FreePort() (int, error) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer listener.Close()
+	return listener.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Server is one running server with the module.
+type Server struct {
+	Port int
+	Dir  string
+	cmd  *exec.Cmd
+	args []string
+}
+
+// Addr is "127.0.0.1:port".
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// Client is a new go-redis client of this server (RESP3, go-redis's defaults otherwise),
+// closed by the test's cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	client := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// Log is the server's log so far.
+func (s *Server) Log() string {
+	text, _ := os.ReadFile(filepath.Join(s.Dir, "server.log"))
+	return string(text)
+}
+
+// Pause freezes the process (SIGSTOP); Resume lets it go on (SIGCONT).
+func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume after Pause.
+func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Stop kills the server (SIGKILL) and waits for it.
+func (s *Server) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.cmd.Process.Kill()
+		_, _ = s.cmd.Process.Wait()
+		s.cmd = nil
+	}
+}
+
+// StartServer starts a server without persistence; extra arguments come after the defaults.
+// The test fails if it does not answer within the deadline.
+func StartServer(t testing.TB, args ...string) *Server {
+	t.Helper()
+	server, err := Start(append([]string{"--save", "", "--appendonly", "no"}, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		server.Stop()
+		_ = os.RemoveAll(server.Dir)
+	})
+	return server
+}
+
+// Start starts a server with args (the caller stops it and removes its Dir), on another port if
+// the first one was taken meanwhile.
+func Start(args []string) (*Server, error) {
+	module, err := ModulePath()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "dlock-go-test-")
+	if err != nil {
+		return nil, err
+	}
+	var last error
+	for try := 0; try < 5; try++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		server := &Server{Port: port, Dir: dir, args: args}
+		if last = server.spawn(module); last == nil {
+			return server, nil
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, last
+}
+
+func (s *Server) spawn(module string) error {
+	args := append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
+		"--logfile", filepath.Join(s.Dir, "server.log"), "--loglevel", "verbose",
+		"--enable-debug-command", "yes", "--loadmodule", module,
+	}, s.args...)
+	s.cmd = exec.Command(ServerBinary(), args...)
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("%s must be installed (make deps): %w", ServerBinary(), err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- s.cmd.Wait() }()
+	client := redis.NewClient(&redis.Options{Addr: s.Addr(), Protocol: 2, MaxRetries: -1,
+		DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer client.Close()
+	deadline := time.Now().Add(startDeadline)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			s.cmd = nil
+			return fmt.Errorf("%s exited: %v; log:\n%s", ServerBinary(), err, s.Log())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		// Another test's server may hold the port: only our own process counts as ready.
+		text, err := client.Info(ctx, "server").Result()
+		if err == nil && strings.Contains(text, fmt.Sprintf("process_id:%d\r", s.cmd.Process.Pid)) &&
+			client.Ping(ctx).Err() == nil {
+			cancel()
+			// Wait no more for the process: Stop waits on it.
+			go func() { <-exited }()
+			return nil
+		}
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = s.cmd.Process.Kill()
+	<-exited
+	s.cmd = nil
+	return fmt.Errorf("%s not ready after %v; log:\n%s", ServerBinary(), startDeadline, s.Log())
+}
+
+// Cluster is a Redis Cluster of three primaries (no replicas), the module on each.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// Addrs are the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr()
+	}
+	return addrs
+}
+
+// Client is a new go-redis ClusterClient of the cluster, closed by the test's cleanup.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// Owner is the node serving key's slot now.
+func (c *Cluster) Owner(t testing.TB, key string) *Server {
+	t.Helper()
+	ctx := context.Background()
+	client := c.Nodes[0].Client(t)
+	slot, err := client.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := client.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range slots {
+		if int64(r.Start) <= slot && slot <= int64(r.End) {
+			for _, n := range c.Nodes {
+				if n.Addr() == r.Nodes[0].Addr {
+					return n
+				}
+			}
+		}
+	}
+	t.Fatalf("no node serves slot %d", slot)
+	return nil
+}
+
+// StartCluster starts three nodes and joins them with redis-cli --cluster create; it returns
+// once every node says the cluster is ok.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	cluster := &Cluster{}
+	for i := 0; i < 3; i++ {
+		cluster.Nodes = append(cluster.Nodes, StartServer(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"))
+	}
+	args := append([]string{"--cluster", "create"}, cluster.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if output, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, output)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, node := range cluster.Nodes {
+		client := node.Client(t)
+		for {
+			info, err := client.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster not ok on %s: %v %s", node.Addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return cluster
+}
+
+// MoveSlot moves key's slot (and its keys) from the node serving it to to, the way redis-cli
+// --cluster reshard does: IMPORTING, MIGRATING, MIGRATE of the keys, then SETSLOT NODE on every
+// node.
+func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
+	t.Helper()
+	ctx := context.Background()
+	from := c.Owner(t, key)
+	if from == to {
+		t.Fatalf("%s already serves %q", to.Addr(), key)
+	}
+	src, dst := from.Client(t), to.Client(t)
+	slot, err := src.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
+		must(err)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", "127.0.0.1", to.Port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(src.Do(ctx, args...).Err())
+	}
+	for _, node := range c.Nodes {
+		must(node.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+}

@@ -1,0 +1,321 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// maxHoldRounding: a lease cut to end with MaxHold ends up to this much before it (milliseconds
+// round down).
+const maxHoldRounding = 2 * time.Millisecond
+
+// Lease is a granted lease: its token owns the resource with Fence until the server's deadline,
+// kept alive by renewals (every ttl/3, with FENCE) until Release or the loss. Context is
+// cancelled when the lease is lost or released; Err says why.
+type Lease struct {
+	locks    *Locks
+	resource string
+	token    string
+	fence    uint64
+	mode     mode
+	ttl      time.Duration
+	set      settings
+	log      *slog.Logger
+	metrics  Metrics
+	granted  time.Time
+	holdEnd  time.Time // zero: no MaxHold
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu          sync.Mutex
+	localExpiry time.Time // conservative: the answered request's send time plus the ttl
+	nextRenewal time.Time
+	ended       error // *LeaseLostError or ErrReleased, once
+	released    error // Release's result, once it ran
+	releasing   bool
+
+	stop     chan struct{} // closed by Release: the renewer exits
+	finished chan struct{} // closed by the renewer when it exits
+	once     sync.Once
+}
+
+func newLease(ctx context.Context, l *Locks, resource, token string, fence uint64, m mode, ttl time.Duration, set settings, sent time.Time, holdEnd time.Time) *Lease {
+	logger, metrics := set.observe()
+	lease := &Lease{
+		locks: l, resource: resource, token: token, fence: fence, mode: m, ttl: ttl, set: set,
+		log: logger, metrics: metrics, granted: time.Now(), holdEnd: holdEnd,
+		localExpiry: sent.Add(ttl), nextRenewal: sent.Add(ttl / 3),
+		stop: make(chan struct{}), finished: make(chan struct{}),
+	}
+	// The caller's values, not its cancellation: the caller's context bounded the wait only.
+	lease.ctx, lease.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	go lease.renew()
+	return lease
+}
+
+// Resource is the locked resource (the Redis key of the lock).
+func (l *Lease) Resource() string { return l.resource }
+
+// Token is the lease's owner token: random, made before the first ACQUIRE, secret to the holder.
+func (l *Lease) Token() string { return l.token }
+
+// Fence is the fencing token: larger for every newer grant of the resource. Send it with every
+// write the lease protects (Fenced, or a `WHERE fence <= $fence` guard in SQL).
+func (l *Lease) Fence() uint64 { return l.fence }
+
+// Mode is "exclusive" (Hold, Write, Campaign) or "shared" (Read, Semaphore).
+func (l *Lease) Mode() string { return l.mode.name() }
+
+// TTL is the lease's length; it is renewed every third of it.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// Context is cancelled when the lease is lost (its cause, context.Cause, is the
+// *LeaseLostError) or released (ErrReleased). It carries the values of the context Hold got, not
+// its cancellation. Run the protected work under it.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is closed when the lease is lost or released.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err is nil while the lease is held; then a *LeaseLostError (errors.Is ErrLeaseLost) if it was
+// lost, or ErrReleased once released.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ended
+}
+
+// LocalExpiry is a conservative end of the lease on this process's monotonic clock: counted from
+// before the last answered ACQUIRE or RENEW was sent, never after the server's deadline.
+func (l *Lease) LocalExpiry() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.localExpiry
+}
+
+// Check returns the *LeaseLostError if the lease is lost, or if its local expiry passed without
+// an answered renewal (it counts as lost from then on); nil while it holds.
+func (l *Lease) Check() error {
+	l.mu.Lock()
+	expired := l.ended == nil && !time.Now().Before(l.localExpiry)
+	l.mu.Unlock()
+	if expired {
+		l.lose(ReasonUnreachable)
+	}
+	return l.lost()
+}
+
+// lost is the *LeaseLostError if the lease was lost, else nil.
+func (l *Lease) lost() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var lost *LeaseLostError
+	if errors.As(l.ended, &lost) {
+		return lost
+	}
+	return nil
+}
+
+// lose marks the lease lost (once): cancels its context, logs, counts.
+func (l *Lease) lose(reason string) bool {
+	l.mu.Lock()
+	if l.ended != nil {
+		l.mu.Unlock()
+		return false
+	}
+	lost := &LeaseLostError{Resource: l.resource, Fence: l.fence, Reason: reason}
+	l.ended = lost
+	l.mu.Unlock()
+	l.cancel(lost)
+	l.metrics.LeaseLost(reason)
+	logLease(l.log, slog.LevelWarn, logLost, l.resource, l.token, l.fence, slog.String("reason", reason))
+	return true
+}
+
+// renew runs until Release or the loss: a RENEW every ttl/3, retried every ttl/10 after a
+// failure, until the local expiry.
+func (l *Lease) renew() {
+	defer close(l.finished)
+	for {
+		l.mu.Lock()
+		due := l.nextRenewal
+		if l.localExpiry.Before(due) {
+			due = l.localExpiry
+		}
+		if !l.holdEnd.IsZero() && l.holdEnd.Add(-maxHoldRounding).Before(due) {
+			due = l.holdEnd.Add(-maxHoldRounding)
+		}
+		l.mu.Unlock()
+		timer := time.NewTimer(time.Until(due))
+		select {
+		case <-l.stop:
+			timer.Stop()
+			return
+		case <-l.ctx.Done():
+			timer.Stop()
+			l.forgetAfterLoss()
+			return
+		case <-timer.C:
+		}
+		now := time.Now()
+		if !l.holdEnd.IsZero() && !now.Before(l.holdEnd.Add(-maxHoldRounding)) {
+			l.lose(ReasonMaxHold)
+			continue
+		}
+		if !now.Before(l.LocalExpiry()) {
+			l.lose(ReasonUnreachable)
+			continue
+		}
+		l.mu.Lock()
+		dueNow := !now.Before(l.nextRenewal)
+		l.mu.Unlock()
+		if dueNow {
+			l.renewOnce(context.Background())
+		}
+	}
+}
+
+// renewOnce sends one RENEW: true renewed, false refused (the lease is lost), an error when no
+// answer came in time (retried after ttl/10 until the local expiry).
+func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
+	ttl := l.ttl
+	if !l.holdEnd.IsZero() {
+		// Never past MaxHold: the server's lease ends with the hold.
+		ttl = min(ttl, time.Until(l.holdEnd))
+	}
+	sent := time.Now()
+	timeout := min(l.set.requestTimeout, l.LocalExpiry().Sub(sent))
+	if timeout <= 0 {
+		timeout = time.Millisecond
+	}
+	reply, err := l.locks.call(ctx, l.resource, timeout, func() []any {
+		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(cmdRenew, l.fence))
+	})
+	if err == nil {
+		var n int64
+		n, err = asInt(reply)
+		if err == nil && n == 1 {
+			l.mu.Lock()
+			l.localExpiry = sent.Add(time.Duration(millis(ttl)) * time.Millisecond)
+			l.nextRenewal = time.Now().Add(l.ttl / 3)
+			l.mu.Unlock()
+			return true, nil
+		}
+		if err == nil {
+			l.metrics.RenewalFailed("refused")
+			logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence, slog.String("reason", "refused"))
+			l.mu.Lock()
+			releasing := l.releasing
+			l.mu.Unlock()
+			if !releasing { // a RENEW in flight as Release ran may be refused: not a loss
+				l.lose(ReasonRenewalRefused)
+			}
+			return false, nil
+		}
+	}
+	l.metrics.RenewalFailed("error")
+	logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence,
+		slog.String("reason", "error"), slog.String("error", err.Error()))
+	l.mu.Lock()
+	l.nextRenewal = time.Now().Add(l.ttl / 10)
+	l.mu.Unlock()
+	return false, err
+}
+
+// Renew sends a RENEW now (the renewer also does, every ttl/3): true renewed; false refused, and
+// the lease is lost (ReasonRenewalRefused); an error when no answer came in time.
+func (l *Lease) Renew(ctx context.Context) (bool, error) {
+	if err := l.Err(); err != nil {
+		return false, err
+	}
+	return l.renewOnce(ctx)
+}
+
+// forgetAfterLoss: a best-effort RELEASE with FENCE after a loss (a lease the server still
+// holds passes on at once instead of at its ttl).
+func (l *Lease) forgetAfterLoss() {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.set.release())
+	defer cancel()
+	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func() []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	})
+	l.metrics.Held(time.Since(l.granted))
+}
+
+// Release stops the renewals and releases the lease (DLOCK.RELEASE with FENCE), in one request
+// bounded by the release timeout, whether or not ctx is cancelled (ctx gives its values only).
+// It returns nil when released; the *LeaseLostError when the lease was lost before (or found gone
+// now: ReasonEnded); a *ReleaseError when the server did not answer (the lease then ends with its
+// ttl). Later calls return the same.
+func (l *Lease) Release(ctx context.Context) error {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.releasing = true
+		l.mu.Unlock()
+		close(l.stop)
+		<-l.finished
+		if lost := l.lost(); lost != nil {
+			l.released = lost
+			return
+		}
+		l.released = l.release(ctx)
+	})
+	return l.released
+}
+
+func (l *Lease) release(ctx context.Context) error {
+	timeout := l.set.release()
+	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	reply, err := l.locks.call(call, l.resource, timeout, func() []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	})
+	l.metrics.Held(time.Since(l.granted))
+	var n int64
+	if err == nil {
+		n, err = asInt(reply)
+	}
+	if err == nil && n == 1 {
+		l.mu.Lock()
+		l.ended = ErrReleased
+		l.mu.Unlock()
+		l.cancel(ErrReleased)
+		logLease(l.log, slog.LevelInfo, logReleased, l.resource, l.token, l.fence)
+		return nil
+	}
+	l.metrics.ReleaseFailed()
+	if err == nil {
+		// Gone before the work ended: the end of the work was not protected.
+		logLease(l.log, slog.LevelWarn, logReleaseFailed, l.resource, l.token, l.fence, slog.String("reason", ReasonEnded))
+		l.lose(ReasonEnded)
+		return l.lost()
+	}
+	logLease(l.log, slog.LevelWarn, logReleaseFailed, l.resource, l.token, l.fence, slog.String("error", err.Error()))
+	if !time.Now().Before(l.LocalExpiry()) {
+		l.lose(ReasonUnreachable)
+		return l.lost()
+	}
+	l.mu.Lock()
+	l.ended = ErrReleased
+	l.mu.Unlock()
+	l.cancel(ErrReleased)
+	return &ReleaseError{Resource: l.resource, Fence: l.fence, Err: err}
+}
+
+// Fenced runs command (its name and arguments, as for go-redis's Do) in the server only if this
+// lease's fence still holds the resource (DLOCK.FENCED), atomically, and returns its reply (nil
+// for a nil reply). A stale fence returns a *StaleError (errors.Is ErrStale): nothing ran. In
+// Redis Cluster every key of command must hash to the resource's slot (ErrCrossSlot otherwise).
+// Never retried: a retried write after a lost reply could run twice.
+func (l *Lease) Fenced(ctx context.Context, command ...any) (any, error) {
+	return l.locks.Fenced(ctx, l.resource, l.fence, command...)
+}
+
+// FenceCheck says whether this lease's fence still holds the resource on the server.
+func (l *Lease) FenceCheck(ctx context.Context) (bool, error) {
+	return l.locks.FenceCheck(ctx, l.resource, l.fence)
+}

@@ -1,0 +1,688 @@
+// Package dlock is the Go client of dlock, lease locks with fencing tokens in a Redis (or Valkey)
+// module, on go-redis v9.
+//
+//	locks := dlock.New(rdb)
+//	err := locks.Do(ctx, "invoice:42", func(ctx context.Context, lease *dlock.Lease) error {
+//		return pay(ctx, lease.Fence()) // ctx is cancelled if the lease is lost
+//	}, dlock.TTL(30*time.Second), dlock.Wait(10*time.Second))
+//
+// It follows the client contract (docs/protocol.md in the repository): a token made before the
+// first send and reused for ambiguous retries; a wait on a connection of its own whose read
+// deadline is above the wait, always with a claim window; renewal with the grant's fence every
+// ttl/3 against a conservative local expiry; a bounded release that never masks the work's own
+// error; the release of an attempt's token when its outcome stayed unknown.
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// unlimitedWaitSlice: how long one server-side wait lasts at most when the caller waits without
+// limit; each slice is one WAIT with the same token.
+const unlimitedWaitSlice = time.Hour
+
+// cutShort: a WAIT answered nil earlier than this before the caller's deadline was cut short
+// (the key migrated or was deleted, a newer wait of the token took its place), not timed out;
+// the attempt waits again after waitAgainPause.
+const (
+	cutShort       = 50 * time.Millisecond
+	waitAgainPause = 10 * time.Millisecond
+)
+
+// Pauses between retries of an ambiguous failure: retryPause after the first, doubled after each
+// further one in a row, at most maxRetryPause.
+const (
+	retryPause    = 50 * time.Millisecond
+	maxRetryPause = 400 * time.Millisecond
+)
+
+// forgetAgainAfter: the RELEASE of an attempt's token that found nothing is sent once more after
+// this pause (it may have overtaken the ACQUIRE), and no more.
+const forgetAgainAfter = 100 * time.Millisecond
+
+// campaignRound: a campaign waits in rounds of this length, each with a fresh token.
+const campaignRound = 30 * time.Second
+
+// Locks takes leases on the servers of a go-redis client. It is safe for concurrent use.
+type Locks struct {
+	router *router
+	err    error // New's, returned by every call
+	set    settings
+
+	mu      sync.Mutex
+	refused map[string]bool // options the server refused ("DLOCK.ACQUIRE CLAIM"): not sent again
+}
+
+// New makes a Locks on rdb: a *redis.Client (a single server, or Sentinel's
+// redis.NewFailoverClient) or a *redis.ClusterClient. dlock opens connections of its own to the
+// same servers with the same settings (credentials, database, TLS, protocol, dialer), but with
+// its own timeouts and without go-redis's retries; rdb itself only tells a ClusterClient's slot
+// map. Any other client type makes every call fail. The options are the defaults of every call.
+func New(rdb redis.UniversalClient, opts ...Option) *Locks {
+	set := defaults()
+	for _, opt := range opts {
+		opt(&set)
+	}
+	l := &Locks{set: set, refused: map[string]bool{}}
+	l.router, l.err = newRouter(rdb, set.requestTimeout, set.figures())
+	return l
+}
+
+// Close closes dlock's own connections (rdb stays open). Leases still held end with their ttl.
+func (l *Locks) Close() error {
+	if l.router == nil {
+		return nil
+	}
+	return l.router.close()
+}
+
+func (l *Locks) settings(opts []Option) settings {
+	set := l.set
+	for _, opt := range opts {
+		opt(&set)
+	}
+	return set
+}
+
+// Hold acquires an exclusive lease on resource, waiting in the server's queue up to the Wait
+// option (default 10 s) and no longer than ctx allows, and keeps it renewed until Release or
+// its loss. Errors: *AcquireError (errors.Is ErrNotAcquired when it stayed held, ErrUnreachable,
+// ErrUnknownOutcome), or a caller's mistake (a ttl of 0).
+func (l *Locks) Hold(ctx context.Context, resource string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, resource, mode{}, l.settings(opts))
+}
+
+// Write is the writer's side of a read-write lock: an exclusive lease on resource, the one Read
+// shares (the same as Hold).
+func (l *Locks) Write(ctx context.Context, resource string, opts ...Option) (*Lease, error) {
+	return l.Hold(ctx, resource, opts...)
+}
+
+// Read is the reader's side of a read-write lock: a shared lease (DLOCK.ACQUIRE … SHARED), held
+// together with other readers, never with a writer. Every reader has its own token, fence and
+// renewals. A server without shared leases answers ErrUnsupported.
+func (l *Locks) Read(ctx context.Context, resource string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, resource, mode{shared: true}, l.settings(opts))
+}
+
+// Semaphore takes one permit of the counting semaphore name (SHARED LIMIT permits): granted only
+// while fewer than permits (1 to MaxPermits) live. Every user of name must give the same permits.
+func (l *Locks) Semaphore(ctx context.Context, name string, permits int, opts ...Option) (*Lease, error) {
+	if permits < 1 || permits > MaxPermits {
+		return nil, fmt.Errorf("%w: permits must be from 1 to %d, not %d", ErrInvalidArgument, MaxPermits, permits)
+	}
+	return l.acquire(ctx, name, mode{shared: true, permits: permits}, l.settings(opts))
+}
+
+// Do runs fn under an exclusive lease on resource (see Hold) and releases it when fn returns.
+// fn's context is cancelled when the lease is lost. fn's error is returned as it is (joined with
+// the *LeaseLostError if the lease was lost meanwhile); when fn succeeded, a loss returns the
+// *LeaseLostError and a failed release a *ReleaseError: a loss is never silent.
+func (l *Locks) Do(ctx context.Context, resource string, fn func(ctx context.Context, lease *Lease) error, opts ...Option) error {
+	lease, err := l.Hold(ctx, resource, opts...)
+	if err != nil {
+		return err
+	}
+	return lease.Run(ctx, fn)
+}
+
+// Run runs fn under the lease and releases it when fn returns, with Do's rules for errors. fn's
+// context is ctx, also cancelled when the lease is lost.
+func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, lease *Lease) error) error {
+	work, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	err := fn(work, l)
+	stop()
+	cancel(nil)
+	released := l.Release(ctx)
+	lost := l.lost()
+	switch {
+	case err != nil && lost != nil:
+		return errors.Join(err, lost)
+	case err != nil:
+		return err // a failed release was logged and counted
+	case lost != nil:
+		return lost
+	}
+	return released
+}
+
+// Fenced runs command in the server only if fence still holds resource (DLOCK.FENCED); see
+// Lease.Fenced.
+func (l *Locks) Fenced(ctx context.Context, resource string, fence uint64, command ...any) (any, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	reply, err := l.router.do(ctx, resource, l.set.requestTimeout, fencedArgs(resource, fence, command)...)
+	reply, err = fencedOutcome(resource, fence, reply, err)
+	var stale *StaleError
+	if errors.As(err, &stale) {
+		l.set.figures().StaleWrite()
+		l.set.log().LogAttrs(ctx, slog.LevelWarn, logStale, slog.String("resource", resource),
+			slog.Uint64("fence", fence), slog.String("reason", stale.Detail))
+	}
+	return reply, err
+}
+
+// fencedOutcome is what a DLOCK.FENCED reply means: the inner command's reply, or a stale fence
+// (*StaleError), or another error reply as a *ServerError with its class.
+func fencedOutcome(resource string, fence uint64, reply any, err error) (any, error) {
+	if err == nil {
+		return reply, nil
+	}
+	text := errorReply(err)
+	if text == "" {
+		return nil, err
+	}
+	if class := ErrorClass(text); class == ClassStale {
+		return nil, &StaleError{Resource: resource, Fence: fence, Detail: text}
+	} else {
+		return nil, &ServerError{Class: class, Reply: text}
+	}
+}
+
+// FenceCheck says whether fence still holds resource on the server (DLOCK.FENCECHECK).
+func (l *Locks) FenceCheck(ctx context.Context, resource string, fence uint64) (bool, error) {
+	if l.err != nil {
+		return false, l.err
+	}
+	reply, err := l.router.do(ctx, resource, l.set.requestTimeout, fenceCheckArgs(resource, fence)...)
+	if err != nil {
+		return false, serverError(err)
+	}
+	n, err := asInt(reply)
+	return n == 1, err
+}
+
+// Info reads DLOCK.INFO resource: nil when there is no lease and nobody waits.
+func (l *Locks) Info(ctx context.Context, resource string) (*Info, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	reply, err := l.router.do(ctx, resource, l.set.requestTimeout, infoArgs(resource)...)
+	if err != nil {
+		return nil, serverError(err)
+	}
+	return parseInfo(reply)
+}
+
+// serverError gives a server's error reply its class (*ServerError); other errors pass.
+func serverError(err error) error {
+	if text := errorReply(err); text != "" {
+		return &ServerError{Class: ErrorClass(text), Reply: text}
+	}
+	return err
+}
+
+func asInt(reply any) (int64, error) {
+	switch v := reply.(type) {
+	case nil:
+		return 0, nil
+	case int64:
+		return v, nil
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	}
+	return 0, fmt.Errorf("dlock: unexpected reply %v", reply)
+}
+
+// call sends the command build makes to resource's server; when the server refuses an option as
+// unknown (an older module) that may be dropped (CLAIM, META, FENCE), it is not sent again by
+// this Locks and the command goes once more without it.
+func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func() []any) (any, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	for {
+		args := build()
+		reply, err := l.router.do(ctx, resource, timeout, args...)
+		if !l.dropRefused(args, err) {
+			return reply, err
+		}
+	}
+}
+
+// dropRefused: whether err refused an option of args that can be left out; it is then marked.
+func (l *Locks) dropRefused(args []any, err error) bool {
+	option := unsupportedOption(errorReply(err))
+	if option != "CLAIM" && option != "META" && option != "FENCE" && option != "QUEUE" {
+		return false
+	}
+	key := args[0].(string) + " " + option
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refused[key] {
+		return false
+	}
+	l.refused[key] = true
+	return true
+}
+
+func (l *Locks) isRefused(command, option string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refused[command+" "+option]
+}
+
+// fenceArg is fence, or 0 (no FENCE) for a server that refused FENCE on command.
+func (l *Locks) fenceArg(command string, fence uint64) uint64 {
+	if l.isRefused(command, "FENCE") {
+		return 0
+	}
+	return fence
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux (it panics if it could)
+	return hex.EncodeToString(b[:])
+}
+
+// acquire runs one attempt (one token) and counts and logs its outcome.
+func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settings) (*Lease, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if set.ttl < time.Millisecond {
+		return nil, fmt.Errorf("%w: ttl must be at least 1 ms, not %v", ErrInvalidArgument, set.ttl)
+	}
+	if set.requestTimeout <= 0 {
+		return nil, fmt.Errorf("%w: request timeout must be positive, not %v", ErrInvalidArgument, set.requestTimeout)
+	}
+	logger, metrics := set.observe()
+	metrics.AcquireAttempt()
+	started := time.Now()
+	a := &attempt{locks: l, resource: resource, mode: m, set: set, token: newToken(), started: started}
+	lease, err := a.run(ctx)
+	if err != nil {
+		reason := OutcomeServer
+		var failed *AcquireError
+		if errors.As(err, &failed) {
+			reason = failed.Outcome
+		}
+		metrics.AcquireFailed(reason)
+		return nil, err
+	}
+	metrics.Acquired(time.Since(started))
+	logLease(logger, slog.LevelInfo, logAcquired, resource, lease.token, lease.fence, slog.String("mode", m.name()))
+	return lease, nil
+}
+
+// attempt is one acquire: its token, its deadline, and what it learned so far.
+type attempt struct {
+	locks    *Locks
+	resource string
+	mode     mode
+	set      settings
+	token    string
+	started  time.Time
+
+	waitUntil  time.Time // zero: no limit
+	holdEnd    time.Time
+	ttl        time.Duration
+	maxWait    time.Duration // the server's longest WAIT, once it refused a longer one
+	reached    bool          // a request may have reached the server
+	answered   bool          // the last request was answered
+	failures   int           // ambiguous failures in a row
+	failingFor time.Time     // since the first of them
+	lastErr    error
+}
+
+func (a *attempt) left() time.Duration {
+	if a.waitUntil.IsZero() {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Until(a.waitUntil)
+}
+
+func (a *attempt) form(waitMS int64, hasWait bool, queueMS int64) acquireForm {
+	f := acquireForm{resource: a.resource, token: a.token, ttlMS: millis(a.ttl), mode: a.mode,
+		hasWait: hasWait, waitMS: waitMS, queueMS: queueMS}
+	if !a.locks.isRefused(cmdAcquire, "CLAIM") {
+		f.claimMS = a.set.claimMS()
+		if queueMS > 0 {
+			f.claimMS = max(f.claimMS, queueMS)
+		}
+	}
+	if a.set.hasMeta && !a.locks.isRefused(cmdAcquire, "META") {
+		f.meta, f.hasMeta = a.set.meta, true
+	}
+	return f
+}
+
+func (a *attempt) run(ctx context.Context) (*Lease, error) {
+	a.ttl = a.set.ttl
+	if a.set.maxHold > 0 {
+		a.holdEnd = a.started.Add(a.set.maxHold)
+		a.ttl = min(a.ttl, a.set.maxHold)
+	}
+	if a.set.wait >= 0 {
+		a.waitUntil = a.started.Add(a.set.wait)
+	}
+	if deadline, ok := ctx.Deadline(); ok && (a.waitUntil.IsZero() || deadline.Before(a.waitUntil)) {
+		a.waitUntil = deadline
+	}
+	if a.set.tickets && !a.locks.isRefused(cmdAcquire, "QUEUE") && a.left() > 0 {
+		lease, err, fallBack := a.tickets(ctx)
+		if !fallBack {
+			return lease, err
+		}
+	}
+	return a.blocking(ctx)
+}
+
+// blocking: a plain ACQUIRE first; while time is left, an ACQUIRE … WAIT … CLAIM on a connection
+// of its own; after a grant from the queue, the same ACQUIRE without WAIT claims it.
+func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
+	waitNext := false
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, a.giveUp(ctx, err)
+		}
+		var (
+			reply any
+			err   error
+			sent  = time.Now()
+		)
+		waited := false
+		if waitNext && a.left() > 0 {
+			wait := min(a.left(), unlimitedWaitSlice)
+			if a.maxWait > 0 {
+				wait = min(wait, a.maxWait)
+			}
+			waited = true
+			waitMS := millisUp(wait)
+			args := a.form(waitMS, true, 0).args()
+			reply, err = a.locks.router.blockingWait(ctx, a.resource, time.Duration(waitMS)*time.Millisecond, a.set.requestTimeout, args)
+			if a.locks.dropRefused(args, err) {
+				continue
+			}
+		} else {
+			reply, err = a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any { return a.form(0, false, 0).args() })
+		}
+		if err != nil {
+			if retry, failure := a.failed(err); retry {
+				waitNext = a.left() > 0
+				if !sleep(ctx, a.retryPause()) {
+					return nil, a.giveUp(ctx, ctx.Err())
+				}
+				continue
+			} else {
+				return nil, failure
+			}
+		}
+		a.answer()
+		fence, err := fenceOf(reply)
+		if err != nil {
+			return nil, a.serverFailure(err)
+		}
+		if ctx.Err() != nil {
+			// The caller gave up: a grant now would be nobody's.
+			return nil, a.giveUp(ctx, ctx.Err())
+		}
+		if fence != 0 && !waited {
+			return newLease(ctx, a.locks, a.resource, a.token, fence, a.mode, a.ttl, a.set, sent, a.holdEnd), nil
+		}
+		if fence != 0 {
+			// Granted from the queue at some instant of the wait: claim it now (the same
+			// ACQUIRE without WAIT answers the same fence and starts the full ttl).
+			waitNext = false
+			continue
+		}
+		// nil: held (or a claim whose window passed)
+		if a.left() <= func() time.Duration {
+			if waited {
+				return cutShort
+			}
+			return 0
+		}() {
+			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token}
+		}
+		if waited && !sleep(ctx, min(waitAgainPause, a.left())) {
+			return nil, a.giveUp(ctx, ctx.Err())
+		}
+		waitNext = true
+	}
+}
+
+// tickets: subscribed to the resource's channel before the first ACQUIRE … QUEUE, the same
+// ACQUIRE again on a hand-over to this token, on every (re)subscription and every ticket/3.
+// fallBack: the server has no QUEUE (the blocking wait takes over).
+func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBack bool) {
+	ticket := a.set.ticket
+	var (
+		w     *watch
+		where *node
+	)
+	defer func() {
+		if w != nil {
+			where.channels.leave(w)
+		}
+	}()
+	queued := false
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, a.withdraw(ctx, queued, err), false
+		}
+		if queued && a.left() <= 0 {
+			return nil, a.withdraw(ctx, queued, nil), false
+		}
+		pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
+		serving, routeErr := a.locks.router.forResource(pick, a.resource)
+		cancel()
+		if routeErr == nil && serving != where {
+			// Subscribed before the first ticket, and again where a failover or a migration
+			// moved the resource: no hand-over goes unheard.
+			if w != nil {
+				where.channels.leave(w)
+			}
+			where = serving
+			w = where.channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
+		}
+		if w != nil {
+			select {
+			case <-w.wake: // a message from now on means: send again
+			default:
+			}
+		}
+		sent := time.Now()
+		queued = true
+		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any {
+			return a.form(0, false, millis(ticket)).args()
+		})
+		if err != nil {
+			if a.locks.isRefused(cmdAcquire, "QUEUE") {
+				return nil, nil, true
+			}
+			if retry, failure := a.failed(err); retry {
+				if !sleep(ctx, a.retryPause()) {
+					return nil, a.withdraw(ctx, queued, ctx.Err()), false
+				}
+				continue
+			} else {
+				return nil, failure, false
+			}
+		}
+		a.answer()
+		fence, err := fenceOf(reply)
+		if err != nil {
+			return nil, a.serverFailure(err), false
+		}
+		if fence != 0 {
+			if ctx.Err() != nil {
+				return nil, a.giveUp(ctx, ctx.Err()), false
+			}
+			return newLease(ctx, a.locks, a.resource, a.token, fence, a.mode, a.ttl, a.set, sent, a.holdEnd), nil, false
+		}
+		refresh := time.NewTimer(max(0, min(ticket/3, a.left())))
+		var wake <-chan struct{}
+		if w != nil {
+			wake = w.wake
+		}
+		select {
+		case <-wake:
+		case <-refresh.C:
+		case <-ctx.Done():
+		}
+		refresh.Stop()
+	}
+}
+
+// withdraw: at the deadline a RELEASE without FENCE takes the ticket out of line, or frees what
+// it was granted meanwhile.
+func (a *attempt) withdraw(ctx context.Context, queued bool, cause error) error {
+	if queued {
+		a.forget(ctx)
+	}
+	return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Err: cause}
+}
+
+// failed classifies a failed request: retry (with the same token, until the deadline), or the
+// error to return.
+func (a *attempt) failed(err error) (bool, error) {
+	a.lastErr = err
+	a.answered = false
+	text := errorReply(err)
+	if text != "" {
+		class := ErrorClass(text)
+		if bound := upperBound(text); bound > 0 && a.maxWait == 0 && len(text) > 15 && text[:15] == "ERR timeout-ms " {
+			// A wait longer than the server allows: wait in slices of its longest.
+			a.maxWait = time.Duration(bound) * time.Millisecond
+			return true, nil
+		}
+		switch class {
+		case ClassRedirect, ClassRetry, ClassFailover:
+		case ClassUnblocked:
+			a.reached = true
+		default:
+			return false, a.serverFailure(err)
+		}
+	} else if !notSent(err) {
+		a.reached = true
+	}
+	a.failures++
+	now := time.Now()
+	if a.failures == 1 {
+		a.failingFor = now
+	}
+	if !a.waitUntil.IsZero() {
+		if !now.Before(a.waitUntil.Add(a.set.requestTimeout)) {
+			return false, a.unsettled(context.Background())
+		}
+	} else if now.Sub(a.failingFor) >= max(5*a.set.requestTimeout, time.Second) {
+		return false, a.unsettled(context.Background())
+	}
+	return true, nil
+}
+
+// notSent: a failure after which the request surely did not reach a server (a refused
+// connection, no connection from the pool, no node known for the slot).
+func notSent(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.Is(err, redis.ErrClosed)
+}
+
+func (a *attempt) answer() {
+	a.answered = true
+	a.failures = 0
+}
+
+func (a *attempt) retryPause() time.Duration {
+	pause := retryPause << min(max(a.failures-1, 0), 8)
+	return max(retryPause, min(pause, maxRetryPause, max(a.left(), 0)))
+}
+
+// unsettled: the retries ran out without an answer: unreachable if nothing could have arrived,
+// else unknown, after the release of the attempt's token.
+func (a *attempt) unsettled(ctx context.Context) error {
+	if !a.reached {
+		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: a.lastErr}
+	}
+	released := a.forget(ctx)
+	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: a.lastErr}
+}
+
+// giveUp: the caller's context ended the attempt. Whatever may have been granted to the token is
+// released; the outcome is held if the server answered last, else as unsettled.
+func (a *attempt) giveUp(ctx context.Context, cause error) error {
+	if a.answered || !a.reached {
+		if a.reached {
+			a.forget(ctx)
+		}
+		if a.answered {
+			return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Err: cause}
+		}
+		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: cause}
+	}
+	released := a.forget(ctx)
+	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: cause}
+}
+
+func (a *attempt) serverFailure(err error) error {
+	if a.reached {
+		a.forget(context.Background())
+	}
+	return &AcquireError{Resource: a.resource, Outcome: OutcomeServer, Token: a.token, Err: serverError(err)}
+}
+
+// forget releases the attempt's token (no FENCE: the fence is unknown; the token is this
+// attempt's alone) from a connection opened for it, once more after forgetAgainAfter if the
+// first found nothing. True if a grant (or ticket) was found and freed.
+func (a *attempt) forget(ctx context.Context) bool {
+	ctx = context.WithoutCancel(ctx)
+	timeout := a.set.release()
+	for try := 0; try < 2; try++ {
+		if try > 0 {
+			time.Sleep(forgetAgainAfter)
+		}
+		released, err := a.locks.router.alone(ctx, a.resource, timeout, releaseArgs(a.resource, a.token, 0))
+		if err != nil {
+			a.set.log().LogAttrs(ctx, slog.LevelDebug, "dlock: could not release an unknown grant",
+				slog.String("resource", a.resource), slog.String("error", err.Error()))
+			return false
+		}
+		if n, _ := asInt(released); n == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// fenceOf reads an ACQUIRE reply: a fence, or 0 for nil.
+func fenceOf(reply any) (uint64, error) {
+	switch v := reply.(type) {
+	case nil:
+		return 0, nil
+	case int64:
+		if v > 0 {
+			return uint64(v), nil
+		}
+	}
+	return 0, fmt.Errorf("dlock: unexpected DLOCK.ACQUIRE reply %v", reply)
+}
+
+// sleep pauses d, or less if ctx ends first (false then).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

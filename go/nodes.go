@@ -1,0 +1,292 @@
+package dlock
+
+// The connections dlock makes of its own, per server, with the caller's settings (address,
+// credentials, database, TLS, protocol, dialer) but none of go-redis's retries and no read
+// timeout of go-redis's own: every request carries a deadline in its context
+// (ContextTimeoutEnabled), the request timeout, or for a WAIT the wait plus the request timeout.
+// The caller's client is used only to find the server of a resource (a ClusterClient's slot
+// map). Redirects (MOVED, ASK) are followed here, at most maxRedirects times per request.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxRedirects is how many MOVED or ASK replies one request follows.
+const maxRedirects = 5
+
+// waitPoolSize bounds the blocking waits in flight per server (each holds a connection);
+// connections are made only when needed.
+const waitPoolSize = 10_000
+
+// node is one server: a pool for requests, a pool for blocking waits, and its channels.
+type node struct {
+	addr     string
+	cmd      *redis.Client
+	wait     *redis.Client
+	channels *channels
+}
+
+type router struct {
+	caller  redis.UniversalClient
+	cluster *redis.ClusterClient
+	base    *redis.Options // the caller's settings (a single server's, or a cluster node's)
+	timeout time.Duration  // for pool waits and writes
+	metrics Metrics
+
+	mu    sync.Mutex
+	nodes map[string]*node
+	moved map[int]string // slot → primary, as MOVED replies said
+	one   *node          // a single server (or Sentinel's primary)
+}
+
+func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
+	r := &router{caller: caller, timeout: requestTimeout, metrics: metrics,
+		nodes: map[string]*node{}, moved: map[int]string{}}
+	switch client := caller.(type) {
+	case *redis.Client:
+		r.base = client.Options()
+		r.one = r.newNode(client.Options().Addr, client.Options())
+	case *redis.ClusterClient:
+		r.cluster = client
+	default:
+		return nil, fmt.Errorf("dlock: %T is not supported: give a *redis.Client (single server or Sentinel) or a *redis.ClusterClient", caller)
+	}
+	return r, nil
+}
+
+// own is the caller's settings with dlock's timeouts and no retries.
+func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Options {
+	o := *base
+	o.Addr = addr
+	o.MaxRetries = -1
+	o.ReadTimeout = -1 // the request's context sets the deadline
+	o.WriteTimeout = r.timeout
+	o.ContextTimeoutEnabled = true
+	o.PoolTimeout = r.timeout
+	o.MinIdleConns = 0
+	o.MaxActiveConns = 0
+	if poolSize > 0 {
+		o.PoolSize = poolSize
+		o.MaxIdleConns = 16
+	}
+	return &o
+}
+
+func (r *router) newNode(addr string, base *redis.Options) *node {
+	n := &node{addr: addr}
+	n.cmd = redis.NewClient(r.own(base, addr, 0))
+	n.wait = redis.NewClient(r.own(base, addr, waitPoolSize))
+	n.channels = newChannels(n, r.cluster != nil)
+	return n
+}
+
+// at is the node at addr, made on first use with the settings of the cluster's nodes.
+func (r *router) at(ctx context.Context, addr string, base *redis.Options) (*node, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.one != nil {
+		return r.one, nil
+	}
+	if n, ok := r.nodes[addr]; ok {
+		return n, nil
+	}
+	if base == nil {
+		base = r.base
+	}
+	if base == nil {
+		// No node known yet: the settings of whichever node serves a key.
+		client, err := r.cluster.MasterForKey(ctx, "dlock")
+		if err != nil {
+			return nil, err
+		}
+		base = client.Options()
+	}
+	if r.base == nil {
+		r.base = base
+	}
+	n := r.newNode(addr, base)
+	r.nodes[addr] = n
+	return n, nil
+}
+
+// forResource is the node serving resource's slot now.
+func (r *router) forResource(ctx context.Context, resource string) (*node, error) {
+	if r.one != nil {
+		return r.one, nil
+	}
+	slot := KeySlot(resource)
+	r.mu.Lock()
+	addr, ok := r.moved[slot]
+	r.mu.Unlock()
+	if ok {
+		return r.at(ctx, addr, nil)
+	}
+	client, err := r.cluster.MasterForKey(ctx, resource)
+	if err != nil {
+		return nil, err
+	}
+	return r.at(ctx, client.Options().Addr, client.Options())
+}
+
+// learnMoved records where a MOVED sent a slot and asks the caller's client to refresh its map.
+func (r *router) learnMoved(slot int, addr string) {
+	if r.cluster == nil {
+		return
+	}
+	r.mu.Lock()
+	r.moved[slot] = addr
+	r.mu.Unlock()
+	r.cluster.ReloadState(context.Background())
+}
+
+// redirect reads a MOVED or ASK reply: its kind ("moved", "ask"), slot and address.
+func redirect(err error) (kind string, slot int, addr string) {
+	reply := errorReply(err)
+	words := strings.Fields(reply)
+	if len(words) != 3 || (words[0] != "MOVED" && words[0] != "ASK") {
+		return "", 0, ""
+	}
+	slot, convErr := strconv.Atoi(words[1])
+	if convErr != nil {
+		return "", 0, ""
+	}
+	return strings.ToLower(words[0]), slot, words[2]
+}
+
+// do sends args to the server of resource and returns its reply (nil for a nil reply) within
+// timeout, following redirects.
+func (r *router) do(ctx context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n, err := r.forResource(ctx, resource)
+	if err != nil {
+		return nil, err
+	}
+	asking := false
+	for hop := 0; ; hop++ {
+		var reply any
+		if asking {
+			reply, err = askingDo(ctx, n.cmd, args)
+		} else {
+			reply, err = n.cmd.Do(ctx, args...).Result()
+		}
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		kind, slot, addr := redirect(err)
+		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
+			return reply, err
+		}
+		r.metrics.Redirect()
+		if kind == "moved" {
+			r.learnMoved(slot, addr)
+		}
+		if n, err = r.at(ctx, addr, nil); err != nil {
+			return nil, err
+		}
+		asking = kind == "ask"
+	}
+}
+
+// askingDo sends ASKING and args on one connection (ASKING holds for the next command only).
+func askingDo(ctx context.Context, client *redis.Client, args []any) (any, error) {
+	conn := client.Conn()
+	defer conn.Close()
+	var cmd *redis.Cmd
+	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Do(ctx, "ASKING")
+		cmd = pipe.Do(ctx, args...)
+		return nil
+	})
+	if cmd != nil {
+		return cmd.Result()
+	}
+	return nil, err
+}
+
+// blockingWait sends an ACQUIRE … WAIT on a connection of its own whose read deadline is the
+// wait plus the request timeout, so go-redis never gives up while the server holds the waiter's
+// place. When ctx ends first, CLIENT UNBLOCK (from another connection) ends the wait in the
+// server, which answers it nil. A redirect is returned as it came (the caller retries with the
+// same token on the node the map names by then).
+func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, args []any) (any, error) {
+	pick, cancelPick := context.WithTimeout(ctx, requestTimeout)
+	n, err := r.forResource(pick, resource)
+	cancelPick()
+	if err != nil {
+		return nil, err
+	}
+	conn := n.wait.Conn()
+	defer conn.Close()
+	// The deadline is the wait's own, not the caller's: the caller's end is CLIENT UNBLOCK's job.
+	idCtx, cancelID := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+	id, err := conn.ClientID(idCtx).Result()
+	cancelID()
+	if err != nil {
+		return nil, err
+	}
+	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
+	defer cancelCall()
+	stop := context.AfterFunc(ctx, func() {
+		unblock, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		n.cmd.ClientUnblock(unblock, id)
+	})
+	defer stop()
+	reply, err := conn.Do(call, args...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if kind, slot, addr := redirect(err); kind == "moved" {
+		r.metrics.Redirect()
+		r.learnMoved(slot, addr)
+	}
+	return reply, err
+}
+
+func (r *router) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	all := make([]*node, 0, len(r.nodes)+1)
+	if r.one != nil {
+		all = append(all, r.one)
+	}
+	for _, n := range r.nodes {
+		all = append(all, n)
+	}
+	var errs []error
+	for _, n := range all {
+		n.channels.close()
+		errs = append(errs, n.cmd.Close(), n.wait.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// alone sends args on a connection opened for it and closed after: the RELEASE of an attempt's
+// token goes neither on the failed connection nor on a pooled one that may have gone silent
+// with it.
+func (r *router) alone(ctx context.Context, resource string, timeout time.Duration, args []any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n, err := r.forResource(ctx, resource)
+	if err != nil {
+		return nil, err
+	}
+	o := *n.cmd.Options()
+	o.PoolSize, o.MaxIdleConns, o.MinIdleConns = 1, 0, 0
+	client := redis.NewClient(&o)
+	defer client.Close()
+	reply, err := client.Do(ctx, args...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return reply, err
+}

@@ -1,0 +1,413 @@
+package dlock
+
+// dlock's wire rules, written once for this client: channel names, the hand-over tag, channel
+// messages, key slots, the argument vector of every command form, error classes and reading
+// DLOCK.INFO. No I/O here. protocol/vectors/*.json pins every rule (protocol_test.go loads
+// them); docs/protocol.md is the contract in prose.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The commands.
+const (
+	cmdAcquire    = "DLOCK.ACQUIRE"
+	cmdRenew      = "DLOCK.RENEW"
+	cmdRelease    = "DLOCK.RELEASE"
+	cmdFenceCheck = "DLOCK.FENCECHECK"
+	cmdFenced     = "DLOCK.FENCED"
+	cmdInfo       = "DLOCK.INFO"
+)
+
+// MaxPermits is the server's bound on a semaphore's permits (SHARED LIMIT n).
+const MaxPermits = 1_000_000
+
+// The option keywords of the version 2 commands.
+var optionKeywords = []string{"CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"}
+
+// ChannelName is the channel where the server publishes resource's changes of ownership: a
+// resource with braces keeps them, and its hash tag, behind "dlock:key:" (invoice:{7} →
+// dlock:key:invoice:{7}); any other is wrapped in a tag (invoice:7 → dlock:{invoice:7}), so the
+// channel lives in the key's slot and no two resources share one.
+func ChannelName(resource string) string {
+	if strings.ContainsAny(resource, "{}") {
+		return "dlock:key:" + resource
+	}
+	return "dlock:{" + resource + "}"
+}
+
+// TokenTag is the tag a handoff message names its new holder by: FNV-1a 32-bit of the token's
+// UTF-8 bytes, as 8 lowercase hex digits.
+func TokenTag(token string) string {
+	tag := uint32(0x811c9dc5)
+	for i := 0; i < len(token); i++ {
+		tag ^= uint32(token[i])
+		tag *= 0x01000193
+	}
+	return fmt.Sprintf("%08x", tag)
+}
+
+// wakes says whether a channel message wakes a watcher with tag ("" is an observer, woken by
+// every message). acquired, renewed, released and expired wake no ticket waiter (a release with
+// a line always hands over); a handoff wakes the token it names; a handoff without a tag (an
+// older server) and any message this version does not understand wake every waiter.
+func wakes(message, tag string) bool {
+	if tag == "" {
+		return true
+	}
+	words := strings.Split(message, " ")
+	switch {
+	case len(words) == 2 && (words[0] == "acquired" || words[0] == "renewed" ||
+		words[0] == "released" || words[0] == "expired"):
+		return false
+	case len(words) == 3 && words[0] == "handoff":
+		return words[2] == tag
+	}
+	return true
+}
+
+// KeySlot is the Redis Cluster slot of key: CRC16/XMODEM of its hash tag (the text between the
+// first "{" and the next "}", if not empty) or of the whole key, modulo 16384.
+func KeySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			key = key[open+1 : open+1+end]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for bit := 0; bit < 8; bit++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// mode is the kind of lease an acquire asks for.
+type mode struct {
+	shared  bool
+	permits int // with shared: a semaphore of this many permits; 0 for a reader
+}
+
+func (m mode) name() string {
+	if m.shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// acquireForm is one DLOCK.ACQUIRE as sent; zero durations leave their option out, except wait
+// (hasWait) whose 0 means "no limit".
+type acquireForm struct {
+	resource, token string
+	ttlMS           int64
+	mode            mode
+	hasWait         bool
+	waitMS          int64
+	queueMS         int64
+	claimMS         int64
+	meta            string
+	hasMeta         bool
+}
+
+// args: DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms] [CLAIM ms]
+// [META value]. CLAIM goes only with a wait or a ticket (a grant answered at once is claimed by
+// its answer) and never longer than the ttl.
+func (f acquireForm) args() []any {
+	args := []any{cmdAcquire, f.resource, f.token, num(f.ttlMS)}
+	if f.mode.shared {
+		args = append(args, "SHARED")
+		if f.mode.permits > 0 {
+			args = append(args, "LIMIT", num(int64(f.mode.permits)))
+		}
+	}
+	waiting := false
+	if f.queueMS > 0 {
+		args = append(args, "QUEUE", num(f.queueMS))
+		waiting = true
+	} else if f.hasWait {
+		args = append(args, "WAIT", num(f.waitMS))
+		waiting = true
+	}
+	if f.claimMS > 0 && waiting {
+		args = append(args, "CLAIM", num(min(f.claimMS, f.ttlMS)))
+	}
+	if f.hasMeta {
+		args = append(args, "META", f.meta)
+	}
+	return args
+}
+
+// renewArgs: DLOCK.RENEW resource token ttl-ms [FENCE fence]; with the grant's fence (0: none,
+// for a server without FENCE) so a late or retried RENEW never extends a later grant.
+func renewArgs(resource, token string, ttlMS int64, fence uint64) []any {
+	args := []any{cmdRenew, resource, token, num(ttlMS)}
+	if fence != 0 {
+		args = append(args, "FENCE", unum(fence))
+	}
+	return args
+}
+
+// releaseArgs: DLOCK.RELEASE resource token [FENCE fence]. Without a fence (an attempt whose
+// outcome is unknown) it frees that attempt's grant and takes its ticket out of line.
+func releaseArgs(resource, token string, fence uint64) []any {
+	args := []any{cmdRelease, resource, token}
+	if fence != 0 {
+		args = append(args, "FENCE", unum(fence))
+	}
+	return args
+}
+
+func fenceCheckArgs(resource string, fence uint64) []any {
+	return []any{cmdFenceCheck, resource, unum(fence)}
+}
+
+func infoArgs(resource string) []any { return []any{cmdInfo, resource} }
+
+// fencedArgs: DLOCK.FENCED resource fence command [arg …].
+func fencedArgs(resource string, fence uint64, command []any) []any {
+	return append([]any{cmdFenced, resource, unum(fence)}, command...)
+}
+
+func num(n int64) string   { return strconv.FormatInt(n, 10) }
+func unum(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// Error classes of server replies (docs/protocol.md, section 9).
+const (
+	ClassRedirect     = "redirect"
+	ClassRetry        = "retry"
+	ClassFailover     = "failover"
+	ClassUnblocked    = "unblocked"
+	ClassStale        = "stale"
+	ClassCrossSlot    = "cross_slot"
+	ClassModeConflict = "mode_conflict"
+	ClassUnsupported  = "unsupported"
+	ClassAuth         = "auth"
+	ClassWrongType    = "wrong_type"
+	ClassUsage        = "usage"
+	ClassServer       = "server"
+)
+
+var classByCode = map[string]string{
+	"MOVED":       ClassRedirect,
+	"ASK":         ClassRedirect,
+	"TRYAGAIN":    ClassRetry,
+	"LOADING":     ClassRetry,
+	"CLUSTERDOWN": ClassRetry,
+	"MASTERDOWN":  ClassRetry,
+	"READONLY":    ClassFailover,
+	"UNBLOCKED":   ClassUnblocked,
+	"STALE":       ClassStale,
+	"CROSSSLOT":   ClassCrossSlot,
+	"LOCKMODE":    ClassModeConflict,
+	"NOAUTH":      ClassAuth,
+	"WRONGPASS":   ClassAuth,
+	"NOPERM":      ClassAuth,
+	"WRONGTYPE":   ClassWrongType,
+}
+
+const unexpectedArgument = "ERR syntax error: unexpected argument '"
+
+// ErrorClass is the class of an error reply (its whole text, code first): what a client does
+// next.
+func ErrorClass(reply string) string {
+	code, _, _ := strings.Cut(reply, " ")
+	if class, ok := classByCode[code]; ok {
+		return class
+	}
+	if code == "ERR" {
+		if unsupportedOption(reply) != "" {
+			return ClassUnsupported
+		}
+		if strings.HasPrefix(reply, "ERR fence counter exhausted") ||
+			strings.HasPrefix(reply, "ERR internal error") {
+			return ClassServer
+		}
+		return ClassUsage
+	}
+	return ClassServer
+}
+
+// unsupportedOption is the option keyword an older server refused as an unknown argument, upper
+// case, or "".
+func unsupportedOption(reply string) string {
+	if !strings.HasPrefix(reply, unexpectedArgument) || !strings.HasSuffix(reply, "'") {
+		return ""
+	}
+	named := strings.ToUpper(reply[len(unexpectedArgument) : len(reply)-1])
+	for _, option := range optionKeywords {
+		if named == option {
+			return named
+		}
+	}
+	return ""
+}
+
+// upperBound is the largest value a bounds error allows ("… between 0 and 86400000" →
+// 86400000), or -1.
+func upperBound(reply string) int64 {
+	at := strings.LastIndex(reply, " between ")
+	if at < 0 {
+		return -1
+	}
+	_, upper, found := strings.Cut(reply[at+len(" between "):], " and ")
+	if !found {
+		return -1
+	}
+	digits, _, _ := strings.Cut(upper, " ")
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// Holder is one live shared lease in DLOCK.INFO's leases.
+type Holder struct {
+	Token string
+	Fence uint64
+	TTLMS int64
+	Meta  *string
+}
+
+// Info is what DLOCK.INFO shows, read by field name (fields of later versions change nothing).
+type Info struct {
+	Owner       *string
+	Fence       *uint64
+	TTLMS       int64
+	Waiters     int64
+	NextWaiters []string
+	Tickets     int64
+	Mode        *string
+	Holders     int64
+	Meta        *string
+	Leases      []Holder
+}
+
+// Leader is who leads an election: its candidate's address (the lease's META; nil without
+// one), the term's fence (larger for every newer term) and the lease's token.
+type Leader struct {
+	Address *string
+	Fence   uint64
+	Token   string
+}
+
+// parseInfo reads a DLOCK.INFO reply as go-redis returns it: a flat list of names and values
+// (RESP2) or a map (RESP3); nil for nil (no lease, nobody waiting).
+func parseInfo(reply any) (*Info, error) {
+	if reply == nil {
+		return nil, nil
+	}
+	fields := map[string]any{}
+	switch value := reply.(type) {
+	case map[any]any:
+		for name, field := range value {
+			if text, ok := name.(string); ok {
+				fields[text] = field
+			}
+		}
+	case map[string]any:
+		for name, field := range value {
+			fields[name] = field
+		}
+	case []any:
+		for i := 0; i+1 < len(value); i += 2 {
+			if text, ok := value[i].(string); ok {
+				fields[text] = value[i+1]
+			}
+		}
+	default:
+		return nil, fmt.Errorf("dlock: unexpected DLOCK.INFO reply %v", reply)
+	}
+	info := &Info{
+		Owner:   text(fields["owner"]),
+		TTLMS:   count(fields["ttl-ms"]),
+		Waiters: count(fields["waiters"]),
+		Tickets: count(fields["tickets"]),
+		Mode:    text(fields["mode"]),
+		Holders: count(fields["holders"]),
+		Meta:    text(fields["meta"]),
+	}
+	if fence, ok := unsigned(fields["fence"]); ok {
+		info.Fence = &fence
+	}
+	info.NextWaiters = []string{}
+	if list, ok := fields["next-waiters"].([]any); ok {
+		for _, item := range list {
+			if token := text(item); token != nil {
+				info.NextWaiters = append(info.NextWaiters, *token)
+			}
+		}
+	}
+	info.Leases = []Holder{}
+	if list, ok := fields["leases"].([]any); ok {
+		for _, item := range list {
+			lease, ok := item.([]any)
+			if !ok || len(lease) < 4 {
+				continue
+			}
+			holder := Holder{TTLMS: count(lease[2]), Meta: text(lease[3])}
+			if token := text(lease[0]); token != nil {
+				holder.Token = *token
+			}
+			holder.Fence, _ = unsigned(lease[1])
+			info.Leases = append(info.Leases, holder)
+		}
+	}
+	return info, nil
+}
+
+// leaderFromInfo is the leader DLOCK.INFO shows: the holder of a live exclusive lease (a
+// version 1 server shows no mode, and its lease is exclusive), or nil.
+func leaderFromInfo(reply any) (*Leader, error) {
+	info, err := parseInfo(reply)
+	if err != nil || info == nil || info.Owner == nil || info.Fence == nil {
+		return nil, err
+	}
+	if info.Mode != nil && *info.Mode != "exclusive" {
+		return nil, nil
+	}
+	return &Leader{Address: info.Meta, Fence: *info.Fence, Token: *info.Owner}, nil
+}
+
+func text(value any) *string {
+	switch v := value.(type) {
+	case string:
+		return &v
+	case []byte:
+		s := string(v)
+		return &s
+	}
+	return nil
+}
+
+func count(value any) int64 {
+	switch v := value.(type) {
+	case int64:
+		return v
+	case string:
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func unsigned(value any) (uint64, bool) {
+	switch v := value.(type) {
+	case int64:
+		return uint64(v), v >= 0
+	case uint64:
+		return v, true
+	case string:
+		n, err := strconv.ParseUint(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
