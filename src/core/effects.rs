@@ -557,6 +557,28 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_acquiring_again_after_a_lost_hand_over_reply_confirms_that_grant() {
+        // The waiter was handed the lease; its reply was lost; it retries with its token. The
+        // retry's answer names the grant, so the clean-up of the lost reply must leave it be.
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
+            step.acquire(lock, b"A", 1_000).expect("mint");
+            step.enqueue(lock, waiter(7, b"W", at(0)));
+        });
+        let handed = planned(&mut lock, &mut fences, PRIMARY, at(2), |step, lock| {
+            step.settle_after(lock);
+        });
+        assert!(handed.contains(&"answer 7 2000000".to_owned()), "{handed:?}");
+        let retry = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
+            step.acquire(lock, b"W", 10_000).expect("reacquire");
+        };
+        assert_eq!(
+            planned(&mut lock, &mut fences, PRIMARY, at(2), retry),
+            ["count", "confirm 2000000", "renewed 2000000", "setlease 2000000"]
+        );
+    }
+
+    #[test]
     fn a_release_that_empties_the_lock_deletes_the_key_and_propagates_the_delete() {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
