@@ -1,7 +1,7 @@
 //! Every wait and every ticket ends in exactly one counter, the core driven by random sequences.
 //!
-//! A `Server` runs the real [`Step`] operations on a few resources and counts every transition
-//! with the real [`Stats::record`], as `apply` does; around them it does what the glue does on
+//! A `Server` runs the real [`Step`] operations on a few resources and performs the counters and
+//! answers of the effects the core plans for them ([`effects::plan`]), as `apply` does; around them it does what the glue does on
 //! its own, as `waiters.rs` and `apply::value_freed` do: a registry of blocked clients (the
 //! [`Host`]) whose waits end by their own time-out, `CLIENT UNBLOCK`, a disconnection or a lost
 //! reply, each counted once there and pruned from its line on the timer's next turn; keys
@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::effects::{self, Effect, Place};
 use super::fence::FenceCounter;
 use super::lock::Rules;
 use super::mode::Mode;
@@ -165,8 +166,8 @@ struct Server {
 }
 
 impl Server {
-    /// One decision on `resource` (an empty lock when it has no key), counted and answered as
-    /// `apply` does; the key goes once vacant.
+    /// One decision on `resource` (an empty lock when it has no key), then the effects the core
+    /// plans for it, counters and answers performed here; the key goes when they say so.
     fn run<T>(
         &mut self,
         resource: Resource,
@@ -177,30 +178,35 @@ impl Server {
         let mut step = Step::new(now, Rules::default(), &mut self.fences, &self.registry);
         let result = op(&mut step, &mut lock, &mut self.next_id, &self.registry);
         let changes = step.into_changes();
-        self.apply(resource, &lock, &changes, now);
-        if !lock.is_vacant(now) {
+        let place = Place::Stored { indexes: false, grants_held_until: 0 };
+        if !self.apply(resource, &lock, place, &changes, now) {
             self.keys.insert(resource, lock);
         }
         result
     }
 
-    fn apply(&mut self, resource: Resource, lock: &Lock, changes: &[Transition], now: Now) {
-        for change in changes {
-            self.stats.record(change, now.mono);
-            match change {
-                Transition::HandedOver { waiter, fence, ticket: false, .. } => {
-                    let token = lock.lease_with_fence(*fence).map(|lease| lease.token.to_vec());
-                    if self.registry.answer(*waiter) {
-                        let token = token.unwrap_or_default().into_boxed_slice();
-                        self.answered.push((resource, token, *fence));
-                    }
+    /// Performs the counters and answers of the planned effects; whether the key is deleted.
+    fn apply(
+        &mut self,
+        resource: Resource,
+        lock: &Lock,
+        place: Place,
+        changes: &[Transition],
+        now: Now,
+    ) -> bool {
+        let mut deleted = false;
+        effects::plan(lock, place, changes, now, |effect| match effect {
+            Effect::Count(change) => self.stats.record(change, now.mono),
+            Effect::Answer { waiter, grant } => {
+                let answered = self.registry.answer(waiter);
+                if let Some(lease) = grant.filter(|_| answered) {
+                    self.answered.push((resource, lease.token.to_vec().into(), lease.fence));
                 }
-                Transition::Superseded { waiter } | Transition::Dismissed { waiter } => {
-                    self.registry.answer(*waiter);
-                }
-                _ => {}
             }
-        }
+            Effect::DeleteKey { .. } => deleted = true,
+            _ => {}
+        });
+        deleted
     }
 
     /// `apply::value_freed`: the freed value's blocked clients are answered nil, its tickets go.
@@ -405,7 +411,7 @@ proptest! {
                     let mut step = Step::new(now, Rules::default(), fences, registry);
                     step.displace(&mut lock);
                     let changes = step.into_changes();
-                    server.apply(to, &lock, &changes, now);
+                    server.apply(to, &lock, Place::Notified, &changes, now);
                     // A vacant value stays until the timer's next look (`RESOURCES` is a name
                     // no command uses).
                     server.keys.insert(to, lock);
