@@ -5,7 +5,7 @@
 //! its fence counter over the cluster bus, answers `TRYAGAIN` until the answer is in, and the
 //! answer raises this node's counter. Every node answers the question with its counter.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::c_char;
 use std::sync::atomic::Ordering;
 
@@ -221,14 +221,18 @@ fn send(ctx: &Context, to: &NodeId, kind: u8, payload: &[u8]) {
     }
 }
 
+/// This node's name. `GetMyClusterID` points to the name's 40 bytes, which are not
+/// NUL-terminated (read as a C string, they ran on into what follows, and the name was never
+/// this node's: a slot made this node's by `SETSLOT … NODE` was taken for another's).
 fn my_id() -> Option<NodeId> {
-    // SAFETY: GetMyClusterID returns this node's NUL-terminated name, or null outside a cluster.
+    // SAFETY: GetMyClusterID returns null outside a cluster, else this node's name.
     let id = unsafe { raw::RedisModule_GetMyClusterID.map(|f| f())? };
     if id.is_null() {
         return None;
     }
-    // SAFETY: non-null and NUL-terminated.
-    node_id(unsafe { CStr::from_ptr(id) }.to_bytes())
+    // SAFETY: non-null, and the name is REDISMODULE_NODE_ID_LEN (40) bytes, valid while the
+    // server runs.
+    node_id(unsafe { std::slice::from_raw_parts(id.cast::<u8>(), 40) })
 }
 
 fn node_id(bytes: &[u8]) -> Option<NodeId> {
