@@ -26,6 +26,9 @@ class Watch:
         self.channel = channel
         # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
         self.tag = tag
+        # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
+        # subscription is confirmed, and needs no wake for it).
+        self.joined = False
         self.event = asyncio.Event()
 
 
@@ -70,6 +73,8 @@ class Channels:
         except BaseException:  # cancelled: nobody will leave for this watch
             await self.leave(watch)
             raise
+        # From here its first ACQUIRE may go before the subscription is confirmed.
+        watch.joined = True
         return watch
 
     async def leave(self, watch: Watch) -> None:
@@ -117,13 +122,15 @@ class Channels:
         except Exception as error:  # already broken
             log.debug("dlock: closing the pub/sub connection: %s", error)
 
-    def _wake(self, channel: str | None, payload: str | None = None) -> None:
+    def _wake(
+        self, channel: str | None, payload: str | None = None, joined_only: bool = False
+    ) -> None:
         """Wakes the watchers of ``channel`` (``None``: of every channel) that ``payload``
         concerns (``None``: all of them)."""
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
-                if wakes(payload, watch.tag):
+                if (watch.joined or not joined_only) and wakes(payload, watch.tag):
                     watch.event.set()
 
     async def _run(self) -> None:
@@ -166,8 +173,11 @@ class Channels:
             return
         if kind in ("subscribe", "ssubscribe"):
             ready = self._ready.get(channel)
+            first = ready is not None and not ready.is_set()
             if ready is not None:
                 ready.set()
-            self._wake(channel)
+            # A (re)subscription: messages may have been missed. On the first, only the
+            # watches whose first ACQUIRE went before it (their join stopped waiting).
+            self._wake(channel, joined_only=first)
         elif kind in ("message", "smessage"):
             self._wake(channel, _text(message.get("data")))

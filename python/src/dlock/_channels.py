@@ -38,6 +38,9 @@ class Watch:
         self.channel = channel
         # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
         self.tag = tag
+        # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
+        # subscription is confirmed, and needs no wake for it).
+        self.joined = False
         self.event = threading.Event()
 
 
@@ -86,6 +89,8 @@ class Channels:
         except BaseException:  # interrupted: nobody will leave for this watch
             self.leave(watch)
             raise
+        # From here its first ACQUIRE may go before the subscription is confirmed.
+        watch.joined = True
         return watch
 
     def leave(self, watch: Watch) -> None:
@@ -140,13 +145,15 @@ class Channels:
             self._subscribe(pubsub, channels)
         return pubsub
 
-    def _wake(self, channel: str | None, payload: str | None = None) -> None:
+    def _wake(
+        self, channel: str | None, payload: str | None = None, joined_only: bool = False
+    ) -> None:
         """Wakes the watchers of ``channel`` (``None``: of every channel) that ``payload``
         concerns (``None``: all of them). Lock held."""
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
-                if wakes(payload, watch.tag):
+                if (watch.joined or not joined_only) and wakes(payload, watch.tag):
                     watch.event.set()
 
     def _run(self) -> None:
@@ -192,8 +199,11 @@ class Channels:
         with self._lock:
             if kind in ("subscribe", "ssubscribe"):
                 ready = self._ready.get(channel)
+                first = ready is not None and not ready.is_set()
                 if ready is not None:
                     ready.set()
-                self._wake(channel)  # a (re)subscription: messages may have been missed
+                # A (re)subscription: messages may have been missed. On the first, only the
+                # watches whose first ACQUIRE went before it (their join stopped waiting).
+                self._wake(channel, joined_only=first)
             elif kind in ("message", "smessage"):
                 self._wake(channel, _text(message.get("data")))
