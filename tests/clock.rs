@@ -270,19 +270,23 @@ fn backward_steps_while_leases_keep_expiring_never_stall_the_server() {
     let mut con = server.client();
     // A lease a minute away keeps the timer armed once the others are gone.
     acquire(&mut con, "far", "holder", 60_000).expect("granted");
-    // The others end one after another, 8 to 18 s from now.
+    // The others end one after another, 8 to 18 s from now; on a machine so busy that loading
+    // them takes longer, the later ones at least 1 to 11 s after they were granted (the storm
+    // then starts while they load, and still lasts past every step).
     let loaded = Instant::now();
     for chunk in 0..LEASES / 10_000 {
         let mut pipe = redis::pipe();
         for i in chunk * 10_000..(chunk + 1) * 10_000 {
-            let ttl =
-                (8_000 + i * 10_000 / LEASES).saturating_sub(loaded.elapsed().as_millis() as u64);
+            let spread = i * 10_000 / LEASES;
+            let ttl = (8_000 + spread)
+                .saturating_sub(loaded.elapsed().as_millis() as u64)
+                .max(1_000 + spread);
             pipe.cmd("DLOCK.ACQUIRE").arg(format!("storm:{i}")).arg("worker").arg(ttl).ignore();
         }
         let () = pipe.query(&mut con).expect("ACQUIRE pipeline");
     }
     let before: u64 = redis::cmd("DBSIZE").query(&mut con).expect("DBSIZE");
-    assert_eq!(before, LEASES + 1);
+    assert!(before > LEASES / 2, "most leases still live once loaded: {before}");
     let begun = eventually(Duration::from_secs(15), || {
         redis::cmd("DBSIZE").query::<u64>(&mut con).is_ok_and(|n| n < before)
     });
