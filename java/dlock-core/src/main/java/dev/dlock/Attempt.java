@@ -1,0 +1,367 @@
+package dev.dlock;
+
+import java.time.Duration;
+import java.util.List;
+
+/**
+ * One acquire: its token (made before the first send, reused for every ambiguous retry), its
+ * deadline, and what it learned so far ({@code docs/protocol.md}, sections 1 and 2).
+ */
+final class Attempt {
+    /** One server-side wait lasts at most this when the caller waits without limit. */
+    private static final long UNLIMITED_WAIT_SLICE_MS = 3_600_000;
+    /** A WAIT answered nil earlier than this before the deadline was cut short, not timed out. */
+    private static final long CUT_SHORT_MS = 50;
+    private static final long WAIT_AGAIN_PAUSE_MS = 10;
+    private static final long RETRY_PAUSE_MS = 50;
+    private static final long MAX_RETRY_PAUSE_MS = 400;
+    private static final long FORGET_AGAIN_AFTER_MS = 100;
+
+    private final Locks locks;
+    final String resource;
+    private final boolean shared;
+    private final int permits;
+    private final HoldOptions options;
+    final String token;
+    final long started = System.nanoTime();
+
+    private final long waitUntil; // nanoTime; Long.MAX_VALUE: no limit
+    final long holdEnd; // nanoTime; 0: no max hold
+    final Duration ttl;
+    private long maxWaitMs; // the server's longest WAIT, once it refused a longer one
+    private boolean reached; // a request may have reached the server
+    private boolean answered; // the last request was answered
+    private int failures; // ambiguous failures in a row
+    private long failingSince;
+    private Throwable lastFailure;
+
+    Attempt(Locks locks, String resource, boolean shared, int permits, HoldOptions options) {
+        this.locks = locks;
+        this.resource = resource;
+        this.shared = shared;
+        this.permits = permits;
+        this.options = options;
+        this.token = Locks.newToken();
+        Duration ttl = options.ttl();
+        if (options.maxHoldValue() != null) {
+            holdEnd = started + options.maxHoldValue().toNanos();
+            ttl = ttl.compareTo(options.maxHoldValue()) < 0 ? ttl : options.maxHoldValue();
+        } else {
+            holdEnd = 0;
+        }
+        this.ttl = ttl;
+        Duration wait = options.waitLimit();
+        this.waitUntil = wait == null ? Long.MAX_VALUE : started + wait.toNanos();
+    }
+
+    private long leftMs() {
+        if (waitUntil == Long.MAX_VALUE) {
+            return Long.MAX_VALUE;
+        }
+        return (waitUntil - System.nanoTime()) / 1_000_000;
+    }
+
+    private Protocol.AcquireForm form(Long waitMs, long queueMs) {
+        long claim = 0;
+        if (!locks.isRefused(Protocol.ACQUIRE, "CLAIM")) {
+            claim = options.claimMs();
+            if (queueMs > 0) {
+                claim = Math.max(claim, queueMs);
+            }
+        }
+        String meta = locks.isRefused(Protocol.ACQUIRE, "META") ? null : options.metaValue();
+        return new Protocol.AcquireForm(resource, token, Math.max(1, ttl.toMillis()), shared, permits, waitMs, queueMs,
+                claim, meta);
+    }
+
+    Lease run() {
+        if (options.usesTickets() && !locks.isRefused(Protocol.ACQUIRE, "QUEUE") && leftMs() > 0) {
+            Lease lease = tickets();
+            if (lease != null) {
+                return lease;
+            }
+        }
+        return blocking();
+    }
+
+    /**
+     * A plain ACQUIRE first; while time is left, ACQUIRE ... WAIT ... CLAIM on a connection of its
+     * own; after a grant from the queue, the same ACQUIRE without WAIT claims it.
+     */
+    private Lease blocking() {
+        boolean waitNext = false;
+        while (true) {
+            checkInterrupted();
+            long sent = System.nanoTime();
+            boolean waited = false;
+            Object reply;
+            try {
+                if (waitNext && leftMs() > 0) {
+                    long waitMs = Math.min(leftMs(), UNLIMITED_WAIT_SLICE_MS);
+                    if (maxWaitMs > 0) {
+                        waitMs = Math.min(waitMs, maxWaitMs);
+                    }
+                    waitMs = Math.max(1, waitMs);
+                    waited = true;
+                    List<String> args = form(waitMs, 0).args();
+                    try {
+                        reply = locks.transport().alone(resource, args,
+                                Duration.ofMillis(waitMs).plus(options.requestTimeoutValue()));
+                    } catch (Exception e) {
+                        if (locks.dropRefused(args, e)) {
+                            continue;
+                        }
+                        throw e;
+                    }
+                } else {
+                    reply = locks.call(() -> form(null, 0).args(), options.requestTimeoutValue());
+                }
+            } catch (Exception e) {
+                if (retryAfter(e)) {
+                    waitNext = leftMs() > 0;
+                    pause(retryPauseMs());
+                    continue;
+                }
+                throw new IllegalStateException("unreachable");
+            }
+            answer();
+            long fence = fenceOf(reply);
+            if (fence != 0 && !waited) {
+                return new Lease(locks, resource, token, fence, shared, ttl, options, sent, holdEnd, started);
+            }
+            if (fence != 0) {
+                // Granted from the queue: claim it now (the same ACQUIRE without WAIT starts the full ttl).
+                waitNext = false;
+                continue;
+            }
+            if (waited && leftMs() > CUT_SHORT_MS) {
+                // Cut short (the key moved or was deleted, a newer wait of the token took its place): again.
+                pause(WAIT_AGAIN_PAUSE_MS);
+                waitNext = true;
+                continue;
+            }
+            if (leftMs() <= 0) {
+                if (waited) {
+                    forget(); // it may have been handed over as the wait ended
+                }
+                throw failed(NotAcquiredException.Outcome.HELD, false, null);
+            }
+            waitNext = true;
+        }
+    }
+
+    /**
+     * Tickets: subscribe to the resource's channel before the first ACQUIRE ... QUEUE, then send the
+     * same ACQUIRE on a hand-over to this token, on every (re)subscription, and every ticket / 3.
+     * Null: the server refused QUEUE (fall back to blocking waits).
+     */
+    private Lease tickets() {
+        long ticketMs = Math.max(1, options.ticket().toMillis());
+        Channels channels;
+        try {
+            channels = locks.transport().channels(resource);
+        } catch (RuntimeException e) {
+            return null;
+        }
+        Channels.Watch watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
+        try {
+            while (true) {
+                checkInterrupted();
+                long sent = System.nanoTime();
+                long left = leftMs();
+                Object reply;
+                try {
+                    if (left <= 0) {
+                        reply = locks.call(() -> form(null, 0).args(), options.requestTimeoutValue());
+                    } else {
+                        long queue = Math.max(1, Math.min(ticketMs, left + ticketMs));
+                        List<String> args = form(null, queue).args();
+                        try {
+                            reply = locks.transport().call(args, options.requestTimeoutValue());
+                        } catch (Exception e) {
+                            if (locks.dropRefused(args, e)) {
+                                if (Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE")) {
+                                    return null;
+                                }
+                                continue;
+                            }
+                            throw e;
+                        }
+                    }
+                } catch (Exception e) {
+                    if (retryAfter(e)) {
+                        pause(retryPauseMs());
+                        continue;
+                    }
+                    throw new IllegalStateException("unreachable");
+                }
+                answer();
+                long fence = fenceOf(reply);
+                if (fence != 0) {
+                    return new Lease(locks, resource, token, fence, shared, ttl, options, sent, holdEnd, started);
+                }
+                if (left <= 0) {
+                    forget(); // takes the ticket out of line
+                    throw failed(NotAcquiredException.Outcome.HELD, false, null);
+                }
+                try {
+                    watch.await(Duration.ofMillis(Math.max(1, Math.min(ticketMs / 3, Math.max(left, 1)))));
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    checkInterrupted();
+                }
+            }
+        } finally {
+            channels.leave(watch);
+        }
+    }
+
+    private void checkInterrupted() {
+        if (Thread.currentThread().isInterrupted()) {
+            throw giveUp(new InterruptedException("interrupted while acquiring " + resource));
+        }
+    }
+
+    private void pause(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            checkInterrupted();
+        }
+    }
+
+    /**
+     * After a failed request: true to retry (same token); otherwise throws what the attempt ends
+     * with. A server error that is not retried ends it; a transport failure is retried until the
+     * wait's end plus one request timeout (without a wait limit: until failures in a row last 5
+     * request timeouts, at least 1 s).
+     */
+    private boolean retryAfter(Exception e) {
+        lastFailure = e;
+        String reply = Transport.errorReply(e);
+        if (reply != null) {
+            ErrorClass errorClass = Protocol.errorClass(reply);
+            long bound = Protocol.upperBound(reply);
+            if (bound > 0 && maxWaitMs == 0 && reply.startsWith("ERR timeout-ms ")) {
+                maxWaitMs = bound; // a wait longer than the server allows: wait in slices of its longest
+                return true;
+            }
+            switch (errorClass) {
+                case REDIRECT:
+                    locks.transport().refreshSlots();
+                    break;
+                case RETRY:
+                case FAILOVER:
+                    break;
+                case UNBLOCKED:
+                    reached = true;
+                    break;
+                default:
+                    if (reached) {
+                        forget();
+                    }
+                    locks.metrics().acquireFailed("server");
+                    throw new ServerErrorException(reply);
+            }
+        } else if (e instanceof InterruptedException) {
+            throw giveUp(e);
+        } else if (!Transport.notSent(e)) {
+            reached = true;
+        }
+        failures++;
+        long now = System.nanoTime();
+        if (failures == 1) {
+            failingSince = now;
+        }
+        long requestNanos = options.requestTimeoutValue().toNanos();
+        boolean over = waitUntil != Long.MAX_VALUE
+                ? now - waitUntil >= requestNanos
+                : now - failingSince >= Math.max(5 * requestNanos, 1_000_000_000L);
+        if (over) {
+            throw unsettled();
+        }
+        return true;
+    }
+
+    private void answer() {
+        answered = true;
+        failures = 0;
+    }
+
+    private long retryPauseMs() {
+        long pause = RETRY_PAUSE_MS << Math.min(Math.max(failures - 1, 0), 8);
+        return Math.max(RETRY_PAUSE_MS, Math.min(Math.min(pause, MAX_RETRY_PAUSE_MS), Math.max(leftMs(), 0)));
+    }
+
+    /** The retries ran out: unreachable if nothing could have arrived, else unknown (after releasing the token). */
+    private NotAcquiredException unsettled() {
+        if (!reached) {
+            return failed(NotAcquiredException.Outcome.UNREACHABLE, false, lastFailure);
+        }
+        return failed(NotAcquiredException.Outcome.UNKNOWN, forget(), lastFailure);
+    }
+
+    /** The caller interrupted the attempt: whatever may have been granted to the token is released. */
+    private NotAcquiredException giveUp(Throwable cause) {
+        if (answered || !reached) {
+            if (reached) {
+                forget();
+            }
+            return failed(answered ? NotAcquiredException.Outcome.HELD : NotAcquiredException.Outcome.UNREACHABLE,
+                    false, cause);
+        }
+        return failed(NotAcquiredException.Outcome.UNKNOWN, forget(), cause);
+    }
+
+    private NotAcquiredException failed(NotAcquiredException.Outcome outcome, boolean released, Throwable cause) {
+        locks.metrics().acquireFailed(outcome.wireName());
+        return new NotAcquiredException(resource, outcome, token, released, cause);
+    }
+
+    /**
+     * Releases the attempt's token (no FENCE: the fence is unknown; the token is this attempt's
+     * alone) from a connection opened for it, once more 100 ms later if the first found nothing.
+     * True if a grant (or ticket) was found and freed.
+     */
+    boolean forget() {
+        boolean interrupted = Thread.interrupted();
+        try {
+            for (int attempt = 0; attempt < 2; attempt++) {
+                if (attempt > 0) {
+                    try {
+                        Thread.sleep(FORGET_AGAIN_AFTER_MS);
+                    } catch (InterruptedException e) {
+                        interrupted = true;
+                    }
+                }
+                try {
+                    Object reply = locks.transport().alone(resource, Protocol.releaseArgs(resource, token, 0),
+                            options.releaseTimeoutValue());
+                    if (reply instanceof Long n && n == 1) {
+                        return true;
+                    }
+                } catch (Exception e) {
+                    Locks.LOG.log(System.Logger.Level.DEBUG, "dlock: could not release an unknown grant resource={0} error={1}",
+                            resource, e.toString());
+                    return false;
+                }
+            }
+            return false;
+        } finally {
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    private static long fenceOf(Object reply) {
+        if (reply == null) {
+            return 0;
+        }
+        if (reply instanceof Long n && n != 0) {
+            return n;
+        }
+        return Protocol.unsigned(reply);
+    }
+}

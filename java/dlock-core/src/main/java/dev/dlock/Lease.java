@@ -1,0 +1,445 @@
+package dev.dlock;
+
+import java.time.Duration;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * A granted lease: its token owns the resource with {@link #fence()} until the server's deadline,
+ * kept alive by renewals (every ttl/3, with FENCE, on the {@link Locks}' one scheduler thread)
+ * until it is closed or lost. Close it with try-with-resources: {@link #close()} releases it, and
+ * throws {@link LeaseLostException} if it was lost meanwhile (added as suppressed to the block's
+ * own exception, which Java keeps as the one thrown).
+ */
+public final class Lease implements AutoCloseable {
+    /** A lease cut to end with the max hold ends up to this much before it (milliseconds round down). */
+    private static final long MAX_HOLD_ROUNDING_NANOS = 2_000_000;
+
+    private final Locks locks;
+    private final String resource;
+    private final String token;
+    private final long fence;
+    private final boolean shared;
+    private final Duration ttl;
+    private final HoldOptions options;
+    private final long granted = System.nanoTime();
+    private final long holdEnd; // nanoTime; 0: none
+
+    private final CompletableFuture<LeaseLostException> lost = new CompletableFuture<>();
+    private long localExpiry; // nanoTime: the answered request's send time plus the ttl
+    private long nextRenewal;
+    private boolean releasing;
+    private boolean renewing;
+    private ScheduledFuture<?> timer;
+    private DlockException released; // the release's failure, once it ran
+    private boolean releaseRan;
+
+    Lease(Locks locks, String resource, String token, long fence, boolean shared, Duration ttl, HoldOptions options,
+            long sent, long holdEnd, long started) {
+        this.locks = locks;
+        this.resource = resource;
+        this.token = token;
+        this.fence = fence;
+        this.shared = shared;
+        this.ttl = ttl;
+        this.options = options;
+        this.holdEnd = holdEnd;
+        synchronized (this) {
+            this.localExpiry = sent + ttl.toNanos();
+            this.nextRenewal = sent + ttl.toNanos() / 3;
+            schedule();
+        }
+    }
+
+    /**
+     * The locked resource (the lock's key).
+     *
+     * @return the resource
+     */
+    public String resource() {
+        return resource;
+    }
+
+    /**
+     * The lease's owner token: random, made before the first ACQUIRE, secret to the holder.
+     *
+     * @return the token
+     */
+    public String token() {
+        return token;
+    }
+
+    /**
+     * The fencing token: larger for every newer grant of the resource (an unsigned 64-bit number;
+     * {@link Long#toUnsignedString(long)} prints it). Send it with every write the lease protects.
+     *
+     * @return the fence
+     */
+    public long fence() {
+        return fence;
+    }
+
+    /**
+     * Whether this is a shared lease (a reader or a permit) rather than an exclusive one.
+     *
+     * @return true for a shared lease
+     */
+    public boolean isShared() {
+        return shared;
+    }
+
+    /**
+     * The lease's length; it is renewed every third of it.
+     *
+     * @return the ttl
+     */
+    public Duration ttl() {
+        return ttl;
+    }
+
+    /**
+     * Whether the lease is lost (it may have been lost without anyone noticing yet: {@link #check()}
+     * also looks at the local expiry).
+     *
+     * @return true once lost
+     */
+    public boolean isLost() {
+        return lost.isDone();
+    }
+
+    /**
+     * Why the lease was lost.
+     *
+     * @return the reason, or empty while it holds
+     */
+    public Optional<LossReason> lostReason() {
+        return isLost() ? Optional.of(lost.join().reason()) : Optional.empty();
+    }
+
+    /**
+     * Throws if the lease is lost, or if its conservative local expiry passed without an answered
+     * renewal (it counts as lost from then on). Call it between the steps of long work.
+     *
+     * @throws LeaseLostException if the lease no longer protects the work
+     */
+    public void check() {
+        boolean expired;
+        synchronized (this) {
+            expired = !releaseRan && System.nanoTime() - localExpiry >= 0;
+        }
+        if (expired) {
+            lose(LossReason.UNREACHABLE);
+        }
+        if (lost.isDone()) {
+            throw lost.join();
+        }
+    }
+
+    /**
+     * Completes with the {@link LeaseLostException} the moment the lease is known lost; never
+     * completes for a lease released in time.
+     *
+     * @return the loss, later
+     */
+    public CompletionStage<LeaseLostException> whenLost() {
+        return lost.copy();
+    }
+
+    /**
+     * A conservative end of the lease on this process's monotonic clock ({@link System#nanoTime()}):
+     * counted from before the last answered ACQUIRE or RENEW was sent.
+     *
+     * @return the local expiry in nanoTime
+     */
+    public synchronized long localExpiryNanos() {
+        return localExpiry;
+    }
+
+    private synchronized void schedule() {
+        if (releasing || lost.isDone()) {
+            return;
+        }
+        long due = Math.min(nextRenewal, localExpiry);
+        if (holdEnd != 0) {
+            due = Math.min(due, holdEnd - MAX_HOLD_ROUNDING_NANOS);
+        }
+        long delay = Math.max(0, due - System.nanoTime());
+        try {
+            timer = locks.scheduler().schedule(this::tick, delay, TimeUnit.NANOSECONDS);
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            // The Locks closed: the lease ends with its ttl.
+        }
+    }
+
+    private void tick() {
+        long now = System.nanoTime();
+        synchronized (this) {
+            if (releasing || lost.isDone() || renewing) {
+                return;
+            }
+        }
+        if (holdEnd != 0 && now - (holdEnd - MAX_HOLD_ROUNDING_NANOS) >= 0) {
+            lose(LossReason.MAX_HOLD);
+            return;
+        }
+        boolean due;
+        synchronized (this) {
+            if (now - localExpiry >= 0) {
+                due = false;
+            } else {
+                due = now - nextRenewal >= 0;
+                renewing = due;
+            }
+        }
+        if (now - localExpiryNanos() >= 0) {
+            lose(LossReason.UNREACHABLE);
+            return;
+        }
+        if (!due) {
+            schedule();
+            return;
+        }
+        renewAsync().whenComplete((renewed, failure) -> {
+            synchronized (this) {
+                renewing = false;
+            }
+            schedule();
+        });
+    }
+
+    /** Sends one RENEW: true renewed, false refused (the lease is lost); fails when no answer came in time. */
+    private CompletableFuture<Boolean> renewAsync() {
+        long ttlMs = ttl.toMillis();
+        if (holdEnd != 0) {
+            ttlMs = Math.min(ttlMs, (holdEnd - System.nanoTime()) / 1_000_000); // never past the max hold
+        }
+        long renewMs = Math.max(1, ttlMs);
+        long sent = System.nanoTime();
+        long timeoutNanos = Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent));
+        List<String> args = Protocol.renewArgs(resource, token, renewMs, locks.fenceArg(Protocol.RENEW, fence));
+        return locks.transport().send(args, Duration.ofNanos(timeoutNanos)).handle((reply, failure) -> {
+            if (failure == null && reply instanceof Long n) {
+                if (n == 1) {
+                    synchronized (this) {
+                        localExpiry = sent + Duration.ofMillis(renewMs).toNanos();
+                        nextRenewal = System.nanoTime() + ttl.toNanos() / 3;
+                    }
+                    return true;
+                }
+                locks.metrics().renewalFailed("refused");
+                Locks.LOG.log(System.Logger.Level.WARNING, "dlock: renewal failed resource={0} owner={1} fence={2} reason=refused",
+                        resource, token, Long.toUnsignedString(fence));
+                boolean quiet;
+                synchronized (this) {
+                    quiet = releasing; // a RENEW in flight as the release ran may be refused: not a loss
+                }
+                if (!quiet) {
+                    lose(LossReason.RENEWAL_REFUSED);
+                }
+                return false;
+            }
+            if (failure != null && locks.dropRefused(args, failure)) {
+                return false; // FENCE refused by an older server: the next RENEW goes without it at once
+            }
+            locks.metrics().renewalFailed("error");
+            Locks.LOG.log(System.Logger.Level.WARNING, "dlock: renewal failed resource={0} owner={1} fence={2} reason=error error={3}",
+                    resource, token, Long.toUnsignedString(fence), String.valueOf(failure != null ? Transport.unwrap(failure) : reply));
+            synchronized (this) {
+                nextRenewal = System.nanoTime() + ttl.toNanos() / 10;
+            }
+            if (failure != null) {
+                throw new java.util.concurrent.CompletionException(failure);
+            }
+            return false;
+        });
+    }
+
+    /**
+     * Sends a RENEW now (the scheduler also does, every ttl/3).
+     *
+     * @return true renewed; false refused, and the lease is lost ({@link LossReason#RENEWAL_REFUSED})
+     * @throws LeaseLostException if the lease was lost before
+     * @throws DlockException if no answer came in time
+     */
+    public boolean renew() {
+        if (lost.isDone()) {
+            throw lost.join();
+        }
+        try {
+            return renewAsync().get();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw Locks.failure(e);
+        } catch (java.util.concurrent.ExecutionException e) {
+            throw Locks.failure(e.getCause());
+        }
+    }
+
+    /** Marks the lease lost (once): completes whenLost, logs, counts, and releases it with FENCE at once (best effort). */
+    boolean lose(LossReason reason) {
+        LeaseLostException loss = new LeaseLostException(resource, fence, reason);
+        if (!lost.complete(loss)) {
+            return false;
+        }
+        synchronized (this) {
+            if (timer != null) {
+                timer.cancel(false);
+            }
+        }
+        locks.metrics().leaseLost(reason);
+        Locks.LOG.log(System.Logger.Level.WARNING, "dlock: lease lost resource={0} owner={1} fence={2} reason={3}",
+                resource, token, Long.toUnsignedString(fence), reason.wireName());
+        if (reason != LossReason.ENDED) {
+            // A lease the server still holds passes on at once instead of at its ttl.
+            locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
+                    options.releaseTimeoutValue());
+            locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
+        }
+        return true;
+    }
+
+    /**
+     * Stops the renewals and releases the lease ({@code DLOCK.RELEASE} with FENCE) in one request
+     * bounded by the release timeout. Later calls do nothing.
+     *
+     * @throws LeaseLostException if the lease was lost before, or found gone now ({@link LossReason#ENDED})
+     * @throws NotReleasedException if the server did not answer in time (the lease ends with its ttl)
+     */
+    public void release() {
+        synchronized (this) {
+            if (releaseRan) {
+                return;
+            }
+            releaseRan = true;
+            releasing = true;
+            if (timer != null) {
+                timer.cancel(false);
+            }
+        }
+        if (lost.isDone()) {
+            throw lost.join();
+        }
+        Object reply;
+        try {
+            reply = locks.call(() -> Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
+                    options.releaseTimeoutValue());
+        } catch (Exception e) {
+            if (e instanceof InterruptedException) {
+                Thread.currentThread().interrupt();
+            }
+            locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
+            locks.metrics().releaseFailed();
+            Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} error={3}",
+                    resource, token, Long.toUnsignedString(fence), String.valueOf(Transport.unwrap(e)));
+            if (System.nanoTime() - localExpiryNanos() >= 0) {
+                lose(LossReason.UNREACHABLE);
+                throw lost.join();
+            }
+            throw new NotReleasedException(resource, fence, Transport.unwrap(e));
+        }
+        locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
+        if (Long.valueOf(1).equals(reply)) {
+            Locks.LOG.log(System.Logger.Level.INFO, "dlock: lease released resource={0} owner={1} fence={2}",
+                    resource, token, Long.toUnsignedString(fence));
+            return;
+        }
+        // Gone before the work ended: the end of the work was not protected.
+        locks.metrics().releaseFailed();
+        Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} reason=ended",
+                resource, token, Long.toUnsignedString(fence));
+        lose(LossReason.ENDED);
+        throw lost.join();
+    }
+
+    /**
+     * Releases the lease ({@link #release()}): the end of a try-with-resources block.
+     *
+     * @throws LeaseLostException if the lease was lost while the block ran
+     * @throws NotReleasedException if it could not be released in time
+     */
+    @Override
+    public void close() {
+        release();
+    }
+
+    /**
+     * Runs the work under this lease and releases it after, with {@link Locks#run}'s rules: the
+     * work's thread is interrupted the moment the lease is lost; the work's own exception is the
+     * one thrown (a loss or failed release added as suppressed); a loss is never hidden.
+     *
+     * @param <T> the work's result
+     * @param work the protected work
+     * @return the work's result
+     * @throws Exception the work's own exception
+     */
+    public <T> T run(Locks.LeaseWork<T> work) throws Exception {
+        Thread worker = Thread.currentThread();
+        Object guard = new Object();
+        boolean[] state = {true, false}; // working, interrupted by us
+        lost.thenAccept(loss -> {
+            synchronized (guard) {
+                if (state[0]) {
+                    state[1] = true;
+                    worker.interrupt();
+                }
+            }
+        });
+        T result = null;
+        Exception failure = null;
+        try {
+            result = work.call(this);
+        } catch (Exception e) {
+            failure = e;
+        } finally {
+            synchronized (guard) {
+                state[0] = false;
+                if (state[1]) {
+                    Thread.interrupted(); // our own interrupt, not the caller's
+                }
+            }
+        }
+        try {
+            release();
+        } catch (DlockException e) {
+            if (failure == null) {
+                throw e;
+            }
+            failure.addSuppressed(e);
+        }
+        if (failure != null) {
+            throw failure;
+        }
+        return result;
+    }
+
+    /**
+     * Runs a command in the server only if this lease's fence still holds the resource
+     * ({@code DLOCK.FENCED}); see {@link Locks#fenced}.
+     *
+     * @param command the command and its arguments
+     * @return the command's reply
+     * @throws StaleFenceException if the fence no longer holds: nothing ran
+     */
+    public Object fenced(String... command) {
+        return locks.fenced(resource, fence, Arrays.asList(command));
+    }
+
+    /**
+     * Whether this lease's fence still holds the resource on the server.
+     *
+     * @return true while it holds
+     */
+    public boolean fenceCheck() {
+        return locks.fenceCheck(resource, fence);
+    }
+
+    @Override
+    public String toString() {
+        return "Lease[" + resource + ", fence " + Long.toUnsignedString(fence) + (isLost() ? ", lost" : "") + "]";
+    }
+}

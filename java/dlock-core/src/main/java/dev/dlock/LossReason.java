@@ -1,0 +1,26 @@
+package dev.dlock;
+
+import java.util.Locale;
+
+/** Why a lease was lost ({@code docs/protocol.md}, section 4): the same names in every language. */
+public enum LossReason {
+    /** A RENEW answered 0: expired, deleted, revoked or taken over on the server. */
+    RENEWAL_REFUSED,
+    /** No renewal answered before the conservative local expiry. */
+    UNREACHABLE,
+    /** The caller's bound on the whole hold ({@link HoldOptions#maxHold}) passed. */
+    MAX_HOLD,
+    /** The server says the lease ended before a renewal noticed (a release found it gone). */
+    ENDED,
+    /** Reserved: a revocation with a published reason (a later server version). */
+    REVOKED;
+
+    /**
+     * The reason as metrics, logs and errors name it ({@code renewal_refused}).
+     *
+     * @return the wire name
+     */
+    public String wireName() {
+        return name().toLowerCase(Locale.ROOT);
+    }
+}

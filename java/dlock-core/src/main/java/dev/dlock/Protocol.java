@@ -1,0 +1,425 @@
+package dev.dlock;
+
+import java.math.BigInteger;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Optional;
+
+/**
+ * dlock's wire rules, written once for this client: channel names, the hand-over tag, channel
+ * messages, key slots, the argument vector of every command form, error classes and reading
+ * {@code DLOCK.INFO}. No I/O here. {@code protocol/vectors/*.json} in the repository pins every
+ * rule (the unit tests load them); {@code docs/protocol.md} is the contract in prose.
+ */
+public final class Protocol {
+    /** The server's bound on a semaphore's permits ({@code SHARED LIMIT n}). */
+    public static final int MAX_PERMITS = 1_000_000;
+
+    static final String ACQUIRE = "DLOCK.ACQUIRE";
+    static final String RENEW = "DLOCK.RENEW";
+    static final String RELEASE = "DLOCK.RELEASE";
+    static final String FENCECHECK = "DLOCK.FENCECHECK";
+    static final String FENCED = "DLOCK.FENCED";
+    static final String INFO = "DLOCK.INFO";
+
+    private static final List<String> OPTION_KEYWORDS =
+            List.of("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT");
+    private static final String UNEXPECTED_ARGUMENT = "ERR syntax error: unexpected argument '";
+    private static final BigInteger TWO_TO_64 = BigInteger.ONE.shiftLeft(64);
+
+    private Protocol() {}
+
+    /**
+     * The channel where the server publishes the resource's changes of ownership: a resource with
+     * braces keeps them, and its hash tag, behind {@code dlock:key:}; any other is wrapped in a tag
+     * ({@code invoice:7} gives {@code dlock:{invoice:7}}), so the channel lives in the key's slot.
+     *
+     * @param resource the lock's key
+     * @return the channel name
+     */
+    public static String channelName(String resource) {
+        if (resource.indexOf('{') >= 0 || resource.indexOf('}') >= 0) {
+            return "dlock:key:" + resource;
+        }
+        return "dlock:{" + resource + "}";
+    }
+
+    /**
+     * The tag a {@code handoff} message names its new holder by: FNV-1a 32-bit of the token's UTF-8
+     * bytes, as 8 lowercase hex digits.
+     *
+     * @param token a lease's token
+     * @return the tag
+     */
+    public static String tokenTag(String token) {
+        int tag = 0x811c9dc5;
+        for (byte b : token.getBytes(java.nio.charset.StandardCharsets.UTF_8)) {
+            tag ^= b & 0xff;
+            tag *= 0x01000193;
+        }
+        return String.format(Locale.ROOT, "%08x", tag);
+    }
+
+    /**
+     * Whether a channel message wakes a watcher: an observer ({@code tag} null) is woken by every
+     * message; a ticket waiter by a hand-over to its token, a hand-over without a tag (an older
+     * server) and any message this version does not understand, never by {@code acquired},
+     * {@code renewed}, {@code released} or {@code expired}.
+     *
+     * @param message the published message
+     * @param tag the waiter's tag, or null for an observer
+     * @return whether the watcher should look again
+     */
+    public static boolean wakes(String message, String tag) {
+        if (tag == null) {
+            return true;
+        }
+        String[] words = message.split(" ", -1);
+        if (words.length == 2 && List.of("acquired", "renewed", "released", "expired").contains(words[0])) {
+            return false;
+        }
+        if (words.length == 3 && words[0].equals("handoff")) {
+            return words[2].equals(tag);
+        }
+        return true;
+    }
+
+    /**
+     * The Redis Cluster slot of a key: CRC16/XMODEM of its hash tag (the text between the first
+     * "{" and the next "}", if not empty) or of the whole key, modulo 16384.
+     *
+     * @param key a key
+     * @return its slot, 0 to 16383
+     */
+    public static int keySlot(String key) {
+        byte[] bytes = key.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+        int start = 0;
+        int end = bytes.length;
+        for (int open = 0; open < bytes.length; open++) {
+            if (bytes[open] == '{') {
+                for (int close = open + 1; close < bytes.length; close++) {
+                    if (bytes[close] == '}') {
+                        if (close > open + 1) {
+                            start = open + 1;
+                            end = close;
+                        }
+                        break;
+                    }
+                }
+                break;
+            }
+        }
+        int crc = 0;
+        for (int i = start; i < end; i++) {
+            crc ^= (bytes[i] & 0xff) << 8;
+            for (int bit = 0; bit < 8; bit++) {
+                crc = (crc & 0x8000) != 0 ? (crc << 1) ^ 0x1021 : crc << 1;
+                crc &= 0xffff;
+            }
+        }
+        return crc % 16384;
+    }
+
+    /**
+     * One {@code DLOCK.ACQUIRE} as sent.
+     *
+     * @param resource the lock's key
+     * @param token the attempt's token
+     * @param ttlMs the lease's length
+     * @param shared a reader or a permit of a semaphore
+     * @param permits with shared: the semaphore's size; 0 for a reader
+     * @param waitMs a blocking wait ({@code WAIT}; 0 is no limit), or null for none
+     * @param queueMs a ticket's length ({@code QUEUE}), or 0 for none
+     * @param claimMs the claim window, or 0 for none (sent only with a wait or a ticket, never
+     *     above the ttl)
+     * @param meta what the holder says of itself ({@code META}), or null
+     */
+    public record AcquireForm(String resource, String token, long ttlMs, boolean shared, int permits,
+            Long waitMs, long queueMs, long claimMs, String meta) {
+        /**
+         * The argument vector: {@code DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]]
+         * [WAIT ms | QUEUE ms] [CLAIM ms] [META value]}.
+         *
+         * @return the command and its arguments
+         */
+        public List<String> args() {
+            List<String> args = new ArrayList<>(List.of(ACQUIRE, resource, token, Long.toString(ttlMs)));
+            if (shared) {
+                args.add("SHARED");
+                if (permits > 0) {
+                    args.add("LIMIT");
+                    args.add(Integer.toString(permits));
+                }
+            }
+            boolean waiting = false;
+            if (queueMs > 0) {
+                args.add("QUEUE");
+                args.add(Long.toString(queueMs));
+                waiting = true;
+            } else if (waitMs != null) {
+                args.add("WAIT");
+                args.add(Long.toString(waitMs));
+                waiting = true;
+            }
+            if (claimMs > 0 && waiting) {
+                args.add("CLAIM");
+                args.add(Long.toString(Math.min(claimMs, ttlMs)));
+            }
+            if (meta != null) {
+                args.add("META");
+                args.add(meta);
+            }
+            return args;
+        }
+    }
+
+    /**
+     * {@code DLOCK.RENEW resource token ttl-ms [FENCE fence]}: with the grant's fence, so that a
+     * late or retried RENEW never extends a later grant.
+     *
+     * @param resource the lock's key
+     * @param token the lease's token
+     * @param ttlMs the new length
+     * @param fence the grant's fence, or 0 for a server without FENCE
+     * @return the argument vector
+     */
+    public static List<String> renewArgs(String resource, String token, long ttlMs, long fence) {
+        List<String> args = new ArrayList<>(List.of(RENEW, resource, token, Long.toString(ttlMs)));
+        if (fence != 0) {
+            args.add("FENCE");
+            args.add(Long.toUnsignedString(fence));
+        }
+        return args;
+    }
+
+    /**
+     * {@code DLOCK.RELEASE resource token [FENCE fence]}. Without a fence (an attempt whose outcome
+     * is unknown) it frees that attempt's grant and takes its ticket out of line.
+     *
+     * @param resource the lock's key
+     * @param token the lease's token
+     * @param fence the grant's fence, or 0 for none
+     * @return the argument vector
+     */
+    public static List<String> releaseArgs(String resource, String token, long fence) {
+        List<String> args = new ArrayList<>(List.of(RELEASE, resource, token));
+        if (fence != 0) {
+            args.add("FENCE");
+            args.add(Long.toUnsignedString(fence));
+        }
+        return args;
+    }
+
+    /**
+     * {@code DLOCK.FENCECHECK resource fence}.
+     *
+     * @param resource the lock's key
+     * @param fence a fence
+     * @return the argument vector
+     */
+    public static List<String> fenceCheckArgs(String resource, long fence) {
+        return List.of(FENCECHECK, resource, Long.toUnsignedString(fence));
+    }
+
+    /**
+     * {@code DLOCK.INFO resource}.
+     *
+     * @param resource the lock's key
+     * @return the argument vector
+     */
+    public static List<String> infoArgs(String resource) {
+        return List.of(INFO, resource);
+    }
+
+    /**
+     * {@code DLOCK.FENCED resource fence command [arg ...]}.
+     *
+     * @param resource the lock's key
+     * @param fence the lease's fence
+     * @param command the inner command and its arguments
+     * @return the argument vector
+     */
+    public static List<String> fencedArgs(String resource, long fence, List<String> command) {
+        List<String> args = new ArrayList<>(List.of(FENCED, resource, Long.toUnsignedString(fence)));
+        args.addAll(command);
+        return args;
+    }
+
+    /**
+     * The class of an error reply (its whole text, code first): what a client does next
+     * ({@code docs/protocol.md}, section 9).
+     *
+     * @param reply the error reply
+     * @return its class
+     */
+    public static ErrorClass errorClass(String reply) {
+        int space = reply.indexOf(' ');
+        String code = space < 0 ? reply : reply.substring(0, space);
+        switch (code) {
+            case "MOVED": case "ASK": return ErrorClass.REDIRECT;
+            case "TRYAGAIN": case "LOADING": case "CLUSTERDOWN": case "MASTERDOWN": return ErrorClass.RETRY;
+            case "READONLY": return ErrorClass.FAILOVER;
+            case "UNBLOCKED": return ErrorClass.UNBLOCKED;
+            case "STALE": return ErrorClass.STALE;
+            case "CROSSSLOT": return ErrorClass.CROSS_SLOT;
+            case "LOCKMODE": return ErrorClass.MODE_CONFLICT;
+            case "NOAUTH": case "WRONGPASS": case "NOPERM": return ErrorClass.AUTH;
+            case "WRONGTYPE": return ErrorClass.WRONG_TYPE;
+            case "ERR":
+                if (unsupportedOption(reply).isPresent()) {
+                    return ErrorClass.UNSUPPORTED;
+                }
+                if (reply.startsWith("ERR fence counter exhausted") || reply.startsWith("ERR internal error")) {
+                    return ErrorClass.SERVER;
+                }
+                return ErrorClass.USAGE;
+            default:
+                return ErrorClass.SERVER;
+        }
+    }
+
+    /**
+     * The option keyword an older server refused as an unknown argument, upper case.
+     *
+     * @param reply an error reply
+     * @return the option, or empty
+     */
+    public static Optional<String> unsupportedOption(String reply) {
+        if (reply == null || !reply.startsWith(UNEXPECTED_ARGUMENT) || !reply.endsWith("'")
+                || reply.length() <= UNEXPECTED_ARGUMENT.length()) {
+            return Optional.empty();
+        }
+        String named = reply.substring(UNEXPECTED_ARGUMENT.length(), reply.length() - 1).toUpperCase(Locale.ROOT);
+        return OPTION_KEYWORDS.contains(named) ? Optional.of(named) : Optional.empty();
+    }
+
+    /**
+     * The largest value a bounds error allows ({@code "... between 0 and 86400000"} gives
+     * 86400000), or -1.
+     *
+     * @param reply an error reply
+     * @return the bound, or -1
+     */
+    public static long upperBound(String reply) {
+        int at = reply.lastIndexOf(" between ");
+        if (at < 0) {
+            return -1;
+        }
+        String rest = reply.substring(at + " between ".length());
+        int and = rest.indexOf(" and ");
+        if (and < 0) {
+            return -1;
+        }
+        String digits = rest.substring(and + " and ".length()).split(" ", 2)[0];
+        try {
+            return Long.parseLong(digits);
+        } catch (NumberFormatException e) {
+            return -1;
+        }
+    }
+
+    /**
+     * Reads a {@code DLOCK.INFO} reply as this client decodes replies: a flat list of names and
+     * values (RESP2) or a map (RESP3), by field name (fields of later versions change nothing).
+     *
+     * @param reply the decoded reply
+     * @return what it shows, or empty for nil (no lease, nobody waiting)
+     */
+    public static Optional<Info> parseInfo(Object reply) {
+        if (reply == null) {
+            return Optional.empty();
+        }
+        Map<String, Object> fields = new LinkedHashMap<>();
+        if (reply instanceof Map<?, ?> map) {
+            map.forEach((name, value) -> {
+                if (name instanceof String text) {
+                    fields.put(text, value);
+                }
+            });
+        } else if (reply instanceof List<?> list) {
+            for (int i = 0; i + 1 < list.size(); i += 2) {
+                if (list.get(i) instanceof String text) {
+                    fields.put(text, list.get(i + 1));
+                }
+            }
+        } else {
+            throw new DlockException("unexpected DLOCK.INFO reply " + reply);
+        }
+        List<String> next = new ArrayList<>();
+        if (fields.get("next-waiters") instanceof List<?> list) {
+            for (Object item : list) {
+                if (item instanceof String token) {
+                    next.add(token);
+                }
+            }
+        }
+        List<Info.Holder> leases = new ArrayList<>();
+        if (fields.get("leases") instanceof List<?> list) {
+            for (Object item : list) {
+                if (item instanceof List<?> lease && lease.size() >= 4) {
+                    leases.add(new Info.Holder(text(lease.get(0)), unsigned(lease.get(1)),
+                            count(lease.get(2)), text(lease.get(3))));
+                }
+            }
+        }
+        Long fence = fields.containsKey("fence") && fields.get("fence") != null ? unsigned(fields.get("fence")) : null;
+        return Optional.of(new Info(text(fields.get("owner")), fence, count(fields.get("ttl-ms")),
+                count(fields.get("waiters")), Collections.unmodifiableList(next), count(fields.get("tickets")),
+                text(fields.get("mode")), count(fields.get("holders")), text(fields.get("meta")),
+                Collections.unmodifiableList(leases)));
+    }
+
+    /**
+     * The leader a {@code DLOCK.INFO} reply shows: the holder of a live exclusive lease (a
+     * version 1 server shows no mode, and its lease is exclusive).
+     *
+     * @param reply the decoded reply
+     * @return the leader, or empty
+     */
+    public static Optional<Leader> leaderFromInfo(Object reply) {
+        Optional<Info> info = parseInfo(reply);
+        if (info.isEmpty() || info.get().owner() == null || info.get().fence() == null) {
+            return Optional.empty();
+        }
+        if (info.get().mode() != null && !info.get().mode().equals("exclusive")) {
+            return Optional.empty();
+        }
+        return Optional.of(new Leader(info.get().owner(), info.get().fence(), info.get().meta()));
+    }
+
+    private static String text(Object value) {
+        return value instanceof String text ? text : null;
+    }
+
+    private static long count(Object value) {
+        if (value instanceof Long n) {
+            return n;
+        }
+        if (value instanceof String text) {
+            try {
+                return Long.parseLong(text);
+            } catch (NumberFormatException e) {
+                return 0;
+            }
+        }
+        return 0;
+    }
+
+    /** A fence as an unsigned 64-bit number held in a long (Long.toUnsignedString prints it). */
+    static long unsigned(Object value) {
+        if (value instanceof Long n) {
+            return n;
+        }
+        if (value instanceof BigInteger big && big.signum() >= 0 && big.compareTo(TWO_TO_64) < 0) {
+            return big.longValue();
+        }
+        if (value instanceof String text) {
+            return Long.parseUnsignedLong(text);
+        }
+        throw new DlockException("unexpected fence " + value);
+    }
+}

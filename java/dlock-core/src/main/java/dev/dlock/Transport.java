@@ -1,0 +1,262 @@
+package dev.dlock;
+
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisCommandExecutionException;
+import io.lettuce.core.RedisConnectionException;
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.cluster.RedisClusterClient;
+import io.lettuce.core.cluster.api.StatefulRedisClusterConnection;
+import io.lettuce.core.cluster.models.partitions.RedisClusterNode;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.ProtocolKeyword;
+import java.net.ConnectException;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * The connections dlock uses: one shared, multiplexed connection for short requests (Lettuce's,
+ * which in a cluster routes by the resource's slot and follows MOVED and ASK), a connection of its
+ * own per blocking wait and per release of an unknown grant (opened to the resource's primary,
+ * with the caller's credentials and TLS, and a command timeout above the wait), and one pub/sub
+ * connection per server for the resources' channels.
+ */
+final class Transport implements AutoCloseable {
+    private final RedisClient single;
+    private final RedisURI uri; // a single server's, or a cluster seed's (its credentials and TLS)
+    private final RedisClusterClient cluster;
+    private final RedisClient nodes; // for connections of our own to a cluster's nodes
+    private final boolean owned;
+
+    private StatefulRedisConnection<String, String> singleShared;
+    private StatefulRedisClusterConnection<String, String> clusterShared;
+    private final Map<String, Channels> channels = new HashMap<>();
+
+    Transport(RedisClient single, RedisURI uri, boolean owned) {
+        this.single = single;
+        this.uri = uri;
+        this.cluster = null;
+        this.nodes = null;
+        this.owned = owned;
+    }
+
+    Transport(RedisClusterClient cluster, RedisURI seed, boolean owned) {
+        this.single = null;
+        this.uri = seed;
+        this.cluster = cluster;
+        this.nodes = RedisClient.create(cluster.getResources());
+        this.owned = owned;
+    }
+
+    boolean isCluster() {
+        return cluster != null;
+    }
+
+    /** A command name Lettuce sends as it is. */
+    private static final class Keyword implements ProtocolKeyword {
+        private final String command;
+
+        Keyword(String command) {
+            this.command = command;
+        }
+
+        @Override
+        public byte[] getBytes() {
+            return command.getBytes(StandardCharsets.US_ASCII);
+        }
+
+        @Override
+        public String toString() {
+            return command;
+        }
+    }
+
+    private static CommandArgs<String, String> commandArgs(List<String> args) {
+        CommandArgs<String, String> out = new CommandArgs<>(StringCodec.UTF8);
+        // The resource is the key: a cluster connection routes by its slot.
+        out.addKey(args.get(1));
+        for (String arg : args.subList(2, args.size())) {
+            out.add(arg);
+        }
+        return out;
+    }
+
+    /** Sends args on the shared connection; the future fails with a TimeoutException after timeout. */
+    CompletableFuture<Object> send(List<String> args, Duration timeout) {
+        CompletableFuture<Object> reply;
+        try {
+            if (cluster != null) {
+                reply = clusterShared().async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
+                        .toCompletableFuture();
+            } else {
+                reply = singleShared().async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
+                        .toCompletableFuture();
+            }
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+        return reply.orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS);
+    }
+
+    /** Sends args on the shared connection and waits for the reply. */
+    Object call(List<String> args, Duration timeout) throws Exception {
+        return await(send(args, timeout));
+    }
+
+    static Object await(CompletableFuture<Object> future) throws Exception {
+        try {
+            return future.get();
+        } catch (ExecutionException e) {
+            Throwable cause = e.getCause();
+            if (cause instanceof Exception failure) {
+                throw failure;
+            }
+            throw e;
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw e;
+        }
+    }
+
+    /**
+     * Sends args on a connection opened for it to the resource's primary, closed after the reply
+     * or the timeout (a server drops a blocked waiter whose connection closes). The connection's
+     * own command timeout is above ours.
+     */
+    Object alone(String resource, List<String> args, Duration timeout) throws Exception {
+        StatefulRedisConnection<String, String> connection = connectTo(resource, timeout);
+        try {
+            connection.setTimeout(timeout.plusSeconds(1));
+            CompletableFuture<Object> reply = connection.async()
+                    .dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
+                    .toCompletableFuture().orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS);
+            return await(reply);
+        } finally {
+            connection.closeAsync();
+        }
+    }
+
+    private StatefulRedisConnection<String, String> connectTo(String resource, Duration timeout) {
+        if (cluster == null) {
+            return single.connect(StringCodec.UTF8, uri);
+        }
+        return nodes.connect(StringCodec.UTF8, nodeUri(resource));
+    }
+
+    /** The URI of the primary serving the resource's slot, with the seed's credentials and TLS. */
+    RedisURI nodeUri(String resource) {
+        if (cluster == null) {
+            return uri;
+        }
+        RedisClusterNode node = cluster.getPartitions().getMasterBySlot(Protocol.keySlot(resource));
+        if (node == null) {
+            cluster.refreshPartitions();
+            node = cluster.getPartitions().getMasterBySlot(Protocol.keySlot(resource));
+        }
+        if (node == null) {
+            throw new RedisConnectionException("no node serves the slot of " + resource);
+        }
+        RedisURI copy = new RedisURI(node.getUri().getHost(), node.getUri().getPort(), uri.getTimeout());
+        copy.setCredentialsProvider(uri.getCredentialsProvider());
+        copy.setSsl(uri.isSsl());
+        copy.setVerifyPeer(uri.getVerifyMode());
+        copy.setStartTls(uri.isStartTls());
+        return copy;
+    }
+
+    /** After a MOVED seen on a connection of our own: read the slot map again. */
+    void refreshSlots() {
+        if (cluster != null) {
+            cluster.refreshPartitions();
+        }
+    }
+
+    /** The pub/sub connection of the server serving resource (made on first use). */
+    synchronized Channels channels(String resource) {
+        RedisURI at = nodeUri(resource);
+        String key = at.getHost() + ":" + at.getPort();
+        return channels.computeIfAbsent(key, k -> new Channels(cluster != null ? nodes : single, at, cluster != null));
+    }
+
+    private synchronized StatefulRedisConnection<String, String> singleShared() {
+        if (singleShared == null) {
+            singleShared = single.connect(StringCodec.UTF8, uri);
+        }
+        return singleShared;
+    }
+
+    private synchronized StatefulRedisClusterConnection<String, String> clusterShared() {
+        if (clusterShared == null) {
+            clusterShared = cluster.connect(StringCodec.UTF8);
+        }
+        return clusterShared;
+    }
+
+    /** The text of a server's error reply, or null for any other failure. */
+    static String errorReply(Throwable failure) {
+        Throwable cause = unwrap(failure);
+        if (cause instanceof RedisCommandExecutionException) {
+            return cause.getMessage();
+        }
+        return null;
+    }
+
+    /** A failure after which the request surely did not reach a server (no connection could be made). */
+    static boolean notSent(Throwable failure) {
+        Throwable cause = unwrap(failure);
+        if (cause instanceof RedisConnectionException) {
+            return true;
+        }
+        for (Throwable c = cause; c != null; c = c.getCause()) {
+            if (c instanceof ConnectException) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    static boolean timedOut(Throwable failure) {
+        Throwable cause = unwrap(failure);
+        return cause instanceof TimeoutException || cause instanceof io.lettuce.core.RedisCommandTimeoutException;
+    }
+
+    static Throwable unwrap(Throwable failure) {
+        Throwable cause = failure;
+        while ((cause instanceof CompletionException || cause instanceof ExecutionException) && cause.getCause() != null) {
+            cause = cause.getCause();
+        }
+        return cause;
+    }
+
+    @Override
+    public synchronized void close() {
+        channels.values().forEach(Channels::close);
+        channels.clear();
+        if (singleShared != null) {
+            singleShared.close();
+        }
+        if (clusterShared != null) {
+            clusterShared.close();
+        }
+        if (nodes != null) {
+            nodes.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+        }
+        if (owned) {
+            if (single != null) {
+                single.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+            }
+            if (cluster != null) {
+                cluster.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+            }
+        }
+    }
+}
