@@ -403,6 +403,12 @@ public final class Lease implements AutoCloseable {
                 }
             }
         }
+        if (state[1] && failure instanceof InterruptedException) {
+            // The work stopped because we interrupted it for the loss: the loss is what happened.
+            LeaseLostException loss = lost.join();
+            loss.addSuppressed(failure);
+            failure = null;
+        }
         try {
             release();
         } catch (DlockException e) {

@@ -1,0 +1,234 @@
+package dev.dlock;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertSame;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.dlock.testkit.Servers;
+import java.time.Duration;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.parallel.Execution;
+import org.junit.jupiter.api.parallel.ExecutionMode;
+
+/** Leases against a real server with the module ($DLOCK_SERVER or redis-server), each test on its own resources. */
+@Execution(ExecutionMode.SAME_THREAD)
+class LeaseTest {
+    private static Servers.Server server;
+    private static Locks locks;
+    private static final HoldOptions SHORT = HoldOptions.defaults().ttl(Duration.ofMillis(900)).noWait();
+
+    @BeforeAll
+    static void start() {
+        server = Servers.start();
+        locks = Locks.connect(server.url());
+    }
+
+    @AfterAll
+    static void stop() {
+        locks.close();
+        server.close();
+    }
+
+    @Test
+    void aHeldResourceIsNotGrantedTwiceAndAReleaseHandsItOn() {
+        try (Lease first = locks.hold("held", SHORT)) {
+            NotAcquiredException refused = assertThrows(NotAcquiredException.class, () -> locks.hold("held", SHORT));
+            assertEquals(NotAcquiredException.Outcome.HELD, refused.outcome());
+            assertEquals(first.token(), locks.info("held").orElseThrow().owner());
+        }
+        try (Lease second = locks.hold("held", SHORT)) {
+            assertTrue(second.fence() > 0);
+        }
+    }
+
+    @Test
+    void renewalsKeepALeaseAlivePastItsTtl() throws Exception {
+        try (Lease lease = locks.hold("renewed", SHORT)) {
+            Thread.sleep(2_000); // more than twice the ttl
+            lease.check();
+            assertTrue(lease.fenceCheck());
+            assertFalse(lease.isLost());
+        }
+    }
+
+    @Test
+    void anOperatorsDelIsALossWithinAThirdOfTheTtl() throws Exception {
+        Lease lease = locks.hold("deleted", SHORT);
+        long deleted = System.nanoTime();
+        server.command("DEL", "deleted");
+        LeaseLostException loss = lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+        long took = (System.nanoTime() - deleted) / 1_000_000;
+        assertEquals(LossReason.RENEWAL_REFUSED, loss.reason());
+        assertTrue(took <= 900 / 3 + 150, "lost after " + took + " ms");
+        assertEquals(Optional.of(LossReason.RENEWAL_REFUSED), lease.lostReason());
+        assertThrows(LeaseLostException.class, lease::check);
+        assertThrows(LeaseLostException.class, lease::close);
+    }
+
+    @Test
+    void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
+        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
+            Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
+            own.pause();
+            try {
+                LeaseLostException loss = lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+                assertEquals(LossReason.UNREACHABLE, loss.reason());
+                assertTrue(System.nanoTime() - lease.localExpiryNanos() >= 0, "lost before the local expiry");
+            } finally {
+                own.resume();
+            }
+        }
+    }
+
+    @Test
+    void aWaiterGetsTheLeaseWhenItsHolderReleasesAndClaimsIt() throws Exception {
+        Lease holder = locks.hold("queued", SHORT);
+        CompletableFuture<Lease> waiter = locks.holdAsync("queued", SHORT.waitFor(Duration.ofSeconds(5)));
+        Thread.sleep(200);
+        assertFalse(waiter.isDone());
+        holder.close();
+        try (Lease next = waiter.get(3, TimeUnit.SECONDS)) {
+            assertTrue(next.fence() > holder.fence());
+            Thread.sleep(1_000); // claimed: the full ttl started, and renewals run
+            next.check();
+        }
+    }
+
+    @Test
+    void ticketsWaitOnTheChannelAndAreHandedOver() throws Exception {
+        HoldOptions tickets = SHORT.waitFor(Duration.ofSeconds(5)).tickets(Duration.ofSeconds(6));
+        Lease holder = locks.hold("ticketed", SHORT);
+        CompletableFuture<Lease> waiter = locks.holdAsync("ticketed", tickets);
+        Thread.sleep(300);
+        assertEquals(1, locks.info("ticketed").orElseThrow().tickets());
+        long released = System.nanoTime();
+        holder.close();
+        try (Lease next = waiter.get(3, TimeUnit.SECONDS)) {
+            long took = (System.nanoTime() - released) / 1_000_000;
+            assertTrue(took < 1_000, "handed over after " + took + " ms (a ticket refresh is 2 s)");
+            assertTrue(next.fence() > holder.fence());
+        }
+    }
+
+    @Test
+    void aWaitThatEndsUnansweredLeavesNothingHeld() {
+        try (Lease holder = locks.hold("timed", SHORT)) {
+            long started = System.nanoTime();
+            NotAcquiredException held = assertThrows(NotAcquiredException.class,
+                    () -> locks.hold("timed", SHORT.waitFor(Duration.ofMillis(500))));
+            long took = (System.nanoTime() - started) / 1_000_000;
+            assertEquals(NotAcquiredException.Outcome.HELD, held.outcome());
+            assertTrue(took >= 450 && took < 2_000, "took " + took);
+            Info info = locks.info("timed").orElseThrow();
+            assertEquals(holder.token(), info.owner());
+            assertEquals(0, info.waiters());
+        }
+    }
+
+    @Test
+    void runKeepsTheWorksExceptionAndNeverHidesALoss() throws Exception {
+        IllegalStateException own = new IllegalStateException("the work failed");
+        IllegalStateException thrown = assertThrows(IllegalStateException.class,
+                () -> locks.run("run", SHORT, () -> { throw own; }));
+        assertSame(own, thrown);
+        assertEquals("done", locks.run("run", SHORT, lease -> "done"));
+        // A loss while the work runs: the work is interrupted and the loss is what the caller sees.
+        LeaseLostException lost = assertThrows(LeaseLostException.class, () -> locks.run("run", SHORT, lease -> {
+            server.command("DEL", "run");
+            Thread.sleep(5_000);
+            return "not protected";
+        }));
+        assertEquals(LossReason.RENEWAL_REFUSED, lost.reason());
+        // The work's own failure after a loss stays the one thrown, the loss beside it.
+        IllegalStateException failed = assertThrows(IllegalStateException.class, () -> locks.run("run", SHORT, lease -> {
+            server.command("DEL", "run");
+            while (!lease.isLost()) {
+                Thread.onSpinWait(); // work that does not block (the interrupt interrupts nothing)
+            }
+            throw own;
+        }));
+        assertSame(own, failed);
+        assertTrue(failed.getSuppressed()[0] instanceof LeaseLostException);
+    }
+
+    @Test
+    void fencedWritesRunUnderTheLiveFenceOnly() {
+        Lease first = locks.hold("invoice:{1}", SHORT);
+        assertEquals("OK", first.fenced("SET", "invoice:{1}:status", "draft"));
+        server.command("DEL", "invoice:{1}");
+        try (Lease second = locks.hold("invoice:{1}", SHORT)) {
+            assertThrows(StaleFenceException.class, () -> first.fenced("SET", "invoice:{1}:status", "paid"));
+            assertEquals("draft", server.command("GET", "invoice:{1}:status"));
+            assertEquals(1L, second.fenced("DEL", "invoice:{1}:status"));
+        }
+        assertThrows(LeaseLostException.class, first::close);
+    }
+
+    @Test
+    void readersShareWritersDoNot() {
+        HoldOptions options = SHORT;
+        try (Lease a = locks.read("rw", options); Lease b = locks.read("rw", options)) {
+            assertNotEquals(a.fence(), b.fence());
+            assertEquals(2, locks.info("rw").orElseThrow().holders());
+            assertThrows(NotAcquiredException.class, () -> locks.write("rw", options));
+        }
+        try (Lease writer = locks.write("rw", options)) {
+            assertThrows(NotAcquiredException.class, () -> locks.read("rw", options));
+        }
+    }
+
+    @Test
+    void aSemaphoreGrantsItsPermitsAndNoMore() {
+        try (Lease a = locks.semaphore("pool", 2, SHORT); Lease b = locks.semaphore("pool", 2, SHORT)) {
+            assertThrows(NotAcquiredException.class, () -> locks.semaphore("pool", 2, SHORT));
+        }
+        assertThrows(IllegalArgumentException.class, () -> locks.semaphore("pool", 0, SHORT));
+    }
+
+    @Test
+    void maxHoldEndsTheLeaseAndMetaShowsTheHolder() throws Exception {
+        Lease lease = locks.hold("bounded", SHORT.maxHold(Duration.ofMillis(1_200)).meta("host=a pid=7"));
+        assertEquals("host=a pid=7", locks.info("bounded").orElseThrow().meta());
+        LeaseLostException loss = lease.whenLost().toCompletableFuture().get(3, TimeUnit.SECONDS);
+        assertEquals(LossReason.MAX_HOLD, loss.reason());
+        Thread.sleep(100);
+        assertTrue(locks.info("bounded").isEmpty(), "the server's lease ends with the max hold");
+    }
+
+    @Test
+    void anElectionIsObservedAndPassesOnWhenItsLeaderResigns() throws Exception {
+        List<Optional<Leader>> seen = new CopyOnWriteArrayList<>();
+        try (AutoCloseable observer = locks.observe("election", seen::add)) {
+            Lease first = locks.campaign("election", "10.0.0.1:80", SHORT.waitFor(Duration.ofSeconds(1)));
+            CompletableFuture<Lease> second = CompletableFuture.supplyAsync(
+                    () -> locks.campaign("election", "10.0.0.2:80", SHORT.waitFor(Duration.ofSeconds(5))));
+            waitFor(() -> seen.stream().anyMatch(l -> l.isPresent() && l.get().address().equals("10.0.0.1:80")));
+            first.close();
+            try (Lease next = second.get(5, TimeUnit.SECONDS)) {
+                waitFor(() -> seen.stream().anyMatch(l -> l.isPresent() && l.get().address().equals("10.0.0.2:80")));
+                assertTrue(next.fence() > first.fence());
+            }
+        }
+        assertTrue(seen.stream().noneMatch(l -> l.isPresent() && l.get().address() == null));
+    }
+
+    private static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
+        long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
+        while (!condition.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("condition not met in 5 s");
+            }
+            Thread.sleep(20);
+        }
+    }
+}
