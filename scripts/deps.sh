@@ -50,3 +50,8 @@ fi
 if command -v go >/dev/null 2>&1; then
   bash "$(dirname "$0")/go.sh" download
 fi
+
+# The Java client's dependencies (java/), when Maven is there.
+if command -v mvn >/dev/null 2>&1; then
+  bash "$(dirname "$0")/java.sh" download
+fi

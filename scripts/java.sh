@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The Java client (java/, Maven): mvn -B -q verify (compiles with -Xlint:all -Werror and the public
+# API's Javadoc checked, runs the unit tests on protocol/vectors and the tests against real
+# servers) with dependencies from Maven Central only; then again against Valkey 9 unless
+# DLOCK_JAVA_VALKEY=0.
+#   bash scripts/java.sh             all of it
+#   bash scripts/java.sh download    only fetch the dependencies and plugins
+# The tests start their own servers with the module: DLOCK_MODULE, else the newest of
+# target/release and target/debug (build it first: cargo build -p dlock). redis-server and
+# PostgreSQL are installed with apt-get if missing, Valkey into .deps/ (scripts/valkey.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v mvn >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then
+  echo "java: Maven and a JDK 17 or later are needed (apt-get install maven openjdk-17-jdk-headless)" >&2
+  exit 1
+fi
+
+mvn_quiet() {
+  (cd java && mvn -B -q "$@")
+}
+
+find_module() {
+  if [ -n "${DLOCK_MODULE:-}" ]; then
+    echo "$DLOCK_MODULE"
+    return
+  fi
+  local candidate newest=""
+  for candidate in target/release/libdlock.so target/debug/libdlock.so; do
+    if [ -f "$candidate" ] && { [ -z "$newest" ] || [ "$candidate" -nt "$newest" ]; }; then
+      newest=$candidate
+    fi
+  done
+  if [ -z "$newest" ]; then
+    echo "java: no libdlock.so found; run 'cargo build -p dlock' or set DLOCK_MODULE" >&2
+    exit 1
+  fi
+  echo "$repo/$newest"
+}
+
+need_servers() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+  if [ -z "${DLOCK_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
+  fi
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "java: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+case "${1:-test}" in
+  download)
+    mvn_quiet dependency:resolve dependency:resolve-plugins
+    ;;
+  test)
+    DLOCK_MODULE=$(find_module)
+    export DLOCK_MODULE DLOCK_REPO="$repo"
+    need_servers
+    echo "java: module $DLOCK_MODULE; mvn verify against $(redis-server --version | cut -d' ' -f1-3)" >&2
+    mvn_quiet verify
+    if [ "${DLOCK_JAVA_VALKEY:-1}" != 0 ]; then
+      DLOCK_SERVER=$(bash scripts/valkey.sh)
+      echo "java: mvn verify against Valkey ($DLOCK_SERVER)" >&2
+      DLOCK_SERVER=$DLOCK_SERVER mvn_quiet verify
+    fi
+    ;;
+  *)
+    echo "usage: $0 [test|download]" >&2
+    exit 2
+    ;;
+esac
