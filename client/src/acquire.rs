@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisError;
 
-use crate::connection::millis;
+use crate::connection::{Failure, millis};
 use crate::{AcquireError, Client, Lease, observe};
 
 /// The kind of lease an acquire asks for.
@@ -118,6 +118,19 @@ fn is_ambiguous(error: &RedisError) -> bool {
         || error.is_connection_dropped()
         || error.is_io_error()
         || matches!(error.code(), Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+}
+
+/// How long a request that cannot have been carried out waits before it is sent again.
+const RETRY_AFTER: Duration = Duration::from_millis(50);
+
+/// A request the server cannot have carried out: it never left (no connection could be opened:
+/// a killed primary refuses), or a node answered that the slot is failing over or migrating.
+fn never_ran(failure: &Failure) -> bool {
+    !failure.was_sent()
+        || matches!(
+            failure.error().code(),
+            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING" | "READONLY")
+        )
 }
 
 /// A failover under way, with nothing granted: a wait the server ended as it turned into a
@@ -503,6 +516,28 @@ impl Client {
     /// `released` is false): `true` if it was held and is released now.
     pub async fn release(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
         self.release_grant(resource, token, None).await
+    }
+
+    /// [`Client::release_grant`] with `fence`, sent again while it cannot have been carried out
+    /// ([`never_ran`]) and `until` has not come.
+    pub(crate) async fn release_until(
+        &self,
+        resource: &str,
+        token: &str,
+        fence: u64,
+        until: Instant,
+    ) -> Result<bool, RedisError> {
+        let mut cmd = redis::cmd("DLOCK.RELEASE");
+        cmd.arg(resource).arg(token).arg("FENCE").arg(fence);
+        loop {
+            match self.send::<i64>(&cmd, Duration::ZERO).await {
+                Ok(released) => return Ok(released == 1),
+                Err(failure) if never_ran(&failure) && Instant::now() + RETRY_AFTER < until => {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+                Err(failure) => return Err(failure.into()),
+            }
+        }
     }
 
     /// Releases the grant of `token` with `fence` (when known): a retried or late RELEASE can then

@@ -118,10 +118,17 @@ impl Lease {
         })
     }
 
-    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held. A RELEASE
+    /// the server cannot have carried out (no connection could be opened to the resource's
+    /// primary, or the cluster answered that it is failing over or migrating the slot:
+    /// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`) is sent again, to the
+    /// primary serving the resource then, until the lease's local expiry: after a failover the
+    /// promoted replica holds the lease and releases it there.
     pub async fn release(self) -> Result<bool, RedisError> {
-        let released =
-            self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
+        let released = self
+            .client
+            .release_until(&self.resource, &self.token, self.fence, self.local_expiry)
+            .await;
         let ok = matches!(released, Ok(true));
         observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
         released

@@ -694,3 +694,40 @@ async fn a_blocked_wait_survives_a_failover_of_its_primary() {
     assert_eq!(info_field(&mut on_new, resource, "owner").as_deref(), Some(lease.token()));
     assert!(lease.release().await.expect("released"));
 }
+
+/// The primary of a held lease is killed and its replica takes over: the holder's RELEASE, which
+/// finds the old primary refusing connections, is sent again to the new one (it holds the lease:
+/// the replica had received it) and releases it there. It used to return the refused connection
+/// as an error, and the lease stayed until its ttl (the cluster chaos profile's first run, seed 1,
+/// `client-errors`: "Release … returned Connection refused").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_its_primary_died_releases_the_lease_on_the_replica_that_took_over() {
+    let mut cluster = Cluster::start();
+    let client = cluster_client(&cluster, ClientOptions::default()).await;
+    let seed = cluster.nodes[0].port;
+    let (resource, old) = (0..)
+        .map(|i| format!("{{released}}:{i}"))
+        .map(|resource| {
+            let owner = cluster.owner(&resource);
+            (resource, owner)
+        })
+        .find(|(_, owner)| *owner != seed)
+        .expect("a resource on another primary");
+    let replica = cluster.replica_of(old);
+    let lease = client.acquire(&resource, Duration::from_secs(20)).await.expect("granted");
+    let fence = lease.fence();
+    replica_holds(&cluster, replica, &resource, fence);
+
+    cluster.nodes.iter_mut().find(|node| node.port == old).expect("node").kill();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut cluster.node(replica).client())
+        .expect("CLUSTER FAILOVER TAKEOVER");
+    assert!(eventually(3 * SLACK, || cluster.owner(&resource) == replica), "took over");
+
+    let released = lease.release().await;
+    assert!(matches!(released, Ok(true)), "released on the new primary: {released:?}");
+    let mut on_new = cluster.node(replica).client();
+    assert_eq!(info_field(&mut on_new, &resource, "owner"), None, "nobody holds it");
+}
