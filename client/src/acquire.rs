@@ -518,24 +518,19 @@ impl Client {
         self.release_grant(resource, token, None).await
     }
 
-    /// [`Client::release_grant`] with `fence`, sent again while it cannot have been carried out
+    /// `cmd` (on the shared connection), sent again while the server cannot have carried it out
     /// ([`never_ran`]) and `until` has not come.
-    pub(crate) async fn release_until(
+    pub(crate) async fn send_until<T: redis::FromRedisValue>(
         &self,
-        resource: &str,
-        token: &str,
-        fence: u64,
+        cmd: &redis::Cmd,
         until: Instant,
-    ) -> Result<bool, RedisError> {
-        let mut cmd = redis::cmd("DLOCK.RELEASE");
-        cmd.arg(resource).arg(token).arg("FENCE").arg(fence);
+    ) -> Result<T, Failure> {
         loop {
-            match self.send::<i64>(&cmd, Duration::ZERO).await {
-                Ok(released) => return Ok(released == 1),
+            match self.send::<T>(cmd, Duration::ZERO).await {
                 Err(failure) if never_ran(&failure) && Instant::now() + RETRY_AFTER < until => {
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
-                Err(failure) => return Err(failure.into()),
+                reply => return reply,
             }
         }
     }

@@ -84,7 +84,10 @@ impl Lease {
     /// Runs `command` in the server only if this lease's fence is still the live one
     /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens. In Redis Cluster every
     /// key of `command` must hash to the resource's slot (use hash tags), or the server refuses
-    /// it: [`FencedError::CrossSlot`].
+    /// it: [`FencedError::CrossSlot`]. A write the server cannot have carried out (no connection
+    /// to the resource's primary could be opened, or `TRYAGAIN` while its slot migrates with the
+    /// keys apart, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` during a failover) is sent
+    /// again, to the primary serving the resource then, until the lease's local expiry.
     ///
     /// ```no_run
     /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
@@ -105,7 +108,8 @@ impl Lease {
                 fenced.arg(bytes);
             }
         }
-        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
+        let sent = self.client.send_until(&fenced, self.local_expiry).await;
+        sent.map_err(|failure| {
             let error = RedisError::from(failure);
             if error.code() == Some("STALE") {
                 observe::stale_write_refused();
@@ -125,10 +129,12 @@ impl Lease {
     /// primary serving the resource then, until the lease's local expiry: after a failover the
     /// promoted replica holds the lease and releases it there.
     pub async fn release(self) -> Result<bool, RedisError> {
-        let released = self
-            .client
-            .release_until(&self.resource, &self.token, self.fence, self.local_expiry)
-            .await;
+        let mut cmd = redis::cmd("DLOCK.RELEASE");
+        cmd.arg(&self.resource).arg(&self.token).arg("FENCE").arg(self.fence);
+        let released = match self.client.send_until::<i64>(&cmd, self.local_expiry).await {
+            Ok(released) => Ok(released == 1),
+            Err(failure) => Err(RedisError::from(failure)),
+        };
         let ok = matches!(released, Ok(true));
         observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
         released

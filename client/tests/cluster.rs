@@ -731,3 +731,48 @@ async fn a_release_after_its_primary_died_releases_the_lease_on_the_replica_that
     let mut on_new = cluster.node(replica).client();
     assert_eq!(info_field(&mut on_new, &resource, "owner"), None, "nobody holds it");
 }
+
+/// A fenced write while its slot migrates with the lock key already on the target and the data
+/// key not yet: both nodes answer TRYAGAIN (the server knows every key of the write), and the
+/// client sends it again until the keys are together, then it lands once, on the new owner. It
+/// used to return the TRYAGAIN (the cluster chaos profile, seed 21 on Valkey 9: `client-errors`,
+/// "RedisWrite … returned … TryAgain: Multiple keys request during rehashing of slot").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_write_during_a_slot_migration_is_sent_again_until_its_keys_are_together() {
+    let cluster = Cluster::start();
+    let client = cluster_client(&cluster, ClientOptions::default()).await;
+    let (lock, data) = ("{split}lock", "{split}data");
+    let from = cluster.owner(lock);
+    let to = *primaries(&cluster).iter().find(|&&p| p != from).expect("another primary");
+    let lease = client.acquire(lock, Duration::from_secs(20)).await.expect("granted");
+    let first: i64 = lease.fenced(redis::cmd("RPUSH").arg(data).arg("before")).await.expect("1");
+    assert_eq!(first, 1);
+
+    let mut source = cluster.node(from).client();
+    let mut target = cluster.node(to).client();
+    let slot: i64 =
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(lock).query(&mut source).expect("slot");
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    setslot(&cluster, to, slot, "IMPORTING", &from_id);
+    setslot(&cluster, from, slot, "MIGRATING", &to_id);
+    migrate(&mut source, to, &[lock]);
+
+    let writing = tokio::spawn(async move {
+        let pushed: Result<i64, _> =
+            lease.fenced(redis::cmd("RPUSH").arg(data).arg("during")).await;
+        (pushed, lease)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writing.is_finished(), "the write waits while the keys are apart");
+    migrate(&mut source, to, &[data]);
+    setslot(&cluster, to, slot, "NODE", &to_id);
+    setslot(&cluster, from, slot, "NODE", &to_id);
+
+    let (pushed, lease) =
+        tokio::time::timeout(SLACK, writing).await.expect("in time").expect("task");
+    assert_eq!(pushed.expect("the write landed once the keys were together"), 2);
+    let list: Vec<String> =
+        redis::cmd("LRANGE").arg(data).arg(0).arg(-1).query(&mut target).expect("LRANGE");
+    assert_eq!(list, ["before", "during"], "one list, on the new owner, the write in it once");
+    assert!(lease.release().await.expect("released"));
+}
