@@ -59,13 +59,18 @@ pub fn run(args: Args) -> ! {
 /// `not-acquired` (nothing is held: NotAcquired), `unknown` (the request may have been carried
 /// out and its answer never came: a timeout or a connection that dropped after sending), or
 /// `escaped` (anything else).
-fn fenced_error(error: &FencedError) -> String {
+///
+/// The client sends a fenced write or a release again while the server cannot have carried it
+/// out, until the lease's local expiry; an error after that expiry is the lease's end (LeaseLost),
+/// not an error the client let escape.
+fn fenced_error(error: &FencedError, expired: bool) -> String {
     match error {
         FencedError::Stale(detail) => format!("lost stale: {detail}"),
         FencedError::CrossSlot(detail) => format!("escaped cross-slot: {detail}"),
         FencedError::Redis(e) if e.is_timeout() || e.is_connection_dropped() => {
             format!("unknown redis: {e}")
         }
+        FencedError::Redis(e) if expired => format!("lost expired: {e}"),
         FencedError::Redis(e) => format!("escaped redis: {e}"),
     }
 }
@@ -174,6 +179,7 @@ async fn work(args: Args) {
             continue;
         }
         log.borrow_mut().record(Op::Release, Kind::Invoke, &resource, fence, "");
+        let expiry = lease.local_expiry();
         let released = lease.release().await;
         let mut log = log.borrow_mut();
         match released {
@@ -183,6 +189,9 @@ async fn work(args: Args) {
             }
             Err(e) if e.is_timeout() || e.is_connection_dropped() => {
                 log.record(Op::Release, Kind::Unknown, &resource, fence, &format!("unknown {e}"))
+            }
+            Err(e) if Instant::now() >= expiry => {
+                log.record(Op::Release, Kind::Fail, &resource, fence, &format!("lost expired: {e}"))
             }
             Err(e) => {
                 log.record(Op::Release, Kind::Unknown, &resource, fence, &format!("escaped {e}"))
@@ -255,7 +264,8 @@ impl Step<'_> {
         match written {
             Ok(_) => log.record(Op::RedisWrite, Kind::Ok, self.resource, self.fence, &entry),
             Err(error) => {
-                let detail = format!("{} {entry}", fenced_error(&error));
+                let expired = Instant::now() >= lease.local_expiry();
+                let detail = format!("{} {entry}", fenced_error(&error, expired));
                 let kind = if detail.starts_with("unknown") { Kind::Unknown } else { Kind::Fail };
                 log.record(Op::RedisWrite, kind, self.resource, self.fence, &detail)
             }
