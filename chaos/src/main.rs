@@ -95,7 +95,7 @@ fn main() {
                 .split(',')
                 .map(String::from)
                 .collect(),
-            pg: arg_value(&args, "--pg").expect("--pg"),
+            pg: arg_value(&args, "--pg"),
             resources: number(&args, "--resources", None, 12),
             ttl: Duration::from_millis(number(&args, "--ttl-ms", None, 1_000)),
             seed: number(&args, "--seed", None, 1),

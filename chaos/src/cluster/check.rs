@@ -42,10 +42,34 @@ pub struct Counts {
     pub not_acquired: usize,
     pub unknown_outcomes: usize,
     pub escaped: usize,
+    /// Appends acknowledged to a worker on the minority side of a partition, while cut off.
+    pub minority_acknowledged: usize,
+    /// Of those, the ones lost (the minority's primary rejoined as a replica).
+    pub minority_lost: usize,
+    /// Errors the client returned to a worker on the minority side while it was cut off.
+    pub minority_errors: usize,
+}
+
+/// A worker on the minority side of a partition: its id, and when its node was cut off and
+/// joined again.
+#[derive(Clone, Copy, Debug)]
+pub struct Minority {
+    pub worker: u32,
+    pub from: u64,
+    pub to: u64,
+}
+
+fn on_minority_side(minority: &[Minority], o: &Operation) -> bool {
+    minority.iter().any(|m| m.worker == o.worker && o.invoked <= m.to && o.completed >= m.from)
 }
 
 /// Runs every cluster checker.
-pub fn check(events: &[Event], faults: &[Fault], state: &State) -> (Report, Counts) {
+pub fn check(
+    events: &[Event],
+    faults: &[Fault],
+    state: &State,
+    minority: &[Minority],
+) -> (Report, Counts) {
     let operations = check::operations(events);
     let all_grants = check::grants(&operations);
     let grants: Vec<&Operation> = all_grants.iter().collect();
@@ -57,8 +81,8 @@ pub fn check(events: &[Event], faults: &[Fault], state: &State) -> (Report, Coun
     check::state_order(state, &mut report);
     store_fence(&operations, &grants, &mut report, &mut counts);
     double_holders(&operations, &grants, &mut report);
-    lost_writes(&operations, state, faults, &mut report, &mut counts);
-    client_errors(&operations, &mut report, &mut counts);
+    lost_writes(&operations, state, faults, minority, &mut report, &mut counts);
+    client_errors(&operations, minority, &mut report, &mut counts);
     (report, counts)
 }
 
@@ -187,17 +211,37 @@ fn lost_writes(
     operations: &[Operation],
     state: &State,
     faults: &[Fault],
+    minority: &[Minority],
     report: &mut Report,
     counts: &mut Counts,
 ) {
     for write in operations.iter().filter(|o| o.op == Op::RedisWrite && o.outcome == Kind::Ok) {
         counts.appends_acknowledged += 1;
+        let cut_off = on_minority_side(minority, write);
+        counts.minority_acknowledged += usize::from(cut_off);
         let kept = state
             .redis
             .get(&write.resource)
             .is_some_and(|entries| entries.iter().any(|e| e.entry() == write.detail));
         if kept {
             counts.appends_kept += 1;
+            continue;
+        }
+        if cut_off {
+            // The one loss the docs admit: a primary cut off from the majority acknowledges
+            // writes until its node timeout, and drops them when it rejoins as a replica.
+            counts.minority_lost += 1;
+            let finding = Finding {
+                checker: "lost-writes",
+                message: format!(
+                    "acknowledged fenced append {} on the minority side of a partition is lost",
+                    write.detail
+                ),
+                resource: write.resource.clone(),
+                from: write.invoked,
+                to: write.completed,
+            };
+            report.file(finding, true);
             continue;
         }
         let unplanned = faults.iter().find(|f| {
@@ -220,7 +264,12 @@ fn lost_writes(
     }
 }
 
-fn client_errors(operations: &[Operation], report: &mut Report, counts: &mut Counts) {
+fn client_errors(
+    operations: &[Operation],
+    minority: &[Minority],
+    report: &mut Report,
+    counts: &mut Counts,
+) {
     for o in operations.iter().filter(|o| o.outcome != Kind::Ok || o.op == Op::Lost) {
         if matches!(o.op, Op::SqlWrite) {
             continue; // PostgreSQL's, not the client's
@@ -230,6 +279,8 @@ fn client_errors(operations: &[Operation], report: &mut Report, counts: &mut Cou
             "lost" => counts.leases_lost += 1,
             "not-acquired" => counts.not_acquired += 1,
             "unknown" => counts.unknown_outcomes += 1,
+            // Cut off with its node, the worker cannot reach most primaries: that is the truth.
+            "escaped" if on_minority_side(minority, o) => counts.minority_errors += 1,
             "escaped" => {
                 counts.escaped += 1;
                 report.violations.push(Finding {
@@ -294,7 +345,7 @@ mod tests {
     }
 
     fn checkers(history: &[Event], faults: &[Fault], state: &State) -> Vec<&'static str> {
-        check(history, faults, state).0.violations.iter().map(|v| v.checker).collect()
+        check(history, faults, state, &[]).0.violations.iter().map(|v| v.checker).collect()
     }
 
     #[test]
@@ -324,12 +375,29 @@ mod tests {
         assert_eq!(checkers(&history, &[], &state(&[&a])), vec!["lost-writes"]);
         let kill =
             Fault { kind: "kill-primary", start: 14 * MS, end: 900 * MS, may_lose_leases: true };
-        let (report, _) = check(&history, &[kill], &state(&[&a]));
+        let (report, _) = check(&history, &[kill], &state(&[&a]), &[]);
         assert!(report.violations.is_empty());
         assert_eq!(report.excused.len(), 1);
         let reshard =
             Fault { kind: "reshard", start: 14 * MS, end: 900 * MS, may_lose_leases: false };
         assert_eq!(checkers(&history, &[reshard], &state(&[&a])), vec!["lost-writes"]);
+    }
+
+    #[test]
+    fn a_lost_append_and_an_error_of_a_worker_cut_off_with_its_node_are_counted_apart() {
+        let mut history = Vec::new();
+        let a = lease(&mut history, 0, 1, 10);
+        let _b = lease(&mut history, 10, 2, 11);
+        history.push(event(20, 2, Op::Acquire, Kind::Invoke, 0, ""));
+        history.push(event(30, 2, Op::Acquire, Kind::Fail, 0, "escaped unreachable: refused"));
+        let cut_off = [Minority { worker: 2, from: 9 * MS, to: 25 * MS }];
+        let (report, counts) = check(&history, &[], &state(&[&a]), &cut_off);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!((counts.minority_acknowledged, counts.minority_lost), (1, 1));
+        assert_eq!(counts.minority_errors, 1);
+        // The same history with nobody cut off: a lost write and an escaped error.
+        let found = checkers(&history, &[], &state(&[&a]));
+        assert_eq!(found, vec!["lost-writes", "client-errors"]);
     }
 
     #[test]
@@ -355,7 +423,7 @@ mod tests {
             event(3, 1, Op::Release, Kind::Invoke, 10, ""),
             event(4, 1, Op::Release, Kind::Unknown, 10, "unknown timed out"),
         ];
-        let (report, counts) = check(&history, &[], &State::default());
+        let (report, counts) = check(&history, &[], &State::default(), &[]);
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!((counts.not_acquired, counts.leases_lost, counts.unknown_outcomes), (1, 1, 1));
         history.push(event(5, 1, Op::Release, Kind::Invoke, 10, ""));

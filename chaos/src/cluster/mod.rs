@@ -91,6 +91,10 @@ pub fn main(config: &Config) -> ! {
         c.escaped,
     );
     println!(
+        "chaos: minority side of partitions: {} appends acknowledged while cut off, {} of them lost (excused), {} errors from the client while cut off",
+        c.minority_acknowledged, c.minority_lost, c.minority_errors,
+    );
+    println!(
         "chaos: cluster operations: {} resource slots moved, {} operations that did not complete ({}), longest wait for a healthy cluster {} ms",
         outcome.moved,
         outcome.incomplete.len(),
@@ -255,6 +259,8 @@ struct Harness {
     incomplete: Vec<String>,
     longest_heal_ms: u128,
     log: std::fs::File,
+    /// Each partition: the node cut off, from the cut to the link's return.
+    partitions: Vec<(usize, u64, u64)>,
 }
 
 impl Harness {
@@ -347,6 +353,7 @@ impl Harness {
             "kill-primary" | "pause-primary" | "partition" => {
                 let (primary, replica) = self.pick_pair(rng)?;
                 let endpoint = self.nodes.list[replica].endpoint.clone();
+                let cut = now_ns();
                 match kind {
                     "kill-primary" => self.nodes.kill(primary),
                     "pause-primary" => self.nodes.signal(primary, true),
@@ -359,7 +366,10 @@ impl Harness {
                 match kind {
                     "kill-primary" => self.nodes.start(primary, false),
                     "pause-primary" => self.nodes.signal(primary, false),
-                    _ => self.nodes.net.set_link(primary, true),
+                    _ => {
+                        self.nodes.net.set_link(primary, true);
+                        self.partitions.push((primary, cut, now_ns()));
+                    }
                 }
                 kind
             }
@@ -490,17 +500,36 @@ impl Harness {
     }
 }
 
-fn spawn_worker(config: &Config, dir: &Path, id: u32, seeds: &str, pg: &str) -> Child {
+/// Starts cluster worker `id`: in the harness's namespace with PostgreSQL, or (`namespace`) in a
+/// node's namespace, Redis only, where a partition of that node leaves it on the minority side.
+fn spawn_worker(
+    config: &Config,
+    dir: &Path,
+    id: u32,
+    seeds: &str,
+    pg: &str,
+    namespace: Option<String>,
+) -> Child {
     let exe = std::env::current_exe().expect("own path");
     let stderr = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(format!("worker-{id}.stderr")))
         .expect("worker stderr");
-    let mut command = Command::new(exe);
+    let mut command = match &namespace {
+        Some(namespace) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", namespace]).arg(exe);
+            command
+        }
+        None => Command::new(exe),
+    };
+    command.arg("cluster-worker");
+    if namespace.is_none() {
+        command.args(["--pg", pg]);
+    }
     command
-        .arg("cluster-worker")
-        .args(["--id", &id.to_string(), "--seeds", seeds, "--pg", pg])
+        .args(["--id", &id.to_string(), "--seeds", seeds])
         .args(["--resources", &config.resources.to_string()])
         .args(["--ttl-ms", &config.ttl.as_millis().to_string()])
         .args(["--seed", &(config.seed.wrapping_mul(1_000_003) ^ u64::from(id)).to_string()])
@@ -574,9 +603,15 @@ fn run(config: &Config) -> Outcome {
     let pg = Postgres::start();
     setup_sql(&pg.config(), config.resources);
     let seeds = members.join(",");
+    // The workers in the harness's namespace, then one in each first node's namespace.
     let mut workers = Workers(
         (0..config.workers)
-            .map(|id| spawn_worker(config, dir.path(), id, &seeds, &pg.config()))
+            .map(|id| spawn_worker(config, dir.path(), id, &seeds, &pg.config(), None))
+            .chain((0..FIRST).map(|i| {
+                let id = config.workers + i as u32;
+                let namespace = Some(nodes.net.namespace(i));
+                spawn_worker(config, dir.path(), id, &seeds, &pg.config(), namespace)
+            }))
             .collect(),
     );
     let log = std::fs::File::create(dir.path().join("cluster-ops.log")).expect("ops log");
@@ -588,6 +623,7 @@ fn run(config: &Config) -> Outcome {
         incomplete: Vec::new(),
         longest_heal_ms: 0,
         log,
+        partitions: Vec::new(),
     };
     let mut rng = Rng::new(config.seed);
     let mut faults = Vec::new();
@@ -637,8 +673,14 @@ fn run(config: &Config) -> Outcome {
             entries.iter().filter_map(|e| Accepted::parse(e)).collect(),
         );
     }
-    let events = read_history(dir.path(), config.workers);
-    let (report, counts) = check::check(&events, &faults, &state);
+    let events = read_history(dir.path(), config.workers + FIRST as u32);
+    let minority: Vec<check::Minority> = harness
+        .partitions
+        .iter()
+        .filter(|(node, _, _)| *node < FIRST)
+        .map(|&(node, from, to)| check::Minority { worker: config.workers + node as u32, from, to })
+        .collect();
+    let (report, counts) = check::check(&events, &faults, &state, &minority);
     if !report.violations.is_empty() || !harness.incomplete.is_empty() {
         let kept = dir.keep();
         eprintln!(

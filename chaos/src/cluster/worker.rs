@@ -22,7 +22,9 @@ pub struct Args {
     pub id: u32,
     /// `host:port` of the nodes it starts from.
     pub seeds: Vec<String>,
-    pub pg: String,
+    /// PostgreSQL; `None` for a worker in a node's namespace, which writes to Redis only (the
+    /// database listens on the harness's loopback).
+    pub pg: Option<String>,
     pub resources: u32,
     pub ttl: Duration,
     pub seed: u64,
@@ -109,17 +111,20 @@ async fn work(args: Args) {
             }
         }
     };
-    let mut pg = loop {
-        match tokio_postgres::connect(&args.pg, tokio_postgres::NoTls).await {
-            Ok((client, connection)) => {
-                tokio::spawn(connection);
-                break client;
+    let mut pg = match &args.pg {
+        None => None,
+        Some(config) => Some(loop {
+            match tokio_postgres::connect(config, tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    break client;
+                }
+                Err(error) => {
+                    eprintln!("cluster worker: cannot connect to postgres: {error}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
-            Err(error) => {
-                eprintln!("cluster worker: cannot connect to postgres: {error}; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
+        }),
     };
     let mut rng = Rng::new(args.seed ^ (u64::from(args.id) << 32));
     let seq = RefCell::new(0u64);
@@ -164,11 +169,13 @@ async fn work(args: Args) {
         if step.holds(&mut lease).await {
             step.append(&lease, &register(r), broken.cross_slot).await;
         }
-        if let Some(stall) = broken.stall {
-            std::thread::sleep(stall); // no renewal: the lease expires meanwhile
-            step.sql(&mut pg, broken).await;
-        } else if step.holds(&mut lease).await {
-            step.sql(&mut pg, broken).await;
+        if let Some(pg) = pg.as_mut() {
+            if let Some(stall) = broken.stall {
+                std::thread::sleep(stall); // no renewal: the lease expires meanwhile
+                step.sql(pg, broken).await;
+            } else if step.holds(&mut lease).await {
+                step.sql(pg, broken).await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(5 + rng.below(25))).await;
         if !step.holds(&mut lease).await {
