@@ -527,8 +527,10 @@ impl Client {
     ) -> Result<T, Failure> {
         loop {
             match self.send::<T>(cmd, Duration::ZERO).await {
-                Err(failure) if never_ran(&failure) && Instant::now() + RETRY_AFTER < until => {
-                    tokio::time::sleep(RETRY_AFTER).await;
+                // The last attempt goes at `until`: the server's deadline is later still.
+                Err(failure) if never_ran(&failure) && Instant::now() < until => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(RETRY_AFTER.min(left)).await;
                 }
                 reply => return reply,
             }
