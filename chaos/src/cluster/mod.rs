@@ -61,9 +61,25 @@ const FIRST: usize = 6;
 /// (10), so that a slot holding a resource spends time split between two nodes.
 const FILLER: u32 = 24;
 
+/// The run's PostgreSQL, where the signal thread can stop it too.
+static POSTGRES: std::sync::Mutex<Option<Postgres>> = std::sync::Mutex::new(None);
+
+fn lock_postgres() -> std::sync::MutexGuard<'static, Option<Postgres>> {
+    POSTGRES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Stops the run's PostgreSQL when dropped (at the end of the run, or on a panic).
+struct StopPostgres;
+
+impl Drop for StopPostgres {
+    fn drop(&mut self) {
+        drop(lock_postgres().take());
+    }
+}
+
 /// Runs the profile, prints its findings and summary, and exits (1 on a violation).
 pub fn main(config: &Config) -> ! {
-    net::on_interrupt();
+    net::on_interrupt(|| drop(lock_postgres().take()));
     let outcome = run(config);
     for finding in &outcome.report.excused {
         println!("excused ({}): {} [{}]", finding.checker, finding.message, finding.resource);
@@ -600,17 +616,21 @@ fn run(config: &Config) -> Outcome {
             let _: () = routed(&entry, &set).expect("SET filler");
         }
     }
-    let pg = Postgres::start();
-    setup_sql(&pg.config(), config.resources);
+    let pg = {
+        let mut kept = lock_postgres();
+        kept.insert(Postgres::start()).config()
+    };
+    let stop_postgres = StopPostgres;
+    setup_sql(&pg, config.resources);
     let seeds = members.join(",");
     // The workers in the harness's namespace, then one in each first node's namespace.
     let mut workers = Workers(
         (0..config.workers)
-            .map(|id| spawn_worker(config, dir.path(), id, &seeds, &pg.config(), None))
+            .map(|id| spawn_worker(config, dir.path(), id, &seeds, &pg, None))
             .chain((0..FIRST).map(|i| {
                 let id = config.workers + i as u32;
                 let namespace = Some(nodes.net.namespace(i));
-                spawn_worker(config, dir.path(), id, &seeds, &pg.config(), namespace)
+                spawn_worker(config, dir.path(), id, &seeds, &pg, namespace)
             }))
             .collect(),
     );
@@ -662,7 +682,8 @@ fn run(config: &Config) -> Outcome {
     drop(workers);
     harness.heal("the run");
 
-    let mut state = State { sql: read_sql(&pg.config()), ..State::default() };
+    let mut state = State { sql: read_sql(&pg), ..State::default() };
+    drop(stop_postgres);
     let entry = harness.entry();
     for r in 0..config.resources {
         let entries: Vec<String> =

@@ -211,10 +211,11 @@ pub fn sweep_stale() {
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts later), and
-/// starts a thread that waits for them: on one, it kills the node servers, removes the network
-/// and exits with 130. Call first thing in `main`, before any other thread exists; children get
-/// the signals back ([`unblock_in_child`]).
-pub fn on_interrupt() {
+/// starts a thread that waits for them: on one, it kills the node servers and the workers,
+/// removes the network, runs `also` (the rest of the run's clean-up) and exits with 130. Call
+/// first thing in `main`, before any other thread exists; children get the signals back
+/// ([`unblock_in_child`]).
+pub fn on_interrupt(also: fn()) {
     // SAFETY: the set is initialised by sigemptyset before use; pthread_sigmask and sigwait take
     // valid pointers to it.
     unsafe {
@@ -230,6 +231,7 @@ pub fn on_interrupt() {
             libc::sigwait(&set, &mut signal);
             eprintln!("dlock-chaos: signal {signal}: removing the cluster's network and nodes");
             remove_all();
+            also();
             std::process::exit(130);
         });
     }
