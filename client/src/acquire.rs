@@ -133,11 +133,15 @@ fn never_ran(failure: &Failure) -> bool {
         )
 }
 
-/// A failover under way, with nothing granted: a wait the server ended as it turned into a
-/// replica (`UNBLOCKED`), or a request that reached the demoted primary (`READONLY`). The request
-/// is sent again (to the new primary, once the client follows it) until the deadline.
+/// A failover under way: a wait the server ended as it turned into a replica (`UNBLOCKED`), a
+/// request that reached the demoted primary (`READONLY`), or the `WAIT` for replicas after it
+/// that did. The request is sent again with the same token (to the new primary, once the client
+/// follows it) until the deadline: it answers the grant if one was made and kept.
 fn is_failing_over(error: &RedisError) -> bool {
     matches!(error.code(), Some("UNBLOCKED" | "READONLY"))
+        // The `WAIT` after the request (`ClientOptions::replicas`) reached the old primary once
+        // it was a replica (Valkey 9 answers a demoted primary's blocked wait first).
+        || error.detail().is_some_and(|d| d.starts_with("WAIT cannot be used with replica"))
 }
 
 /// A wait answered nil this long or more before its end did not time out: the server ended it
