@@ -330,7 +330,14 @@ mod tests {
     fn lease(history: &mut Vec<Event>, at: u64, worker: u32, fence: u64) -> String {
         let entry = Accepted { fence, worker, seq: fence, value: fence as i64 }.entry();
         history.push(event(at, worker, Op::Acquire, Kind::Invoke, 0, ""));
-        history.push(event(at + 1, worker, Op::Acquire, Kind::Ok, fence, &format!("t{fence}")));
+        history.push(event(
+            at + 1,
+            worker,
+            Op::Acquire,
+            Kind::Ok,
+            fence,
+            &format!("t{worker}-{fence}"),
+        ));
         history.push(event(at + 2, worker, Op::RedisWrite, Kind::Invoke, fence, &entry));
         history.push(event(at + 3, worker, Op::RedisWrite, Kind::Ok, fence, &entry));
         history.push(event(at + 4, worker, Op::Release, Kind::Invoke, fence, ""));
@@ -381,6 +388,28 @@ mod tests {
         let reshard =
             Fault { kind: "reshard", start: 14 * MS, end: 900 * MS, may_lose_leases: false };
         assert_eq!(checkers(&history, &[reshard], &state(&[&a])), vec!["lost-writes"]);
+    }
+
+    #[test]
+    fn one_fence_for_two_tokens_on_a_resource_is_a_violation_on_two_resources_none() {
+        let mut history = Vec::new();
+        let a = lease(&mut history, 0, 1, 10);
+        let b = lease(&mut history, 10, 2, 10);
+        let found = checkers(&history, &[], &state(&[&a, &b]));
+        assert!(found.contains(&"unique-fences"), "{found:?}");
+        let mut history = Vec::new();
+        let a = lease(&mut history, 0, 1, 10);
+        history.extend(lease_on("s", 10, 2, 10));
+        let found = checkers(&history, &[], &state(&[&a]));
+        assert!(!found.contains(&"unique-fences"), "{found:?}");
+    }
+
+    /// [`lease`] on resource `resource`.
+    fn lease_on(resource: &str, at: u64, worker: u32, fence: u64) -> Vec<Event> {
+        let mut history = Vec::new();
+        lease(&mut history, at, worker, fence);
+        history.iter_mut().for_each(|e| e.resource = resource.into());
+        history
     }
 
     #[test]
