@@ -300,7 +300,7 @@ fn by_resource<'a>(grants: &[&'a Operation]) -> BTreeMap<&'a str, Vec<&'a Operat
 }
 
 /// Per resource, a grant invoked after another grant completed has a larger fence.
-fn fence_order(grants: &[&Operation], report: &mut Report) {
+pub(crate) fn fence_order(grants: &[&Operation], report: &mut Report) {
     for (resource, mut list) in by_resource(grants) {
         let mut by_completion = list.clone();
         by_completion.sort_by_key(|g| g.completed);
@@ -430,7 +430,7 @@ fn grants_kept(
 /// The protected state accepted writes in non-decreasing fence order (so never one whose fence
 /// was already superseded there). Counts lost updates (a value that is not the previous plus
 /// one), which fencing alone does not prevent after a lost lease.
-fn state_order(state: &State, report: &mut Report) {
+pub(crate) fn state_order(state: &State, report: &mut Report) {
     for (store, registers) in [("redis", &state.redis), ("sql", &state.sql)] {
         for (resource, accepted) in registers {
             for pair in accepted.windows(2) {

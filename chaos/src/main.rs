@@ -9,8 +9,13 @@
 //! `dlock-chaos [--seconds N] [--seed S] [--profile always|failover] [--workers N] [--resources N]
 //! [--mixed-workers N] [--rw N] [--sem N] [--only KIND]` (`CHAOS_SECONDS` and `CHAOS_SEED` are the
 //! defaults of the first two; `--only` makes every fault of the main nemesis one kind). The module is `$DLOCK_MODULE`, else the `libdlock.so` next to this binary.
-//! `dlock-chaos worker …` and `dlock-chaos mixed-worker …` are how the harness starts its worker
-//! processes.
+//! `dlock-chaos worker …`, `dlock-chaos mixed-worker …` and `dlock-chaos cluster-worker …` are
+//! how the harness starts its worker processes.
+//!
+//! `--profile cluster` is a run of its own ([`cluster`]): a 3 + 3 Redis Cluster, each node in a
+//! network namespace (root only), workers leasing through the client in cluster mode, the
+//! cluster nemesis and checkers (`--only KIND` among its kinds; `--workers`, `--resources`;
+//! `--broken-cluster` is its self-check).
 //!
 //! Self-checks, runs that must end with violations: `--unfenced-sql` (workers drop the SQL fence
 //! condition and stall past their lease now and then), `--broken-mixed` (mixed workers ignore
@@ -26,6 +31,7 @@ mod check;
 mod check_clock;
 mod check_lines;
 mod check_modes;
+mod cluster;
 mod history;
 mod info;
 mod mirror_check;
@@ -81,11 +87,45 @@ fn main() {
             broken: args.iter().any(|a| a == "--broken-mixed"),
         });
     }
+    if args.first().map(String::as_str) == Some("cluster-worker") {
+        cluster::worker::run(cluster::worker::Args {
+            id: number(&args, "--id", None, 0),
+            seeds: arg_value(&args, "--seeds")
+                .expect("--seeds")
+                .split(',')
+                .map(String::from)
+                .collect(),
+            pg: arg_value(&args, "--pg"),
+            resources: number(&args, "--resources", None, 12),
+            ttl: Duration::from_millis(number(&args, "--ttl-ms", None, 1_000)),
+            seed: number(&args, "--seed", None, 1),
+            log: PathBuf::from(arg_value(&args, "--log").expect("--log")),
+            broken: args.iter().any(|a| a == "--broken"),
+        });
+    }
+    if arg_value(&args, "--profile").as_deref() == Some("cluster") {
+        let only = arg_value(&args, "--only").map(|kind| {
+            cluster::KINDS.into_iter().find(|k| *k == kind).unwrap_or_else(|| {
+                eprintln!("dlock-chaos: unknown --only {kind:?} ({})", cluster::KINDS.join(", "));
+                std::process::exit(2)
+            })
+        });
+        let broken = args.iter().any(|a| a == "--broken-cluster");
+        cluster::main(&cluster::Config {
+            seconds: number(&args, "--seconds", Some("CHAOS_SECONDS"), 60),
+            seed: number(&args, "--seed", Some("CHAOS_SEED"), 1),
+            workers: number(&args, "--workers", None, 8),
+            resources: number(&args, "--resources", None, if broken { 3 } else { 12 }),
+            ttl: Duration::from_millis(1_000),
+            broken,
+            only,
+        });
+    }
     let profile = match arg_value(&args, "--profile").as_deref() {
         None | Some("always") => nemesis::Profile::Always,
         Some("failover") => nemesis::Profile::Failover,
         Some(other) => {
-            eprintln!("dlock-chaos: unknown --profile {other:?} (always, failover)");
+            eprintln!("dlock-chaos: unknown --profile {other:?} (always, failover, cluster)");
             std::process::exit(2)
         }
     };

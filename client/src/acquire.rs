@@ -9,7 +9,7 @@ use dlock_proto::command::{self, Acquire, Wait};
 use dlock_proto::error::ErrorClass;
 use redis::RedisError;
 
-use crate::connection::millis;
+use crate::connection::{Failure, millis};
 use crate::{AcquireError, Client, Lease, observe, protocol};
 
 /// The kind of lease an acquire asks for.
@@ -109,12 +109,27 @@ fn is_ambiguous(error: &RedisError) -> bool {
         || protocol::class_of(error) == Some(ErrorClass::Retry)
 }
 
+/// How long a request that cannot have been carried out waits before it is sent again.
+const RETRY_AFTER: Duration = Duration::from_millis(50);
+
+/// A request the server cannot have carried out: it never left (no connection could be opened:
+/// a killed primary refuses), or a node answered that it ran nothing (the slot is failing over
+/// or migrating: [`ErrorClass::ran_nothing`]).
+fn never_ran(failure: &Failure) -> bool {
+    !failure.was_sent() || protocol::class_of(failure.error()).is_some_and(ErrorClass::ran_nothing)
+}
+
 /// A failover under way: a wait the server ended as it turned into a replica
-/// ([`ErrorClass::Unblocked`]: a grant made an instant before is undone by the server), or a
-/// request that reached the demoted primary ([`ErrorClass::Failover`]). The request is sent
-/// again (to the new primary, once the client follows it) until the deadline.
+/// ([`ErrorClass::Unblocked`]: a grant made an instant before is undone by the server), a
+/// request that reached the demoted primary ([`ErrorClass::Failover`]), or the `WAIT` for
+/// replicas after it that did. The request is sent again with the same token (to the new
+/// primary, once the client follows it) until the deadline: it answers the grant if one was
+/// made and kept.
 fn is_failing_over(error: &RedisError) -> bool {
     matches!(protocol::class_of(error), Some(ErrorClass::Failover | ErrorClass::Unblocked))
+        // The `WAIT` after the request (`ClientOptions::replicas`) reached the old primary once
+        // it was a replica (Valkey 9 answers a demoted primary's blocked wait first).
+        || error.detail().is_some_and(|d| d.starts_with("WAIT cannot be used with replica"))
 }
 
 /// A wait answered nil this long or more before its end did not time out: the server ended it
@@ -490,6 +505,25 @@ impl Client {
     /// `released` is false): `true` if it was held and is released now.
     pub async fn release(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
         self.release_grant(resource, token, None).await
+    }
+
+    /// `cmd` (on the shared connection), sent again while the server cannot have carried it out
+    /// ([`never_ran`]) and `until` has not come.
+    pub(crate) async fn send_until<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        until: Instant,
+    ) -> Result<T, Failure> {
+        loop {
+            match self.send::<T>(cmd, Duration::ZERO).await {
+                // The last attempt goes at `until`: the server's deadline is later still.
+                Err(failure) if never_ran(&failure) && Instant::now() < until => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(RETRY_AFTER.min(left)).await;
+                }
+                reply => return reply,
+            }
+        }
     }
 
     /// Releases the grant of `token` with `fence` (when known): a retried or late RELEASE can then

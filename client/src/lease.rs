@@ -87,7 +87,10 @@ impl Lease {
     /// Runs `command` in the server only if this lease's fence is still the live one
     /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens. In Redis Cluster every
     /// key of `command` must hash to the resource's slot (use hash tags), or the server refuses
-    /// it: [`FencedError::CrossSlot`].
+    /// it: [`FencedError::CrossSlot`]. A write the server cannot have carried out (no connection
+    /// to the resource's primary could be opened, or `TRYAGAIN` while its slot migrates with the
+    /// keys apart, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` during a failover) is sent
+    /// again, to the primary serving the resource then, until the lease's local expiry.
     ///
     /// ```no_run
     /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
@@ -106,7 +109,8 @@ impl Lease {
             redis::Arg::Cursor => None,
         });
         let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
-        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
+        let sent = self.client.send_until(&fenced, self.local_expiry).await;
+        sent.map_err(|failure| {
             let error = RedisError::from(failure);
             match protocol::class_of(&error) {
                 Some(ErrorClass::Stale) => {
@@ -121,10 +125,19 @@ impl Lease {
         })
     }
 
-    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held. A RELEASE
+    /// the server cannot have carried out (no connection could be opened to the resource's
+    /// primary, or the cluster answered that it is failing over or migrating the slot:
+    /// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`) is sent again, to the
+    /// primary serving the resource then, until the lease's local expiry: after a failover the
+    /// promoted replica holds the lease and releases it there.
     pub async fn release(self) -> Result<bool, RedisError> {
-        let released =
-            self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
+        let mut cmd = redis::cmd("DLOCK.RELEASE");
+        cmd.arg(&self.resource).arg(&self.token).arg("FENCE").arg(self.fence);
+        let released = match self.client.send_until::<i64>(&cmd, self.local_expiry).await {
+            Ok(released) => Ok(released == 1),
+            Err(failure) => Err(RedisError::from(failure)),
+        };
         let ok = matches!(released, Ok(true));
         observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
         released

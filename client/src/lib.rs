@@ -62,7 +62,9 @@
 //! - Redis Cluster: [`Client::connect_cluster`] gives the same client, every command sent to the
 //!   primary of its resource's slot (following `MOVED` and `ASK`), the resources' channels
 //!   subscribed with `SSUBSCRIBE` on their primary (one ticket subscriber per primary); a fenced
-//!   command with a key of another slot is [`FencedError::CrossSlot`].
+//!   command with a key of another slot is [`FencedError::CrossSlot`]. A fenced write or a release
+//!   the server cannot have carried out (no connection to a killed primary, `TRYAGAIN` while its
+//!   slot migrates, `CLUSTERDOWN`, `READONLY` …) is sent again until the lease's local expiry.
 //! - Figures go through the `metrics` facade and ownership transitions are `tracing` events
 //!   ([`observe`] lists them).
 
