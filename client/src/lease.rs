@@ -87,7 +87,7 @@ impl Lease {
     /// Runs `command` in the server only if this lease's fence is still the live one
     /// (`DLOCK.FENCED`), atomically: a stale lease's write never happens. In Redis Cluster every
     /// key of `command` must hash to the resource's slot (use hash tags), or the server refuses
-    /// it: [`FencedError::CrossSlot`].
+    /// it: [`FencedError::CrossSlot`]. The same as [`Fencing::fenced`] on [`Lease::fencing`].
     ///
     /// ```no_run
     /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
@@ -101,24 +101,28 @@ impl Lease {
         &self,
         command: &redis::Cmd,
     ) -> Result<T, FencedError> {
-        let inner = command.args_iter().filter_map(|arg| match arg {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            redis::Arg::Cursor => None,
-        });
-        let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
-        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
-            let error = RedisError::from(failure);
-            match protocol::class_of(&error) {
-                Some(ErrorClass::Stale) => {
-                    observe::stale_write_refused();
-                    FencedError::Stale(error.detail().unwrap_or_default().to_owned())
-                }
-                Some(ErrorClass::CrossSlot) => {
-                    FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
-                }
-                _ => FencedError::Redis(error),
-            }
-        })
+        self.fencing().fenced(command).await
+    }
+
+    /// A handle for fenced writes under this lease's fence, to move into the work of
+    /// [`Lease::run`] (which takes the lease itself): its writes stay fenced by this grant's
+    /// fence, so once the lease is lost they are refused as [`FencedError::Stale`].
+    ///
+    /// ```no_run
+    /// # async fn example(lease: dlock_client::Lease) {
+    /// let fencing = lease.fencing();
+    /// let written = lease
+    ///     .run(|_cancelled| async move {
+    ///         let mut write = redis::cmd("SET");
+    ///         write.arg("invoice:123:status").arg("paid");
+    ///         fencing.fenced::<()>(&write).await
+    ///     })
+    ///     .await;
+    /// # let _ = written;
+    /// # }
+    /// ```
+    pub fn fencing(&self) -> Fencing {
+        Fencing { client: self.client.clone(), resource: self.resource.clone(), fence: self.fence }
     }
 
     /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held.
@@ -223,6 +227,58 @@ impl Lease {
                 Ok(true) | Err(_) => None,
             },
         }
+    }
+}
+
+/// Fenced writes under one grant's fence ([`Lease::fencing`]): cheap to clone, usable while
+/// [`Lease::run`] holds the lease.
+#[derive(Clone)]
+pub struct Fencing {
+    client: Client,
+    resource: String,
+    fence: u64,
+}
+
+impl std::fmt::Debug for Fencing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fencing")
+            .field("resource", &self.resource)
+            .field("fence", &self.fence)
+            .finish()
+    }
+}
+
+impl Fencing {
+    /// The fence every write of this handle carries.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Runs `command` in the server only if this fence is still the live one (`DLOCK.FENCED`),
+    /// atomically: [`FencedError::Stale`] when it is not, and nothing ran. In Redis Cluster
+    /// every key of `command` must hash to the resource's slot: [`FencedError::CrossSlot`].
+    pub async fn fenced<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+    ) -> Result<T, FencedError> {
+        let inner = command.args_iter().filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            redis::Arg::Cursor => None,
+        });
+        let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
+        self.client.send(&fenced, Duration::ZERO).await.map_err(|failure| {
+            let error = RedisError::from(failure);
+            match protocol::class_of(&error) {
+                Some(ErrorClass::Stale) => {
+                    observe::stale_write_refused();
+                    FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+                }
+                Some(ErrorClass::CrossSlot) => {
+                    FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
+                }
+                _ => FencedError::Redis(error),
+            }
+        })
     }
 }
 

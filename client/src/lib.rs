@@ -86,7 +86,7 @@ pub use acquire::{AcquireOptions, Mode, WaitStrategy};
 pub use connection::Client;
 pub use election::{Leader, LeaderChanges, Leadership, channel_of};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
-pub use lease::Lease;
+pub use lease::{Fencing, Lease};
 
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]
