@@ -209,7 +209,13 @@ impl Lease {
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
         observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
-        let _ = self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
+        // In the background: a server that stopped answering would hold up the caller's news of
+        // the loss for a whole request timeout.
+        let (client, resource, token, fence) =
+            (self.client.clone(), self.resource.clone(), self.token.clone(), self.fence);
+        tokio::spawn(async move {
+            let _ = client.release_grant(&resource, &token, Some(fence)).await;
+        });
         Err(RunError::LockLost(lost))
     }
 
