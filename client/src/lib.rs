@@ -88,6 +88,9 @@ pub use election::{Leader, LeaderChanges, Leadership, channel_of};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::{Fencing, Lease};
 
+/// This client's version (its crate's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
