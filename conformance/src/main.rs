@@ -145,7 +145,7 @@ fn run_all(
                     }
                 }
             };
-            eprintln!("  {:32} {:8} {}", scenario.name, client, outcome.cell());
+            eprintln!("  {:32} {:8} {}", scenario.name, client, outcome.cell_with_reason());
             if let Outcome::Fail(why) = &outcome {
                 eprintln!("    {}", why.replace('\n', "\n    "));
             }

@@ -14,12 +14,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// A short cell for the table.
+    /// A short cell for the table (`n/a` without its reason).
     pub fn cell(&self) -> String {
         match self {
             Self::Pass(took) => format!("pass ({:.1} s)", took.as_secs_f64()),
             Self::Fail(_) => "FAIL".to_owned(),
+            Self::NotApplicable(_) => "n/a".to_owned(),
+        }
+    }
+
+    /// The cell with the reason of an `n/a`.
+    pub fn cell_with_reason(&self) -> String {
+        match self {
             Self::NotApplicable(why) => format!("n/a: {why}"),
+            other => other.cell(),
         }
     }
 }
@@ -73,7 +81,7 @@ impl Table {
         for (name, title, cells) in &self.rows {
             out.push_str(&format!("| `{name}` | {title} |"));
             for cell in cells {
-                out.push_str(&format!(" {} |", cell.cell().replace('|', "\\|")));
+                out.push_str(&format!(" {} |", cell.cell_with_reason().replace('|', "\\|")));
             }
             out.push('\n');
         }

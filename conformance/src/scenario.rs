@@ -281,13 +281,16 @@ impl Run {
                 let deadline = since + within;
                 let wait = deadline.saturating_duration_since(Instant::now());
                 let mut vars = self.vars.clone();
-                let not_before = since + millis(step, "not_before_ms").unwrap_or_default();
+                // Without `not_before_ms`, an event that came before the step's mark counts too.
+                let not_before = millis(step, "not_before_ms").map(|after| since + after);
                 match driver.event(&pattern, wait, &mut vars) {
-                    Some((at, event)) if at < not_before => Err(format!(
-                        "event {event} came {} ms after its mark, earlier than {} ms",
-                        (at - since).as_millis(),
-                        (not_before - since).as_millis()
-                    )),
+                    Some((at, event)) if not_before.is_some_and(|not_before| at < not_before) => {
+                        Err(format!(
+                            "event {event} came {} ms after its mark, earlier than {} ms",
+                            (at - since).as_millis(),
+                            millis(step, "not_before_ms").unwrap_or_default().as_millis()
+                        ))
+                    }
                     Some((at, _)) if at <= deadline => {
                         self.vars = vars;
                         if let Some(mark) = step["as"].as_str() {
