@@ -90,7 +90,8 @@ impl Lease {
     /// it: [`FencedError::CrossSlot`]. A write the server cannot have carried out (no connection
     /// to the resource's primary could be opened, or `TRYAGAIN` while its slot migrates with the
     /// keys apart, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` during a failover) is sent
-    /// again, to the primary serving the resource then, until the lease's local expiry.
+    /// again, to the primary serving the resource then, until the lease's local expiry. The same
+    /// as [`Fencing::fenced`] on [`Lease::fencing`].
     ///
     /// ```no_run
     /// # async fn example(lease: &dlock_client::Lease) -> Result<(), dlock_client::FencedError> {
@@ -104,25 +105,33 @@ impl Lease {
         &self,
         command: &redis::Cmd,
     ) -> Result<T, FencedError> {
-        let inner = command.args_iter().filter_map(|arg| match arg {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            redis::Arg::Cursor => None,
-        });
-        let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
-        let sent = self.client.send_until(&fenced, self.local_expiry).await;
-        sent.map_err(|failure| {
-            let error = RedisError::from(failure);
-            match protocol::class_of(&error) {
-                Some(ErrorClass::Stale) => {
-                    observe::stale_write_refused();
-                    FencedError::Stale(error.detail().unwrap_or_default().to_owned())
-                }
-                Some(ErrorClass::CrossSlot) => {
-                    FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
-                }
-                _ => FencedError::Redis(error),
-            }
-        })
+        self.fencing().fenced(command).await
+    }
+
+    /// A handle for fenced writes under this lease's fence, to move into the work of
+    /// [`Lease::run`] (which takes the lease itself): its writes stay fenced by this grant's
+    /// fence, so once the lease is lost they are refused as [`FencedError::Stale`].
+    ///
+    /// ```no_run
+    /// # async fn example(lease: dlock_client::Lease) {
+    /// let fencing = lease.fencing();
+    /// let written = lease
+    ///     .run(|_cancelled| async move {
+    ///         let mut write = redis::cmd("SET");
+    ///         write.arg("invoice:123:status").arg("paid");
+    ///         fencing.fenced::<()>(&write).await
+    ///     })
+    ///     .await;
+    /// # let _ = written;
+    /// # }
+    /// ```
+    pub fn fencing(&self) -> Fencing {
+        Fencing {
+            client: self.client.clone(),
+            resource: self.resource.clone(),
+            fence: self.fence,
+            local_expiry: self.local_expiry,
+        }
     }
 
     /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held. A RELEASE
@@ -218,7 +227,13 @@ impl Lease {
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
         observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
-        let _ = self.client.release_grant(&self.resource, &self.token, Some(self.fence)).await;
+        // In the background: a server that stopped answering would hold up the caller's news of
+        // the loss for a whole request timeout.
+        let (client, resource, token, fence) =
+            (self.client.clone(), self.resource.clone(), self.token.clone(), self.fence);
+        tokio::spawn(async move {
+            let _ = client.release_grant(&resource, &token, Some(fence)).await;
+        });
         Err(RunError::LockLost(lost))
     }
 
@@ -236,6 +251,64 @@ impl Lease {
                 Ok(true) | Err(_) => None,
             },
         }
+    }
+}
+
+/// Fenced writes under one grant's fence ([`Lease::fencing`]): cheap to clone, usable while
+/// [`Lease::run`] holds the lease.
+#[derive(Clone)]
+pub struct Fencing {
+    client: Client,
+    resource: String,
+    fence: u64,
+    /// The lease's local expiry when the handle was made: a write the server cannot have
+    /// carried out is sent again until then.
+    local_expiry: Instant,
+}
+
+impl std::fmt::Debug for Fencing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fencing")
+            .field("resource", &self.resource)
+            .field("fence", &self.fence)
+            .finish()
+    }
+}
+
+impl Fencing {
+    /// The fence every write of this handle carries.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Runs `command` in the server only if this fence is still the live one (`DLOCK.FENCED`),
+    /// atomically: [`FencedError::Stale`] when it is not, and nothing ran. In Redis Cluster
+    /// every key of `command` must hash to the resource's slot: [`FencedError::CrossSlot`]. A
+    /// write the server cannot have carried out is sent again until the lease's local expiry
+    /// (as of when the handle was made).
+    pub async fn fenced<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+    ) -> Result<T, FencedError> {
+        let inner = command.args_iter().filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            redis::Arg::Cursor => None,
+        });
+        let fenced = protocol::cmd(command::fenced(&self.resource, self.fence, inner));
+        let sent = self.client.send_until(&fenced, self.local_expiry).await;
+        sent.map_err(|failure| {
+            let error = RedisError::from(failure);
+            match protocol::class_of(&error) {
+                Some(ErrorClass::Stale) => {
+                    observe::stale_write_refused();
+                    FencedError::Stale(error.detail().unwrap_or_default().to_owned())
+                }
+                Some(ErrorClass::CrossSlot) => {
+                    FencedError::CrossSlot(error.detail().unwrap_or_default().to_owned())
+                }
+                _ => FencedError::Redis(error),
+            }
+        })
     }
 }
 

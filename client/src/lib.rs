@@ -88,7 +88,10 @@ pub use acquire::{AcquireOptions, Mode, WaitStrategy};
 pub use connection::Client;
 pub use election::{Leader, LeaderChanges, Leadership, channel_of};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
-pub use lease::Lease;
+pub use lease::{Fencing, Lease};
+
+/// This client's version (its crate's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]

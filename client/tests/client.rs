@@ -542,3 +542,57 @@ async fn a_hand_over_no_release_can_reach_lapses_with_its_claim_window() {
     });
     assert!(counted, "counted as an unclaimed hand-over that lapsed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_work_of_run_writes_fenced_through_its_fencing_handle_and_is_refused_once_the_lease_is_gone()
+ {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let lease = dlock.acquire("invoice:{8}", Duration::from_secs(30)).await.expect("granted");
+    let fencing = lease.fencing();
+    assert_eq!(fencing.fence(), lease.fence());
+    let mut con = server.client();
+    let during = fencing.clone();
+    let written = lease
+        .run(|_cancelled| async move {
+            let mut write = redis::cmd("SET");
+            write.arg("invoice:{8}:status").arg("paid");
+            during.fenced::<String>(&write).await
+        })
+        .await
+        .expect("released");
+    assert_eq!(written.expect("fenced write inside run"), "OK");
+    // Released by run: the same handle's write is refused now, and nothing is written.
+    let mut late = redis::cmd("SET");
+    late.arg("invoice:{8}:status").arg("late");
+    let refused = fencing.fenced::<String>(&late).await;
+    assert!(matches!(refused, Err(dlock_client::FencedError::Stale(_))), "{refused:?}");
+    let status: String = redis::cmd("GET").arg("invoice:{8}:status").query(&mut con).expect("GET");
+    assert_eq!(status, "paid");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_a_stopped_server_is_reported_lost_at_its_local_expiry_not_a_request_timeout_later()
+ {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let ttl = Duration::from_millis(900);
+    let lease = dlock.acquire("invoice:{10}", ttl).await.expect("granted");
+    let running = tokio::spawn(lease.run(|_cancelled| std::future::pending::<()>()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause();
+    let paused = std::time::Instant::now();
+    let outcome = running.await.expect("run");
+    let after = paused.elapsed();
+    server.resume();
+    assert!(
+        matches!(
+            outcome,
+            Err(dlock_client::RunError::LockLost(dlock_client::LossReason::Unreachable(_)))
+        ),
+        "{outcome:?}"
+    );
+    // The local expiry is at most a ttl after the pause; the RELEASE that follows (to a server
+    // that does not answer) must not delay the news by the request timeout (2 s).
+    assert!(after < ttl + Duration::from_millis(400), "reported {after:?} after the pause");
+}

@@ -20,6 +20,7 @@ import dlock
 import dlock.asyncio
 from conftest import Server, cmd, fields, wait_until
 from dlock import _common as common
+from dlock import _protocol as protocol
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="needs redis-cli")
 
@@ -247,6 +248,35 @@ def test_asyncio_in_a_cluster(cluster: Cluster) -> None:
         await client.aclose()
 
     asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_a_fenced_write_outside_the_resources_slot_is_cross_slot_and_writes_nothing(
+    cluster: Cluster,
+) -> None:
+    """redis-py's Cluster clients refuse a command whose keys span slots before sending it; the
+    lease's fenced write reports that as the contract's ``cross_slot`` class, as the server's
+    own ``CROSSSLOT`` would be."""
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    locks = dlock.Locks(client)
+    with locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease:
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError) as refused:
+            lease.fenced("SET", "invoice:elsewhere", "paid")
+        assert protocol.class_of(refused.value) == "cross_slot"
+        assert lease.fenced("SET", "invoice:{cs}:status", "paid") == b"OK"
+    assert client.exists("invoice:elsewhere") == 0
+    client.close()
+    locks.close()
+
+    async def in_asyncio() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        locks = dlock.asyncio.Locks(client)
+        async with locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease:
+            with pytest.raises(redis.exceptions.ClusterCrossSlotError):
+                await lease.fenced("SET", "invoice:elsewhere", "paid")
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(in_asyncio(), 30))
 
 
 def ticket_waiters_on_every_shard(cluster: Cluster, prefix: str) -> list[str]:

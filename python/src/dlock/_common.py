@@ -422,6 +422,16 @@ def not_carried_out(error: BaseException) -> bool:
     return isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(error)
 
 
+def cross_slot(error: BaseException) -> redis.exceptions.ClusterCrossSlotError | None:
+    """A fenced command refused because its keys are in more than one slot, as the error class
+    ``cross_slot`` says it: redis-py's Cluster clients check a command's keys before sending it
+    and raise their own ``RedisClusterException`` ("all keys must map to the same key slot")
+    where a server would answer ``CROSSSLOT``; either way nothing ran."""
+    if isinstance(error, redis.exceptions.RedisClusterException) and "same key slot" in str(error):
+        return redis.exceptions.ClusterCrossSlotError(str(error))
+    return None
+
+
 def as_int(reply: object) -> int | None:
     if reply is None:
         return None

@@ -43,6 +43,11 @@ class Lease(LeaseView):
                 self._locks.metrics.stale_write(self.resource, self.fence, str(error))
                 raise Stale(self.resource, self.fence, str(error)) from error
             raise
+        except redis.exceptions.RedisClusterException as error:
+            crossed = common.cross_slot(error)
+            if crossed is not None:
+                raise crossed from error
+            raise
 
 
 class Hold:
