@@ -428,6 +428,7 @@ class Attempt {
           reply = await this.locks.call(this.resource, this.set.requestTimeout, () => this.args({}));
         }
       } catch (error) {
+        if (this.aborted()) throw await this.giveUp(this.signal?.reason);
         const failure = await this.failed(error);
         if (!failure.retry) throw failure.error;
         waitNext = waitNext && this.left() > 0;
@@ -587,16 +588,15 @@ class Attempt {
     return new UnknownOutcomeError(this.resource, this.token, released, this.lastError);
   }
 
-  /** The caller's signal ended the attempt: whatever may have been granted is released. */
+  /**
+   * The caller's signal ended the attempt: whatever may have been granted to the token is
+   * released (a wait is ended by closing its connection, so an unanswered request there is
+   * the caller's doing, not an unknown outcome). Unreachable if nothing could have arrived.
+   */
   private async giveUp(cause: unknown): Promise<Error> {
-    if (this.answered || !this.reached) {
-      if (this.reached) await this.forget();
-      return this.answered
-        ? new NotAcquiredError(this.resource, this.token, cause)
-        : new UnreachableError(this.resource, this.token, cause);
-    }
-    const released = await this.forget();
-    return new UnknownOutcomeError(this.resource, this.token, released, cause);
+    if (!this.reached) return new UnreachableError(this.resource, this.token, cause);
+    await this.forget();
+    return new NotAcquiredError(this.resource, this.token, cause);
   }
 
   private async serverFailure(error: unknown): Promise<Error> {
