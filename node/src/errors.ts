@@ -134,5 +134,5 @@ export class RequestTimeoutError extends DlockError {
 
 function describe(cause: unknown): string {
   if (cause instanceof Error) return cause.message;
-  return cause === undefined ? "no answer" : String(cause);
+  return cause === undefined ? "no answer" : JSON.stringify(cause);
 }

@@ -279,7 +279,7 @@ export function parseInfo(reply: unknown): Info | null {
   } else if (typeof reply === "object") {
     for (const [name, value] of Object.entries(reply)) fields.set(name, value);
   } else {
-    throw new TypeError(`unexpected DLOCK.INFO reply ${String(reply)}`);
+    throw new TypeError(`unexpected DLOCK.INFO reply ${JSON.stringify(reply)}`);
   }
   const list = (value: unknown): unknown[] => (Array.isArray(value) ? value : []);
   return {
@@ -337,7 +337,7 @@ function integer(value: unknown): number | null {
 export function fenceOf(reply: unknown): number | null {
   if (reply === null || reply === undefined) return null;
   const fence = integer(reply);
-  if (fence === null || fence <= 0) throw new TypeError(`unexpected DLOCK.ACQUIRE reply ${String(reply)}`);
+  if (fence === null || fence <= 0) throw new TypeError(`unexpected DLOCK.ACQUIRE reply ${JSON.stringify(reply)}`);
   return fence;
 }
 

@@ -9,6 +9,7 @@ import { test } from "node:test";
 import * as protocol from "../src/protocol.js";
 import { repoRoot } from "./kit.js";
 
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- the vectors file's shape is the caller's
 function vectors<T>(name: string): T {
   return JSON.parse(readFileSync(join(repoRoot, "protocol", "vectors", name), "utf8")) as T;
 }
