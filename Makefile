@@ -5,7 +5,7 @@ RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 SERVER   ?= redis
 
-.PHONY: help deps build run test test-valkey test-redis74 test-python test-go fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-node fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
 
-test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4), a fuzz smoke run, 45 s of chaos, the Python and Go clients
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4), a fuzz smoke run, 45 s of chaos, the Python, Go and TypeScript clients
 	cargo test --workspace --all-targets
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 	DLOCK_SERVER=$$(bash scripts/redis74.sh) cargo test --workspace --tests
@@ -31,6 +31,7 @@ test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, un
 	CHAOS_SEED=11 CHAOS_ALWAYS_SECONDS=30 CHAOS_FAILOVER_SECONDS=15 bash scripts/chaos.sh --self-check
 	bash scripts/python.sh test
 	bash scripts/go.sh test
+	bash scripts/node.sh test
 
 chaos: deps ## Fault injection: the always and failover profiles for CHAOS_SECONDS each (default 60), seed CHAOS_SEED, on SERVER (redis, valkey or redis74); then the mirror test for MIRROR_BATCHES (default 60)
 	DLOCK_SERVER=$$(bash scripts/server.sh $(SERVER)) CHAOS_BUILD=release bash scripts/chaos.sh
@@ -44,6 +45,9 @@ test-python: deps ## The Python client (python/): ruff, mypy --strict, pytest ag
 
 test-go: deps ## The Go client (go/): gofmt, go vet, go test -race against Redis and Valkey (needs a built module: make build, or DLOCK_MODULE=…)
 	bash scripts/go.sh test
+
+test-node: deps ## The TypeScript client (node/): npm ci, ESM and CommonJS builds, tsc strict, eslint, node --test against Redis and Valkey, the packed tarball in ESM and CommonJS projects (needs a built module)
+	bash scripts/node.sh test
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests

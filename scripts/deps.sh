@@ -50,3 +50,8 @@ fi
 if command -v go >/dev/null 2>&1; then
   bash "$(dirname "$0")/go.sh" download
 fi
+
+# The TypeScript client's packages (node/, from its package-lock.json), when Node.js is there.
+if command -v npm >/dev/null 2>&1; then
+  bash "$(dirname "$0")/node.sh" install
+fi
