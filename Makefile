@@ -5,7 +5,7 @@ RUN_DIR  := $(CURDIR)/target/run
 PORT     ?= 6379
 SERVER   ?= redis
 
-.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-java conformance fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-java test-node conformance fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
 
-test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4), a fuzz smoke run, 45 s of chaos and 35 s of cluster chaos, the Python, Go and Java clients, the conformance suite (Redis 7.0, every client)
+test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4), a fuzz smoke run, 45 s of chaos and 35 s of cluster chaos, the Python, Go, Java and TypeScript clients, the conformance suite (Redis 7.0, every client)
 	cargo test --workspace --all-targets
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
 	DLOCK_SERVER=$$(bash scripts/redis74.sh) cargo test --workspace --tests
@@ -33,6 +33,7 @@ test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, un
 	bash scripts/python.sh test
 	bash scripts/go.sh test
 	bash scripts/java.sh test
+	bash scripts/node.sh test
 	bash scripts/conformance.sh
 
 conformance: deps ## The conformance suite for every client on Redis 7.0, Redis 7.4 and Valkey 9; writes docs/conformance.md (CONFORMANCE_ONLY=name,… to pick scenarios)
@@ -54,6 +55,9 @@ test-go: deps ## The Go client (go/): gofmt, go vet, go test -race against Redis
 
 test-java: deps ## The Java client (java/): mvn verify (-Xlint:all -Werror, Javadoc checked) against Redis and Valkey (needs a built module: make build, or DLOCK_MODULE=…)
 	bash scripts/java.sh test
+
+test-node: deps ## The TypeScript client (node/): npm ci, ESM and CommonJS builds, tsc strict, eslint, node --test against Redis and Valkey, the packed tarball in ESM and CommonJS projects (needs a built module)
+	bash scripts/node.sh test
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests

@@ -55,3 +55,8 @@ fi
 if command -v mvn >/dev/null 2>&1; then
   bash "$(dirname "$0")/java.sh" download
 fi
+
+# The TypeScript client's packages (node/, from its package-lock.json), when Node.js is there.
+if command -v npm >/dev/null 2>&1; then
+  bash "$(dirname "$0")/node.sh" install
+fi

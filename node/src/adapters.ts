@@ -1,0 +1,432 @@
+// The Redis clients this package works with, behind one small interface: a request routed to
+// the resource's primary, a connection of the client's own for a blocking wait, and a subscriber
+// for the resources' channels. ioredis (Redis, Cluster) and node-redis (createClient,
+// createCluster) are recognised by shape: neither is imported here, both are peer dependencies.
+//
+// What dlock asks of the caller's client: short requests only (ACQUIRE without WAIT, RENEW,
+// RELEASE, FENCED, FENCECHECK, INFO), each bounded by the request timeout. A WAIT never goes on
+// the caller's client: it goes on a duplicate whose settings cannot cut it (no socket timeout
+// below the wait, a command timeout above it, no re-sending after a reconnect).
+
+import { RequestTimeoutError } from "./errors.js";
+import { keySlot } from "./protocol.js";
+
+/** A connection of the client's own to one server: for one blocking wait, or a lone RELEASE. */
+export interface Connection {
+  send(args: readonly string[], timeoutMs: number): Promise<unknown>;
+  /** Disconnects at once (a wait in the server ends with it). */
+  close(): void;
+}
+
+/** What a subscriber tells its owner. */
+export interface SubscriberEvents {
+  message(channel: string, message: string): void;
+  /** A channel's subscription was confirmed, or made again after a reconnect. */
+  subscribed(channel: string): void;
+}
+
+/** A pub/sub connection to one server (SSUBSCRIBE in a cluster). */
+export interface Subscriber {
+  subscribe(channel: string): Promise<void>;
+  unsubscribe(channel: string): Promise<void>;
+  close(): void;
+}
+
+/** The caller's Redis client, as dlock uses it. */
+export interface Transport {
+  readonly kind: "ioredis" | "node-redis";
+  readonly cluster: boolean;
+  /** One short request to the primary of resource's slot, answered within timeoutMs. */
+  send(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown>;
+  /**
+   * A new connection to the primary of resource's slot with the caller's settings (address,
+   * credentials, database, TLS) but none of its timeouts, retries or re-sending; commandTimeoutMs
+   * (ioredis) is set above what the connection will wait for.
+   */
+  open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection>;
+  /** The address of the primary serving resource now ("" on a single server). */
+  nodeOf(resource: string): string;
+  /** A subscriber on the primary serving resource. */
+  subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber>;
+}
+
+/** An ioredis `Redis` or `Cluster`, or a node-redis client or cluster. */
+export type RedisLike = object;
+
+/** The server's error reply an error carries (code first), or null for any other error. */
+export function replyText(error: unknown): string | null {
+  if (!(error instanceof Error)) return null;
+  // ioredis: ReplyError (redis-errors); node-redis: ErrorReply, SimpleError, BlobError.
+  const names = ["ReplyError", "ErrorReply", "SimpleError", "BlobError"];
+  if (names.includes(error.name) || names.includes(error.constructor.name)) return error.message;
+  return null;
+}
+
+/** Whether a failed request surely never reached a server (a refused connection). */
+export function notSent(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (code === "ECONNREFUSED") return true;
+  const cause = (error as { cause?: unknown } | null)?.cause;
+  return cause !== undefined && cause !== error && notSent(cause);
+}
+
+/** Settles with promise, or rejects with RequestTimeoutError after timeoutMs. */
+export function within<T>(promise: Promise<T>, timeoutMs: number): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      reject(new RequestTimeoutError(timeoutMs));
+    }, Math.max(1, timeoutMs));
+    promise.then(
+      (value) => {
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (error: unknown) => {
+        clearTimeout(timer);
+        reject(error instanceof Error ? error : new Error(String(error)));
+      },
+    );
+  });
+}
+
+// The shapes of the two clients this file touches, as little of them as it needs.
+
+interface IoredisOptions {
+  host?: string;
+  port?: number;
+}
+
+interface IoredisLike {
+  isCluster: boolean;
+  options: IoredisOptions;
+  status: string;
+  call(...args: string[]): Promise<unknown>;
+  sendCommand(command: unknown): Promise<unknown>;
+  duplicate(options?: object): IoredisLike;
+  disconnect(): void;
+  on(event: string, listener: (...args: unknown[]) => void): unknown;
+  once(event: string, listener: (...args: unknown[]) => void): unknown;
+  subscribe(channel: string): Promise<unknown>;
+  unsubscribe(channel: string): Promise<unknown>;
+  ssubscribe(channel: string): Promise<unknown>;
+  sunsubscribe(channel: string): Promise<unknown>;
+}
+
+interface IoredisClusterLike {
+  isCluster: true;
+  slots: string[][];
+  nodes(role?: string): IoredisLike[];
+  sendCommand(command: unknown): Promise<unknown>;
+  refreshSlotsCache(callback?: (error?: Error | null) => void): void;
+}
+
+type CommandClass = new (name: string, args: string[], options: object) => { args: unknown[] };
+
+interface NodeRedisClientLike {
+  options?: { socket?: object };
+  sendCommand(args: string[]): Promise<unknown>;
+  duplicate(overrides?: object): NodeRedisClientLike;
+  connect(): Promise<unknown>;
+  destroy(): void;
+  on(event: string, listener: (...args: unknown[]) => void): unknown;
+  subscribe(channel: string, listener: (message: string, channel: string) => void): Promise<void>;
+  unsubscribe(channel: string): Promise<void>;
+  sSubscribe(channel: string, listener: (message: string, channel: string) => void): Promise<void>;
+  sUnsubscribe(channel: string): Promise<void>;
+}
+
+interface NodeRedisClusterLike {
+  slots: ({ master: { host: string; port: number } } | undefined)[];
+  masters: unknown[];
+  sendCommand(firstKey: string, isReadonly: boolean, args: string[]): Promise<unknown>;
+  nodeClient(node: unknown): Promise<NodeRedisClientLike> | NodeRedisClientLike;
+}
+
+/** The Transport of the caller's client; TypeError for anything else. */
+export function transportOf(client: RedisLike): Transport {
+  const shape = client as Record<string, unknown>;
+  if (typeof shape["call"] === "function" && typeof shape["isCluster"] === "boolean") {
+    return shape["isCluster"]
+      ? new IoredisCluster(client as unknown as IoredisClusterLike)
+      : new IoredisSingle(client as unknown as IoredisLike);
+  }
+  if (typeof shape["sendCommand"] === "function" && "masters" in shape) {
+    return new NodeRedisCluster(client as unknown as NodeRedisClusterLike);
+  }
+  if (typeof shape["sendCommand"] === "function" && typeof shape["duplicate"] === "function") {
+    return new NodeRedisSingle(client as unknown as NodeRedisClientLike);
+  }
+  throw new TypeError("dlock: give an ioredis Redis or Cluster, or a node-redis client or cluster");
+}
+
+const quiet = (): void => undefined;
+
+/** ioredis settings of dlock's own connections: nothing may cut or repeat a wait. */
+function ioredisOwn(commandTimeoutMs: number): object {
+  return {
+    autoResendUnfulfilledCommands: false,
+    autoResubscribe: true,
+    maxRetriesPerRequest: 0,
+    enableOfflineQueue: true,
+    enableReadyCheck: false,
+    lazyConnect: false,
+    commandTimeout: commandTimeoutMs,
+    socketTimeout: undefined,
+    retryStrategy: () => null,
+    reconnectOnError: null,
+  };
+}
+
+async function ioredisOpen(base: IoredisLike, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
+  const connection = base.duplicate(ioredisOwn(commandTimeoutMs));
+  connection.on("error", quiet);
+  try {
+    await within(
+      new Promise<void>((resolve, reject) => {
+        if (connection.status === "ready" || connection.status === "connect") {
+          resolve();
+          return;
+        }
+        connection.once("connect", () => {
+          resolve();
+        });
+        connection.once("error", (error) => {
+          reject(error instanceof Error ? error : new Error(String(error)));
+        });
+        connection.once("end", () => {
+          reject(Object.assign(new Error("connection closed"), { code: "ECONNREFUSED" }));
+        });
+      }),
+      connectTimeoutMs,
+    );
+  } catch (error) {
+    connection.disconnect();
+    // Nothing was sent on a connection that never opened.
+    throw Object.assign(error instanceof Error ? error : new Error(String(error)), { code: "ECONNREFUSED" });
+  }
+  return {
+    send: (args, timeoutMs) => within(connection.call(...args), timeoutMs),
+    close: () => {
+      connection.disconnect();
+    },
+  };
+}
+
+class IoredisSubscriber implements Subscriber {
+  private readonly channels = new Set<string>();
+  constructor(
+    private readonly connection: IoredisLike,
+    private readonly sharded: boolean,
+    events: SubscriberEvents,
+  ) {
+    connection.on("error", quiet);
+    const onMessage = (channel: unknown, message: unknown): void => {
+      events.message(String(channel), String(message));
+    };
+    connection.on(sharded ? "smessage" : "message", onMessage);
+    let first = true;
+    connection.on("ready", () => {
+      // After a reconnect ioredis subscribes again: messages may have been missed meanwhile.
+      if (!first) for (const channel of this.channels) events.subscribed(channel);
+      first = false;
+    });
+  }
+  async subscribe(channel: string): Promise<void> {
+    this.channels.add(channel);
+    await (this.sharded ? this.connection.ssubscribe(channel) : this.connection.subscribe(channel));
+  }
+  async unsubscribe(channel: string): Promise<void> {
+    this.channels.delete(channel);
+    await (this.sharded ? this.connection.sunsubscribe(channel) : this.connection.unsubscribe(channel));
+  }
+  close(): void {
+    this.connection.disconnect();
+  }
+}
+
+function subscriberOptions(): object {
+  return { autoResubscribe: true, enableOfflineQueue: true, lazyConnect: false, socketTimeout: undefined };
+}
+
+class IoredisSingle implements Transport {
+  readonly kind = "ioredis";
+  readonly cluster = false;
+  constructor(private readonly client: IoredisLike) {}
+  send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    return within(this.client.call(...args), timeoutMs);
+  }
+  open(_resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
+    return ioredisOpen(this.client, connectTimeoutMs, commandTimeoutMs);
+  }
+  nodeOf(): string {
+    return "";
+  }
+  subscriber(_resource: string, events: SubscriberEvents): Promise<Subscriber> {
+    return Promise.resolve(new IoredisSubscriber(this.client.duplicate(subscriberOptions()), false, events));
+  }
+}
+
+class IoredisCluster implements Transport {
+  readonly kind = "ioredis";
+  readonly cluster = true;
+  private command: CommandClass | null = null;
+  constructor(private readonly client: IoredisClusterLike) {}
+
+  // ioredis routes a command by the keys its own command table names; dlock's commands are not
+  // in it. A Command whose getKeys() answers the resource (every dlock command's first argument)
+  // is routed like any keyed command, to the primary of the resource's slot.
+  private async keyed(name: string, args: string[]): Promise<unknown> {
+    if (this.command === null) {
+      const ioredis = (await import("ioredis")) as unknown as { Command: CommandClass; default?: { Command: CommandClass } };
+      const Base = ioredis.Command;
+      this.command = class DlockCommand extends Base {
+        getKeys(): unknown[] {
+          return [this.args[0]];
+        }
+      };
+    }
+    return this.client.sendCommand(new this.command(name, args, { replyEncoding: "utf8" }));
+  }
+  send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    const [name, ...rest] = args;
+    return within(this.keyed(name ?? "", rest), timeoutMs);
+  }
+  private master(resource: string): IoredisLike {
+    const key = this.nodeOf(resource);
+    const masters = this.client.nodes("master");
+    const found = masters.find((node) => `${node.options.host ?? ""}:${String(node.options.port)}` === key);
+    if (found === undefined) {
+      this.client.refreshSlotsCache();
+      throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
+    }
+    return found;
+  }
+  open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
+    return ioredisOpen(this.master(resource), connectTimeoutMs, commandTimeoutMs);
+  }
+  nodeOf(resource: string): string {
+    return this.client.slots[keySlot(resource)]?.[0] ?? "";
+  }
+  subscriber(resource: string, events: SubscriberEvents): Promise<Subscriber> {
+    return Promise.resolve(new IoredisSubscriber(this.master(resource).duplicate(subscriberOptions()), true, events));
+  }
+}
+
+/** node-redis settings of dlock's own connections: no socket timeout, no reconnects. */
+function nodeRedisOwn(base: NodeRedisClientLike): object {
+  return {
+    socket: { ...(base.options?.socket ?? {}), socketTimeout: undefined, reconnectStrategy: false },
+    disableOfflineQueue: false,
+  };
+}
+
+async function nodeRedisOpen(base: NodeRedisClientLike, connectTimeoutMs: number): Promise<Connection> {
+  const connection = base.duplicate(nodeRedisOwn(base));
+  connection.on("error", quiet);
+  try {
+    await within(connection.connect(), connectTimeoutMs);
+  } catch (error) {
+    connection.destroy();
+    throw Object.assign(error instanceof Error ? error : new Error(String(error)), { code: "ECONNREFUSED" });
+  }
+  return {
+    send: (args, timeoutMs) => within(connection.sendCommand([...args]), timeoutMs),
+    close: () => {
+      connection.destroy();
+    },
+  };
+}
+
+class NodeRedisSubscriber implements Subscriber {
+  private readonly channels = new Set<string>();
+  private readonly listener: (message: string, channel: string) => void;
+  constructor(
+    private readonly connection: NodeRedisClientLike,
+    private readonly sharded: boolean,
+    events: SubscriberEvents,
+  ) {
+    this.listener = (message, channel) => {
+      events.message(channel, message);
+    };
+    connection.on("error", quiet);
+    let first = true;
+    connection.on("ready", () => {
+      if (!first) for (const channel of this.channels) events.subscribed(channel);
+      first = false;
+    });
+  }
+  async subscribe(channel: string): Promise<void> {
+    this.channels.add(channel);
+    await (this.sharded
+      ? this.connection.sSubscribe(channel, this.listener)
+      : this.connection.subscribe(channel, this.listener));
+  }
+  async unsubscribe(channel: string): Promise<void> {
+    this.channels.delete(channel);
+    await (this.sharded ? this.connection.sUnsubscribe(channel) : this.connection.unsubscribe(channel));
+  }
+  close(): void {
+    this.connection.destroy();
+  }
+}
+
+async function nodeRedisSubscriber(
+  base: NodeRedisClientLike,
+  sharded: boolean,
+  events: SubscriberEvents,
+  timeoutMs: number,
+): Promise<Subscriber> {
+  const connection = base.duplicate({ socket: { ...(base.options?.socket ?? {}), socketTimeout: undefined } });
+  const subscriber = new NodeRedisSubscriber(connection, sharded, events);
+  try {
+    await within(connection.connect(), timeoutMs);
+  } catch (error) {
+    connection.destroy();
+    throw error;
+  }
+  return subscriber;
+}
+
+class NodeRedisSingle implements Transport {
+  readonly kind = "node-redis";
+  readonly cluster = false;
+  constructor(private readonly client: NodeRedisClientLike) {}
+  send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    return within(this.client.sendCommand([...args]), timeoutMs);
+  }
+  open(_resource: string, connectTimeoutMs: number): Promise<Connection> {
+    return nodeRedisOpen(this.client, connectTimeoutMs);
+  }
+  nodeOf(): string {
+    return "";
+  }
+  subscriber(_resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
+    return nodeRedisSubscriber(this.client, false, events, timeoutMs);
+  }
+}
+
+class NodeRedisCluster implements Transport {
+  readonly kind = "node-redis";
+  readonly cluster = true;
+  constructor(private readonly client: NodeRedisClusterLike) {}
+  send(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    return within(this.client.sendCommand(resource, false, [...args]), timeoutMs);
+  }
+  private async master(resource: string): Promise<NodeRedisClientLike> {
+    const shard = this.client.slots[keySlot(resource)];
+    if (shard === undefined) {
+      throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
+    }
+    return this.client.nodeClient(shard.master);
+  }
+  async open(resource: string, connectTimeoutMs: number): Promise<Connection> {
+    return nodeRedisOpen(await this.master(resource), connectTimeoutMs);
+  }
+  nodeOf(resource: string): string {
+    const master = this.client.slots[keySlot(resource)]?.master;
+    return master === undefined ? "" : `${master.host}:${String(master.port)}`;
+  }
+  async subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
+    return nodeRedisSubscriber(await this.master(resource), true, events, timeoutMs);
+  }
+}

@@ -1,0 +1,138 @@
+// The errors of the client: one base class, DlockError, with a `code` every subclass sets, so
+// `instanceof` and `error.code` both work (also across the ESM and CommonJS builds, by code).
+
+import type { ErrorClass } from "./protocol.js";
+
+/** Loss reasons (docs/protocol.md, section 4): LeaseLostError.reason, the log field. */
+export type LossReason = "renewal_refused" | "unreachable" | "max_hold" | "ended" | "revoked";
+
+/** Outcomes of an acquire that did not grant. */
+export type Outcome = "held" | "unreachable" | "unknown" | "server";
+
+/** The base class of every error this client throws. */
+export class DlockError extends Error {
+  /** A stable code: `ERR_DLOCK_<WHAT>`. */
+  readonly code: string;
+  constructor(code: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * The resource stayed held by others until the wait ended (the `wait` option, or the caller's
+ * AbortSignal). Nothing is held: a grant the attempt may not have learned was released.
+ */
+export class NotAcquiredError extends DlockError {
+  readonly resource: string;
+  readonly token: string;
+  constructor(resource: string, token: string, cause?: unknown) {
+    super("ERR_DLOCK_NOT_ACQUIRED", `dlock: "${resource}" not acquired: held by another owner`, { cause });
+    this.resource = resource;
+    this.token = token;
+  }
+}
+
+/** No request of the attempt could have reached a server: nothing was granted. */
+export class UnreachableError extends DlockError {
+  readonly resource: string;
+  readonly token: string;
+  constructor(resource: string, token: string, cause?: unknown) {
+    super("ERR_DLOCK_UNREACHABLE", `dlock: "${resource}" not acquired: server unreachable (${describe(cause)})`, {
+      cause,
+    });
+    this.resource = resource;
+    this.token = token;
+  }
+}
+
+/**
+ * A request may have reached the server and no answer came before the deadline; the attempt's
+ * token was released (`released` says whether a grant was found and freed).
+ */
+export class UnknownOutcomeError extends DlockError {
+  readonly resource: string;
+  readonly token: string;
+  readonly released: boolean;
+  constructor(resource: string, token: string, released: boolean, cause?: unknown) {
+    super(
+      "ERR_DLOCK_UNKNOWN_OUTCOME",
+      `dlock: "${resource}": outcome unknown (token released: ${String(released)}): ${describe(cause)}`,
+      { cause },
+    );
+    this.resource = resource;
+    this.token = token;
+    this.released = released;
+  }
+}
+
+/** The lease ended before the work did; work after that was not protected. */
+export class LeaseLostError extends DlockError {
+  readonly resource: string;
+  readonly fence: number;
+  readonly reason: LossReason;
+  constructor(resource: string, fence: number, reason: LossReason) {
+    super("ERR_DLOCK_LEASE_LOST", `dlock: lease on "${resource}" (fence ${String(fence)}) lost: ${reason}`);
+    this.resource = resource;
+    this.fence = fence;
+    this.reason = reason;
+  }
+}
+
+/** The work succeeded but its lease could not be released (it ends with its ttl). */
+export class NotReleasedError extends DlockError {
+  readonly resource: string;
+  readonly fence: number;
+  constructor(resource: string, fence: number, cause?: unknown) {
+    super("ERR_DLOCK_NOT_RELEASED", `dlock: lease on "${resource}" (fence ${String(fence)}) not released: ${describe(cause)}`, {
+      cause,
+    });
+    this.resource = resource;
+    this.fence = fence;
+  }
+}
+
+/** A fenced write was refused: the fence no longer holds the resource. Nothing ran. */
+export class StaleError extends DlockError {
+  readonly resource: string;
+  readonly fence: number;
+  /** The server's message, or the store's ("0 rows updated"). */
+  readonly detail: string;
+  constructor(resource: string, fence: number, detail: string) {
+    super("ERR_DLOCK_STALE", `dlock: stale fence ${String(fence)} on "${resource}", write refused: ${detail}`);
+    this.resource = resource;
+    this.fence = fence;
+    this.detail = detail;
+  }
+}
+
+/** A caller's mistake found before anything was sent (a ttl of 0, a semaphore of 0 permits). */
+export class InvalidArgumentError extends DlockError {
+  constructor(message: string) {
+    super("ERR_DLOCK_INVALID_ARGUMENT", `dlock: ${message}`);
+  }
+}
+
+/** An error reply of the server, with its class (docs/protocol.md, section 9). */
+export class ServerError extends DlockError {
+  readonly class: ErrorClass;
+  readonly reply: string;
+  constructor(errorClass: ErrorClass, reply: string) {
+    super(`ERR_DLOCK_${errorClass.toUpperCase()}`, reply);
+    this.class = errorClass;
+    this.reply = reply;
+  }
+}
+
+/** A request that got no answer within its timeout (the client's side: it may have arrived). */
+export class RequestTimeoutError extends DlockError {
+  constructor(timeoutMs: number) {
+    super("ERR_DLOCK_TIMEOUT", `dlock: no answer within ${String(timeoutMs)} ms`);
+  }
+}
+
+function describe(cause: unknown): string {
+  if (cause instanceof Error) return cause.message;
+  return cause === undefined ? "no answer" : JSON.stringify(cause);
+}

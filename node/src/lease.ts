@@ -1,0 +1,253 @@
+// A granted lease: its token owns the resource with `fence` until the server's deadline, kept
+// alive by renewals (every ttl/3, with FENCE) until release() or the loss. The renewer is a timer
+// of this lease: it lives and dies with it.
+
+import { EventEmitter } from "node:events";
+import { performance } from "node:perf_hooks";
+
+import { LeaseLostError, NotReleasedError, type LossReason } from "./errors.js";
+import type { Locks } from "./locks.js";
+import { flagOf, modeName, releaseArgs, renewArgs, RELEASE, RENEW, type Mode } from "./protocol.js";
+import { millis, releaseTimeout, type Settings } from "./options.js";
+
+/** A lease cut to end with maxHold ends up to this much before it (ms round down). */
+const MAX_HOLD_ROUNDING = 2;
+
+/** How a release ended, for `using` and dispose: nothing is thrown from here. */
+export interface Settled {
+  lost: LeaseLostError | null;
+  notReleased: NotReleasedError | null;
+}
+
+/**
+ * A granted lease. `signal` is aborted (with the LeaseLostError as its reason) the moment the
+ * lease is known lost; `check()` throws it. Events: `lost` (LeaseLostError), `renewed` (the new
+ * local expiry, ms on performance.now()), `error` (a failed renewal or release; emitted only
+ * when someone listens).
+ */
+export class Lease extends EventEmitter {
+  readonly resource: string;
+  /** The owner token: random, made before the first ACQUIRE, secret to the holder. */
+  readonly token: string;
+  /** The fencing token: larger for every newer grant of the resource. Send it with every write. */
+  readonly fence: number;
+  /** "exclusive" (hold, write, campaign) or "shared" (read, semaphore). */
+  readonly mode: "exclusive" | "shared";
+  /** The lease's length in ms; renewed every third of it. */
+  readonly ttl: number;
+
+  private readonly controller = new AbortController();
+  private readonly granted = performance.now();
+  private localExpiry: number;
+  private nextRenewal: number;
+  private timer: NodeJS.Timeout | null = null;
+  private lostError: LeaseLostError | null = null;
+  private releasing: Promise<Settled> | null = null;
+  private renewing: Promise<boolean> | null = null;
+
+  /** @internal */
+  constructor(
+    private readonly locks: Locks,
+    resource: string,
+    token: string,
+    fence: number,
+    mode: Mode,
+    ttl: number,
+    private readonly set: Settings,
+    sent: number,
+    private readonly holdEnd: number | null,
+  ) {
+    super();
+    this.resource = resource;
+    this.token = token;
+    this.fence = fence;
+    this.mode = modeName(mode);
+    this.ttl = ttl;
+    this.localExpiry = sent + ttl;
+    this.nextRenewal = sent + ttl / 3;
+    this.schedule();
+  }
+
+  /** Aborted when the lease is lost; its reason is the LeaseLostError. */
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /** The LeaseLostError once the lease is lost, else null. */
+  get lost(): LeaseLostError | null {
+    return this.lostError;
+  }
+
+  /** A conservative end of the lease, ms on performance.now(): never after the server's deadline. */
+  get expiresAt(): number {
+    return this.localExpiry;
+  }
+
+  /** Throws the LeaseLostError if the lease is lost, or if its local expiry passed. */
+  check(): void {
+    if (this.lostError === null && performance.now() >= this.localExpiry && this.releasing === null) {
+      this.lose("unreachable");
+    }
+    if (this.lostError !== null) throw this.lostError;
+  }
+
+  private schedule(): void {
+    if (this.releasing !== null || this.lostError !== null) return;
+    let due = Math.min(this.nextRenewal, this.localExpiry);
+    if (this.holdEnd !== null) due = Math.min(due, this.holdEnd - MAX_HOLD_ROUNDING);
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.tick();
+    }, Math.max(0, due - performance.now()));
+  }
+
+  private async tick(): Promise<void> {
+    const now = performance.now();
+    if (this.holdEnd !== null && now >= this.holdEnd - MAX_HOLD_ROUNDING) {
+      this.lose("max_hold");
+      return;
+    }
+    if (now >= this.localExpiry) {
+      this.lose("unreachable");
+      return;
+    }
+    if (now >= this.nextRenewal) await this.renewOnce().catch(() => false);
+    this.schedule();
+  }
+
+  /** @internal Marks the lease lost (once): aborts its signal, logs, counts, releases. */
+  lose(reason: LossReason): void {
+    if (this.lostError !== null) return;
+    const lost = new LeaseLostError(this.resource, this.fence, reason);
+    this.lostError = lost;
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.set.metrics.leaseLost?.(reason);
+    this.log("warn", "dlock: lease lost", { reason });
+    this.controller.abort(lost);
+    this.emit("lost", lost);
+    if (this.releasing === null) {
+      // A best-effort RELEASE with FENCE: a lease the server still holds passes on at once.
+      this.releasing = this.sendRelease().then(() => ({ lost, notReleased: null }));
+    }
+  }
+
+  /**
+   * Sends a RENEW now (the renewer does every ttl/3): true renewed; false refused (the lease is
+   * then lost: renewal_refused). Rejects when no answer came in time.
+   */
+  renew(): Promise<boolean> {
+    if (this.lostError !== null) return Promise.resolve(false);
+    this.renewing ??= this.renewOnce().finally(() => {
+      this.renewing = null;
+    });
+    return this.renewing;
+  }
+
+  private async renewOnce(): Promise<boolean> {
+    let ttl = this.ttl;
+    if (this.holdEnd !== null) ttl = Math.min(ttl, this.holdEnd - performance.now());
+    ttl = millis(ttl);
+    const sent = performance.now();
+    const timeout = Math.max(1, Math.min(this.set.requestTimeout, this.localExpiry - sent));
+    try {
+      const reply = await this.locks.call(this.resource, timeout, () =>
+        renewArgs(this.resource, this.token, ttl, this.locks.fenceArg(RENEW, this.fence)),
+      );
+      if (flagOf(reply)) {
+        this.localExpiry = sent + ttl;
+        this.nextRenewal = performance.now() + this.ttl / 3;
+        this.emit("renewed", this.localExpiry);
+        return true;
+      }
+      this.set.metrics.renewalFailed?.("refused");
+      this.log("warn", "dlock: renewal failed", { reason: "refused" });
+      // A RENEW in flight as release() ran may be refused: not a loss.
+      if (this.releasing === null) this.lose("renewal_refused");
+      return false;
+    } catch (error) {
+      this.set.metrics.renewalFailed?.("error");
+      this.log("warn", "dlock: renewal failed", { reason: "error", error: String(error) });
+      this.nextRenewal = performance.now() + this.ttl / 10;
+      if (this.listenerCount("error") > 0) this.emit("error", error);
+      throw error;
+    }
+  }
+
+  private async sendRelease(): Promise<unknown> {
+    this.set.metrics.held?.((performance.now() - this.granted) / 1000);
+    const timeout = releaseTimeout(this.set);
+    return this.locks.call(this.resource, timeout, () =>
+      releaseArgs(this.resource, this.token, this.locks.fenceArg(RELEASE, this.fence)),
+    );
+  }
+
+  /** @internal Stops the renewals and releases (once); never throws. */
+  settle(): Promise<Settled> {
+    this.releasing ??= this.releaseOnce();
+    return this.releasing;
+  }
+
+  private async releaseOnce(): Promise<Settled> {
+    if (this.timer !== null) clearTimeout(this.timer);
+    if (this.lostError !== null) return { lost: this.lostError, notReleased: null };
+    try {
+      const reply = await this.sendRelease();
+      if (flagOf(reply)) {
+        this.log("info", "dlock: lease released", {});
+        return { lost: null, notReleased: null };
+      }
+      // Gone before the work ended: the end of the work was not protected.
+      this.set.metrics.releaseFailed?.();
+      this.log("warn", "dlock: release failed", { reason: "ended" });
+      this.releasing = Promise.resolve({ lost: null, notReleased: null });
+      this.lose("ended");
+      return { lost: this.lostError, notReleased: null };
+    } catch (error) {
+      this.set.metrics.releaseFailed?.();
+      this.log("warn", "dlock: release failed", { error: String(error) });
+      if (this.listenerCount("error") > 0) this.emit("error", error);
+      if (performance.now() >= this.localExpiry) {
+        this.lose("unreachable");
+        return { lost: this.lostError, notReleased: null };
+      }
+      return { lost: null, notReleased: new NotReleasedError(this.resource, this.fence, error) };
+    }
+  }
+
+  /**
+   * Stops the renewals and releases the lease (DLOCK.RELEASE with FENCE) in one request bounded
+   * by the release timeout. Rejects with the LeaseLostError when the lease was lost (or found
+   * gone now: ended), with NotReleasedError when the server did not answer (the lease then ends
+   * with its ttl). Later calls settle the same way.
+   */
+  async release(): Promise<void> {
+    const { lost, notReleased } = await this.settle();
+    if (lost !== null) throw lost;
+    if (notReleased !== null) throw notReleased;
+  }
+
+  /**
+   * `await using lease = await locks.hold(…)`: releases at the end of the block. A loss is thrown
+   * (never silent); a release that got no answer is logged, counted and emitted as `error`, not
+   * thrown, so it never hides the block's own error. `locks.using` keeps the block's error
+   * exactly.
+   */
+  async [Symbol.asyncDispose](): Promise<void> {
+    const { lost } = await this.settle();
+    if (lost !== null) throw lost;
+  }
+
+  /** DLOCK.FENCED under this lease's fence; see Locks.fenced. */
+  fenced(command: readonly string[]): Promise<unknown> {
+    return this.locks.fenced(this.resource, this.fence, command);
+  }
+
+  /** Whether this lease's fence still holds the resource on the server. */
+  fenceCheck(): Promise<boolean> {
+    return this.locks.fenceCheck(this.resource, this.fence);
+  }
+
+  private log(level: "info" | "warn", message: string, fields: Record<string, unknown>): void {
+    this.set.logger?.[level](message, { resource: this.resource, owner: this.token, fence: this.fence, ...fields });
+  }
+}

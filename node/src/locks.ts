@@ -1,0 +1,631 @@
+// Locks takes leases through the caller's ioredis or node-redis client. It follows the client
+// contract (docs/protocol.md): a token made before the first send and reused for ambiguous
+// retries; a wait on a connection of its own whose timeouts are above the wait, always with a
+// claim window; renewal with the grant's fence every ttl/3 against a conservative local expiry;
+// a bounded release that never masks the work's own error; the release of an attempt's token
+// when its outcome stayed unknown or the caller gave up.
+
+import { randomBytes } from "node:crypto";
+import { performance } from "node:perf_hooks";
+import { setTimeout as sleepFor } from "node:timers/promises";
+
+import { notSent, replyText, transportOf, type RedisLike, type Transport } from "./adapters.js";
+import { Channels } from "./channels.js";
+import {
+  DlockError,
+  InvalidArgumentError,
+  NotAcquiredError,
+  ServerError,
+  StaleError,
+  UnknownOutcomeError,
+  UnreachableError,
+} from "./errors.js";
+import { Lease } from "./lease.js";
+import { claimMs, defaults, merge, millis, millisUp, releaseTimeout, type HoldOptions, type Options, type Settings } from "./options.js";
+import {
+  ACQUIRE,
+  EXCLUSIVE,
+  MAX_PERMITS,
+  acquireArgs,
+  errorClass,
+  fenceCheckArgs,
+  fenceOf,
+  fencedArgs,
+  flagOf,
+  infoArgs,
+  leaderFromInfo,
+  parseInfo,
+  releaseArgs,
+  tokenTag,
+  unsupportedOption,
+  upperBound,
+  type Info,
+  type Leader,
+  type Mode,
+} from "./protocol.js";
+
+/** One server-side wait lasts at most this long when the caller waits without limit. */
+const UNLIMITED_WAIT_SLICE = 3_600_000;
+/** A WAIT answered nil earlier than this before the deadline was cut short, not timed out. */
+const CUT_SHORT = 50;
+const WAIT_AGAIN_PAUSE = 10;
+/** Pauses between retries of an ambiguous failure: doubled after each, at most the maximum. */
+const RETRY_PAUSE = 50;
+const MAX_RETRY_PAUSE = 400;
+/** The RELEASE of an attempt's token that found nothing is sent once more after this pause. */
+const FORGET_AGAIN_AFTER = 100;
+/** A campaign waits in rounds of this length, each with a fresh token. */
+const CAMPAIGN_ROUND = 30_000;
+/** An observer reads DLOCK.INFO this often besides on every message. */
+const OBSERVE_INTERVAL = 5_000;
+
+/** A new token: 128 random bits as 32 hex digits. */
+export function newToken(): string {
+  return randomBytes(16).toString("hex");
+}
+
+/** Resolves after ms, or at once (false) when signal aborts. */
+async function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
+  if (signal?.aborted === true) return false;
+  if (ms <= 0) return true;
+  try {
+    await sleepFor(ms, undefined, signal === undefined ? {} : { signal });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Takes leases on the servers of an ioredis or node-redis client. */
+export class Locks {
+  private readonly transport: Transport;
+  private readonly set: Settings;
+  private readonly refused = new Set<string>();
+  private channelsMade: Channels | null = null;
+
+  /**
+   * @param redis an ioredis `Redis` or `Cluster`, or a node-redis client or cluster (connected).
+   * @param options the defaults of every call.
+   */
+  constructor(redis: RedisLike, options: Options = {}) {
+    this.transport = transportOf(redis);
+    this.set = defaults(options);
+  }
+
+  /** Closes dlock's own subscribers (the caller's client stays open). */
+  close(): void {
+    this.channelsMade?.close();
+    this.channelsMade = null;
+  }
+
+  /** @internal */
+  get channels(): Channels {
+    this.channelsMade ??= new Channels(this.transport, this.set.requestTimeout);
+    return this.channelsMade;
+  }
+
+  /** @internal */
+  settings(options: HoldOptions = {}): Settings {
+    return merge(this.set, options);
+  }
+
+  /**
+   * An exclusive lease on resource, waiting in the server's queue up to `wait` (default 10 s) or
+   * until `signal` aborts, renewed until release() or its loss. Rejects with NotAcquiredError,
+   * UnreachableError, UnknownOutcomeError, ServerError or InvalidArgumentError.
+   */
+  hold(resource: string, options: HoldOptions = {}): Promise<Lease> {
+    return this.acquire(resource, EXCLUSIVE, options);
+  }
+
+  /** The writer's side of a read-write lock: the same as hold. */
+  write(resource: string, options: HoldOptions = {}): Promise<Lease> {
+    return this.hold(resource, options);
+  }
+
+  /** The reader's side of a read-write lock: a shared lease, never held with a writer. */
+  read(resource: string, options: HoldOptions = {}): Promise<Lease> {
+    return this.acquire(resource, { shared: true, permits: 0 }, options);
+  }
+
+  /** One permit of the counting semaphore name (1 to 1 000 000 permits, the same for every user). */
+  semaphore(name: string, permits: number, options: HoldOptions = {}): Promise<Lease> {
+    if (!Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
+      return Promise.reject(
+        new InvalidArgumentError(`permits must be an integer from 1 to ${String(MAX_PERMITS)}, not ${String(permits)}`),
+      );
+    }
+    return this.acquire(name, { shared: true, permits }, options);
+  }
+
+  /**
+   * Runs body under an exclusive lease on resource and releases it when body settles. Returns
+   * body's result. Body's error is thrown as it is (a loss meanwhile is still logged, counted and
+   * emitted); when body succeeded, a loss throws the LeaseLostError and a release that got no
+   * answer NotReleasedError: a loss is never silent. The release waits at most the release
+   * timeout.
+   */
+  async using<T>(resource: string, options: HoldOptions, body: (lease: Lease) => Promise<T>): Promise<T> {
+    const lease = await this.hold(resource, options);
+    return runUnder(lease, body);
+  }
+
+  /**
+   * Runs command in the server only while fence holds resource (DLOCK.FENCED), atomically, and
+   * returns its reply. A stale fence rejects with StaleError: nothing ran. In Redis Cluster every
+   * key of command must share the resource's slot (a hash tag), else ServerError cross_slot.
+   * Never retried: a retried write after a lost reply could run twice.
+   */
+  async fenced(resource: string, fence: number, command: readonly string[]): Promise<unknown> {
+    try {
+      return await this.transport.send(resource, fencedArgs(resource, fence, command), this.set.requestTimeout);
+    } catch (error) {
+      const text = replyText(error);
+      if (text === null) throw error;
+      if (errorClass(text) === "stale") {
+        this.set.metrics.staleWrite?.();
+        this.set.logger?.warn("dlock: stale operation rejected", { resource, fence, reason: text });
+        throw new StaleError(resource, fence, text);
+      }
+      throw new ServerError(errorClass(text), text);
+    }
+  }
+
+  /** Whether fence still holds resource on the server (DLOCK.FENCECHECK). */
+  async fenceCheck(resource: string, fence: number): Promise<boolean> {
+    return flagOf(await this.request(resource, fenceCheckArgs(resource, fence)));
+  }
+
+  /** DLOCK.INFO resource: null when there is no lease and nobody waits. */
+  async info(resource: string): Promise<Info | null> {
+    return parseInfo(await this.request(resource, infoArgs(resource)));
+  }
+
+  private async request(resource: string, args: string[]): Promise<unknown> {
+    try {
+      return await this.transport.send(resource, args, this.set.requestTimeout);
+    } catch (error) {
+      throw classified(error);
+    }
+  }
+
+  /**
+   * Waits until this candidate leads the election name, then returns the leadership as an
+   * exclusive lease whose META is address; its fence is the term's epoch. Waits in rounds of 30 s,
+   * each with a fresh token, until `signal` aborts (or `wait`, when given, passes). Default ttl
+   * 10 s. Resign with lease.release().
+   */
+  async campaign(name: string, address: string, options: HoldOptions = {}): Promise<Lease> {
+    const until = options.wait === undefined ? Infinity : performance.now() + options.wait;
+    for (;;) {
+      const round = Math.min(CAMPAIGN_ROUND, Math.max(0, until - performance.now()));
+      try {
+        return await this.acquire(name, EXCLUSIVE, { ttl: 10_000, ...options, wait: round, meta: address });
+      } catch (error) {
+        if (!(error instanceof NotAcquiredError) || options.signal?.aborted === true || performance.now() >= until) {
+          throw error;
+        }
+      }
+    }
+  }
+
+  /**
+   * The leaders of the election name as they change: first the one leading now, then each new
+   * one, null while nobody leads. Reads DLOCK.INFO on every message of the name's channel, every
+   * (re)subscription and every 5 s. Ends when signal aborts or the loop breaks.
+   */
+  async *observe(name: string, options: { signal?: AbortSignal; interval?: number } = {}): AsyncGenerator<Leader | null> {
+    const { signal } = options;
+    const interval = options.interval ?? OBSERVE_INTERVAL;
+    let watch = null;
+    let first = true;
+    let last: Leader | null = null;
+    try {
+      while (signal?.aborted !== true) {
+        if (watch === null || watch.node !== this.transport.nodeOf(name)) {
+          if (watch !== null) this.channels.leave(watch);
+          watch = await this.channels.join(name, null);
+        }
+        watch.drain();
+        let leader: Leader | null | undefined;
+        try {
+          leader = leaderFromInfo(await this.transport.send(name, infoArgs(name), this.set.requestTimeout));
+        } catch {
+          leader = undefined;
+        }
+        if (leader !== undefined && (first || !sameLeader(leader, last))) {
+          first = false;
+          last = leader;
+          yield leader;
+        }
+        await watch.next(interval, signal);
+      }
+    } finally {
+      if (watch !== null) this.channels.leave(watch);
+    }
+  }
+
+  /** @internal Sends the command build makes; an option an older server refused is dropped. */
+  async call(resource: string, timeoutMs: number, build: () => string[]): Promise<unknown> {
+    for (;;) {
+      const args = build();
+      try {
+        return await this.transport.send(resource, args, timeoutMs);
+      } catch (error) {
+        if (!this.dropRefused(args, error)) throw error;
+      }
+    }
+  }
+
+  /** @internal Whether error refused an option of args that can be left out; marks it. */
+  dropRefused(args: readonly string[], error: unknown): boolean {
+    const option = unsupportedOption(replyText(error) ?? "");
+    if (option === null || !["CLAIM", "META", "FENCE", "QUEUE"].includes(option)) return false;
+    const key = `${args[0] ?? ""} ${option}`;
+    if (this.refused.has(key)) return false;
+    this.refused.add(key);
+    return true;
+  }
+
+  /** @internal */
+  isRefused(command: string, option: string): boolean {
+    return this.refused.has(`${command} ${option}`);
+  }
+
+  /** @internal The fence to send, or undefined (no FENCE) for a server that refused it. */
+  fenceArg(command: string, fence: number): number | undefined {
+    return this.isRefused(command, "FENCE") ? undefined : fence;
+  }
+
+  /** @internal */
+  get via(): Transport {
+    return this.transport;
+  }
+
+  private async acquire(resource: string, mode: Mode, options: HoldOptions): Promise<Lease> {
+    const set = this.settings(options);
+    if (!(set.ttl >= 1)) throw new InvalidArgumentError(`ttl must be at least 1 ms, not ${String(set.ttl)}`);
+    if (!(set.requestTimeout > 0)) throw new InvalidArgumentError(`requestTimeout must be positive, not ${String(set.requestTimeout)}`);
+    if (!(set.wait >= 0)) throw new InvalidArgumentError(`wait must be 0 or more, not ${String(set.wait)}`);
+    set.metrics.acquireAttempt?.();
+    const attempt = new Attempt(this, resource, mode, set, options.signal);
+    try {
+      const lease = await attempt.run();
+      set.metrics.acquired?.((performance.now() - attempt.started) / 1000);
+      set.logger?.info("dlock: lease acquired", { resource, owner: lease.token, fence: lease.fence, mode: lease.mode });
+      return lease;
+    } catch (error) {
+      set.metrics.acquireFailed?.(outcomeOf(error));
+      throw error;
+    }
+  }
+}
+
+/** Runs body under lease, then releases it, with `using`'s rules for errors. */
+export async function runUnder<T>(lease: Lease, body: (lease: Lease) => Promise<T>): Promise<T> {
+  let result: T;
+  try {
+    result = await body(lease);
+  } catch (error) {
+    await lease.settle();
+    throw error;
+  }
+  const { lost, notReleased } = await lease.settle();
+  if (lost !== null) throw lost;
+  if (notReleased !== null) throw notReleased;
+  return result;
+}
+
+function outcomeOf(error: unknown): string {
+  if (error instanceof NotAcquiredError) return "held";
+  if (error instanceof UnreachableError) return "unreachable";
+  if (error instanceof UnknownOutcomeError) return "unknown";
+  return "server";
+}
+
+/** A server's error reply as a ServerError with its class; other errors pass. */
+function classified(error: unknown): unknown {
+  const text = replyText(error);
+  return text === null ? error : new ServerError(errorClass(text), text);
+}
+
+function sameLeader(a: Leader | null, b: Leader | null): boolean {
+  if (a === null || b === null) return a === b;
+  return a.fence === b.fence && a.token === b.token && a.address === b.address;
+}
+
+/** A failure the attempt may retry with the same token, or the error that ends it. */
+type Failure = { retry: true } | { retry: false; error: unknown };
+
+/** One acquire: its token, its deadline, and what it learned so far. */
+class Attempt {
+  readonly token = newToken();
+  readonly started = performance.now();
+  private readonly ttl: number;
+  private readonly waitUntil: number;
+  private readonly holdEnd: number | null;
+  private maxWait = 0;
+  private reached = false;
+  private answered = false;
+  private failures = 0;
+  private failingSince = 0;
+  private lastError: unknown = undefined;
+
+  constructor(
+    private readonly locks: Locks,
+    private readonly resource: string,
+    private readonly mode: Mode,
+    private readonly set: Settings,
+    private readonly signal: AbortSignal | undefined,
+  ) {
+    this.ttl = set.maxHold !== null ? Math.min(set.ttl, set.maxHold) : set.ttl;
+    this.holdEnd = set.maxHold !== null ? this.started + set.maxHold : null;
+    this.waitUntil = this.started + set.wait;
+  }
+
+  private aborted(): boolean {
+    return this.signal?.aborted === true;
+  }
+
+  private left(): number {
+    return this.waitUntil - performance.now();
+  }
+
+  private args(wait: { waitMs?: number; queueMs?: number }): string[] {
+    const claim = this.locks.isRefused(ACQUIRE, "CLAIM")
+      ? undefined
+      : Math.max(claimMs(this.set), wait.queueMs ?? 0);
+    return acquireArgs({
+      resource: this.resource,
+      token: this.token,
+      ttlMs: millis(this.ttl),
+      mode: this.mode,
+      ...wait,
+      ...(claim === undefined ? {} : { claimMs: claim }),
+      ...(this.set.meta === null || this.locks.isRefused(ACQUIRE, "META") ? {} : { meta: this.set.meta }),
+    });
+  }
+
+  private lease(fence: number, sent: number): Lease {
+    return new Lease(this.locks, this.resource, this.token, fence, this.mode, millis(this.ttl), this.set, sent, this.holdEnd);
+  }
+
+  async run(): Promise<Lease> {
+    if (this.set.strategy === "tickets" && !this.locks.isRefused(ACQUIRE, "QUEUE") && this.left() > 0) {
+      const lease = await this.tickets();
+      if (lease !== null) return lease;
+    }
+    return this.blocking();
+  }
+
+  /**
+   * A plain ACQUIRE first; while time is left, an ACQUIRE … WAIT … CLAIM on a connection of its
+   * own; after a grant from the queue, the same ACQUIRE without WAIT claims it.
+   */
+  private async blocking(): Promise<Lease> {
+    let waitNext = false;
+    for (;;) {
+      if (this.aborted()) throw await this.giveUp(this.signal?.reason);
+      const sent = performance.now();
+      let waited = false;
+      let reply: unknown;
+      try {
+        if (waitNext && this.left() > 0) {
+          let wait = Math.min(this.left(), UNLIMITED_WAIT_SLICE);
+          if (this.maxWait > 0) wait = Math.min(wait, this.maxWait);
+          waited = true;
+          const args = this.args({ waitMs: millisUp(wait) });
+          try {
+            reply = await this.blockingWait(millisUp(wait), args);
+          } catch (error) {
+            if (this.locks.dropRefused(args, error)) continue;
+            // A redirect: the next plain ACQUIRE goes through the caller's client, which follows
+            // it and refreshes its slot map.
+            if (errorClass(replyText(error) ?? "") === "redirect") waitNext = false;
+            throw error;
+          }
+        } else {
+          reply = await this.locks.call(this.resource, this.set.requestTimeout, () => this.args({}));
+        }
+      } catch (error) {
+        if (this.aborted()) throw await this.giveUp(this.signal?.reason);
+        const failure = await this.failed(error);
+        if (!failure.retry) throw failure.error;
+        waitNext = waitNext && this.left() > 0;
+        if (!(await sleep(this.retryPause(), this.signal))) throw await this.giveUp(this.signal?.reason);
+        continue;
+      }
+      this.answer();
+      let fence: number | null;
+      try {
+        fence = fenceOf(reply);
+      } catch (error) {
+        throw await this.serverFailure(error);
+      }
+      // The caller gave up: a grant now would be nobody's.
+      if (this.aborted()) throw await this.giveUp(this.signal?.reason);
+      if (fence !== null && !waited) return this.lease(fence, sent);
+      if (fence !== null) {
+        // Granted from the queue at some instant of the wait: claim it now (the same ACQUIRE
+        // without WAIT answers the same fence and starts the full ttl).
+        waitNext = false;
+        continue;
+      }
+      // nil: held (or a claim whose window passed)
+      if (this.left() <= (waited ? CUT_SHORT : 0)) {
+        throw new NotAcquiredError(this.resource, this.token);
+      }
+      if (waited && !(await sleep(Math.min(WAIT_AGAIN_PAUSE, this.left()), this.signal))) {
+        throw await this.giveUp(this.signal?.reason);
+      }
+      waitNext = true;
+    }
+  }
+
+  /**
+   * One WAIT on a connection of its own whose timeouts are above the wait. When the caller's
+   * signal aborts, the connection is closed (the server drops the waiter with it).
+   */
+  private async blockingWait(waitMs: number, args: string[]): Promise<unknown> {
+    const timeout = waitMs + this.set.requestTimeout;
+    const connection = await this.locks.via.open(this.resource, this.set.requestTimeout, timeout);
+    // From here a request may reach the server.
+    const onAbort = (): void => {
+      connection.close();
+    };
+    this.signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      this.reached = true;
+      return await connection.send(args, timeout);
+    } finally {
+      this.signal?.removeEventListener("abort", onAbort);
+      connection.close();
+    }
+  }
+
+  /**
+   * Tickets: subscribed to the resource's channel before the first ACQUIRE … QUEUE, the same
+   * ACQUIRE again on a hand-over to this token, on every (re)subscription and every ticket/3.
+   * null: the server has no QUEUE (the blocking wait takes over).
+   */
+  private async tickets(): Promise<Lease | null> {
+    const channels = this.locks.channels;
+    let watch = null;
+    let queued = false;
+    try {
+      for (;;) {
+        if (this.aborted()) throw await this.withdraw(queued, this.signal?.reason);
+        if (queued && this.left() <= 0) throw await this.withdraw(queued, undefined);
+        const serving = this.locks.via.nodeOf(this.resource);
+        if (watch === null || watch.node !== serving) {
+          // Subscribed before the first ticket, and again where the resource moved.
+          if (watch !== null) channels.leave(watch);
+          watch = await channels.join(this.resource, tokenTag(this.token));
+        }
+        watch.drain();
+        const sent = performance.now();
+        queued = true;
+        let reply: unknown;
+        try {
+          reply = await this.locks.call(this.resource, this.set.requestTimeout, () =>
+            this.args({ queueMs: millis(this.set.ticket) }),
+          );
+        } catch (error) {
+          if (this.locks.isRefused(ACQUIRE, "QUEUE")) return null;
+          const failure = await this.failed(error);
+          if (!failure.retry) throw failure.error;
+          if (!(await sleep(this.retryPause(), this.signal))) throw await this.withdraw(queued, this.signal?.reason);
+          continue;
+        }
+        this.answer();
+        let fence: number | null;
+        try {
+          fence = fenceOf(reply);
+        } catch (error) {
+          throw await this.serverFailure(error);
+        }
+        if (fence !== null) {
+          if (this.aborted()) throw await this.giveUp(this.signal?.reason);
+          return this.lease(fence, sent);
+        }
+        await watch.next(Math.max(0, Math.min(this.set.ticket / 3, this.left())), this.signal);
+      }
+    } finally {
+      if (watch !== null) channels.leave(watch);
+    }
+  }
+
+  /** At the deadline a RELEASE without FENCE takes the ticket out of line or frees a grant. */
+  private async withdraw(queued: boolean, cause: unknown): Promise<Error> {
+    if (queued) await this.forget();
+    return new NotAcquiredError(this.resource, this.token, cause);
+  }
+
+  /** Classifies a failed request: retry with the same token until the deadline, or the end. */
+  private async failed(error: unknown): Promise<Failure> {
+    this.lastError = error;
+    this.answered = false;
+    const text = replyText(error);
+    if (text !== null) {
+      const bound = upperBound(text);
+      if (bound !== null && bound > 0 && this.maxWait === 0 && text.startsWith("ERR timeout-ms ")) {
+        // A wait longer than the server allows: wait in slices of its longest.
+        this.maxWait = bound;
+        return { retry: true };
+      }
+      const errorClassOf = errorClass(text);
+      if (errorClassOf === "unblocked") this.reached = true;
+      else if (!["redirect", "retry", "failover"].includes(errorClassOf)) {
+        return { retry: false, error: await this.serverFailure(error) };
+      }
+    } else if (!notSent(error)) {
+      this.reached = true;
+    }
+    this.failures++;
+    const now = performance.now();
+    if (this.failures === 1) this.failingSince = now;
+    const limit = Number.isFinite(this.waitUntil)
+      ? now >= this.waitUntil + this.set.requestTimeout
+      : now - this.failingSince >= Math.max(5 * this.set.requestTimeout, 1000);
+    if (limit) return { retry: false, error: await this.unsettled() };
+    return { retry: true };
+  }
+
+  private answer(): void {
+    this.answered = true;
+    this.failures = 0;
+  }
+
+  private retryPause(): number {
+    const pause = RETRY_PAUSE * 2 ** Math.min(Math.max(this.failures - 1, 0), 8);
+    return Math.max(RETRY_PAUSE, Math.min(pause, MAX_RETRY_PAUSE, Math.max(this.left(), 0)));
+  }
+
+  /** The retries ran out: unreachable if nothing could have arrived, else unknown (released). */
+  private async unsettled(): Promise<Error> {
+    if (!this.reached) return new UnreachableError(this.resource, this.token, this.lastError);
+    const released = await this.forget();
+    return new UnknownOutcomeError(this.resource, this.token, released, this.lastError);
+  }
+
+  /**
+   * The caller's signal ended the attempt: whatever may have been granted to the token is
+   * released (a wait is ended by closing its connection, so an unanswered request there is
+   * the caller's doing, not an unknown outcome). Unreachable if nothing could have arrived.
+   */
+  private async giveUp(cause: unknown): Promise<Error> {
+    if (!this.reached) return new UnreachableError(this.resource, this.token, cause);
+    await this.forget();
+    return new NotAcquiredError(this.resource, this.token, cause);
+  }
+
+  private async serverFailure(error: unknown): Promise<Error> {
+    if (this.reached) await this.forget();
+    const failure = classified(error);
+    return failure instanceof DlockError ? failure : new ServerError("server", String(failure));
+  }
+
+  /**
+   * Releases the attempt's token (no FENCE: the fence is unknown; the token is this attempt's
+   * alone) from a connection opened for it, once more after 100 ms if the first found nothing.
+   * True if a grant (or ticket) was found and freed.
+   */
+  private async forget(): Promise<boolean> {
+    const timeout = releaseTimeout(this.set);
+    for (let tries = 0; tries < 2; tries++) {
+      if (tries > 0) await sleep(FORGET_AGAIN_AFTER);
+      try {
+        const connection = await this.locks.via.open(this.resource, timeout, timeout);
+        try {
+          if (flagOf(await connection.send(releaseArgs(this.resource, this.token), timeout))) return true;
+        } finally {
+          connection.close();
+        }
+      } catch (error) {
+        this.set.logger?.debug?.("dlock: could not release an unknown grant", { resource: this.resource, error: String(error) });
+        return false;
+      }
+    }
+    return false;
+  }
+}

@@ -1,0 +1,347 @@
+// dlock's wire rules, written once for this client: channel names, the hand-over tag, channel
+// messages, key slots, the argument vector of every command form, error classes and reading
+// DLOCK.INFO. No I/O here. protocol/vectors/*.json pins every rule (test/protocol.test.ts loads
+// them); docs/protocol.md is the contract in prose.
+
+export const ACQUIRE = "DLOCK.ACQUIRE";
+export const RENEW = "DLOCK.RENEW";
+export const RELEASE = "DLOCK.RELEASE";
+export const FENCECHECK = "DLOCK.FENCECHECK";
+export const FENCED = "DLOCK.FENCED";
+export const INFO = "DLOCK.INFO";
+
+/** The server's bound on a semaphore's permits (SHARED LIMIT n). */
+export const MAX_PERMITS = 1_000_000;
+
+/** The option keywords of the version 2 commands. */
+const OPTION_KEYWORDS = ["CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"];
+
+/**
+ * The channel where the server publishes a resource's changes of ownership: a resource with
+ * braces keeps them, and its hash tag, behind `dlock:key:`; any other is wrapped in a tag, so the
+ * channel lives in the key's slot and no two resources share one.
+ */
+export function channelName(resource: string): string {
+  return /[{}]/.test(resource) ? `dlock:key:${resource}` : `dlock:{${resource}}`;
+}
+
+/** FNV-1a 32-bit of the token's UTF-8 bytes, as 8 lowercase hex digits: the hand-over tag. */
+export function tokenTag(token: string): string {
+  let tag = 0x811c9dc5;
+  for (const byte of Buffer.from(token, "utf8")) {
+    tag ^= byte;
+    tag = Math.imul(tag, 0x01000193) >>> 0;
+  }
+  return tag.toString(16).padStart(8, "0");
+}
+
+/**
+ * Whether a channel message wakes a watcher with `tag` (`null`: an observer, woken by every
+ * message). acquired, renewed, released and expired wake no ticket waiter; a handoff wakes the
+ * token it names; a handoff without a tag (an older server) and any message this version does
+ * not understand wake every waiter.
+ */
+export function wakes(message: string, tag: string | null): boolean {
+  if (tag === null) return true;
+  const words = message.split(" ");
+  const event = words[0] ?? "";
+  if (words.length === 2 && ["acquired", "renewed", "released", "expired"].includes(event)) {
+    return false;
+  }
+  if (words.length === 3 && event === "handoff") return words[2] === tag;
+  return true;
+}
+
+/** The Redis Cluster slot of a key: CRC16/XMODEM of its hash tag or of the whole key, mod 16384. */
+export function keySlot(key: string): number {
+  let bytes = Buffer.from(key, "utf8");
+  const open = bytes.indexOf(0x7b);
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1);
+    if (close > open + 1) bytes = bytes.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const byte of bytes) {
+    crc ^= byte << 8;
+    for (let bit = 0; bit < 8; bit++) {
+      crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+    }
+  }
+  return crc % 16384;
+}
+
+/** The kind of lease an acquire asks for. */
+export interface Mode {
+  shared: boolean;
+  /** With `shared`: a semaphore of this many permits; 0 for a reader. */
+  permits: number;
+}
+
+export const EXCLUSIVE: Mode = { shared: false, permits: 0 };
+
+export function modeName(mode: Mode): "exclusive" | "shared" {
+  return mode.shared ? "shared" : "exclusive";
+}
+
+/** One DLOCK.ACQUIRE as sent. Absent fields leave their option out. */
+export interface AcquireForm {
+  resource: string;
+  token: string;
+  ttlMs: number;
+  mode?: Mode;
+  /** 0: wait without limit. */
+  waitMs?: number;
+  queueMs?: number;
+  claimMs?: number;
+  meta?: string;
+}
+
+/**
+ * `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms] [CLAIM ms]
+ * [META value]`. CLAIM goes only with a wait or a ticket (a grant answered at once is claimed by
+ * its answer) and never longer than the ttl.
+ */
+export function acquireArgs(form: AcquireForm): string[] {
+  const args = [ACQUIRE, form.resource, form.token, num(form.ttlMs)];
+  if (form.mode?.shared) {
+    args.push("SHARED");
+    if (form.mode.permits > 0) args.push("LIMIT", num(form.mode.permits));
+  }
+  let waiting = false;
+  if (form.queueMs !== undefined && form.queueMs > 0) {
+    args.push("QUEUE", num(form.queueMs));
+    waiting = true;
+  } else if (form.waitMs !== undefined) {
+    args.push("WAIT", num(form.waitMs));
+    waiting = true;
+  }
+  if (waiting && form.claimMs !== undefined && form.claimMs > 0) {
+    args.push("CLAIM", num(Math.min(form.claimMs, form.ttlMs)));
+  }
+  if (form.meta !== undefined) args.push("META", form.meta);
+  return args;
+}
+
+/** `DLOCK.RENEW resource token ttl-ms [FENCE fence]` (no fence: a server without FENCE). */
+export function renewArgs(resource: string, token: string, ttlMs: number, fence?: number): string[] {
+  const args = [RENEW, resource, token, num(ttlMs)];
+  if (fence !== undefined) args.push("FENCE", num(fence));
+  return args;
+}
+
+/**
+ * `DLOCK.RELEASE resource token [FENCE fence]`. Without a fence (an attempt whose outcome is
+ * unknown) it frees that attempt's grant and takes its ticket out of line.
+ */
+export function releaseArgs(resource: string, token: string, fence?: number): string[] {
+  const args = [RELEASE, resource, token];
+  if (fence !== undefined) args.push("FENCE", num(fence));
+  return args;
+}
+
+export function fenceCheckArgs(resource: string, fence: number): string[] {
+  return [FENCECHECK, resource, num(fence)];
+}
+
+export function infoArgs(resource: string): string[] {
+  return [INFO, resource];
+}
+
+/** `DLOCK.FENCED resource fence command [arg …]`. */
+export function fencedArgs(resource: string, fence: number, command: readonly string[]): string[] {
+  return [FENCED, resource, num(fence), ...command];
+}
+
+function num(n: number | bigint): string {
+  return typeof n === "bigint" ? n.toString() : Math.trunc(n).toFixed(0);
+}
+
+/** Classes of server error replies (docs/protocol.md, section 9). */
+export type ErrorClass =
+  | "redirect"
+  | "retry"
+  | "failover"
+  | "unblocked"
+  | "stale"
+  | "cross_slot"
+  | "mode_conflict"
+  | "unsupported"
+  | "auth"
+  | "wrong_type"
+  | "usage"
+  | "server";
+
+const CLASS_BY_CODE: Record<string, ErrorClass> = {
+  MOVED: "redirect",
+  ASK: "redirect",
+  TRYAGAIN: "retry",
+  LOADING: "retry",
+  CLUSTERDOWN: "retry",
+  MASTERDOWN: "retry",
+  READONLY: "failover",
+  UNBLOCKED: "unblocked",
+  STALE: "stale",
+  CROSSSLOT: "cross_slot",
+  LOCKMODE: "mode_conflict",
+  NOAUTH: "auth",
+  WRONGPASS: "auth",
+  NOPERM: "auth",
+  WRONGTYPE: "wrong_type",
+};
+
+const UNEXPECTED_ARGUMENT = "ERR syntax error: unexpected argument '";
+
+/** The class of an error reply (its whole text, code first): what a client does next. */
+export function errorClass(reply: string): ErrorClass {
+  const code = reply.split(" ", 1)[0] ?? "";
+  const known = CLASS_BY_CODE[code];
+  if (known !== undefined) return known;
+  if (code === "ERR") {
+    if (unsupportedOption(reply) !== null) return "unsupported";
+    if (reply.startsWith("ERR fence counter exhausted") || reply.startsWith("ERR internal error")) {
+      return "server";
+    }
+    return "usage";
+  }
+  return "server";
+}
+
+/** The option keyword an older server refused as an unknown argument, upper case, or null. */
+export function unsupportedOption(reply: string): string | null {
+  if (!reply.startsWith(UNEXPECTED_ARGUMENT) || !reply.endsWith("'")) return null;
+  const named = reply.slice(UNEXPECTED_ARGUMENT.length, -1).toUpperCase();
+  return OPTION_KEYWORDS.includes(named) ? named : null;
+}
+
+/** The largest value a bounds error allows (`… between 0 and 86400000` → 86400000), or null. */
+export function upperBound(reply: string): number | null {
+  const at = reply.lastIndexOf(" between ");
+  if (at < 0) return null;
+  const rest = reply.slice(at + " between ".length);
+  const and = rest.indexOf(" and ");
+  if (and < 0) return null;
+  const digits = rest.slice(and + " and ".length).split(" ", 1)[0] ?? "";
+  return /^\d+$/.test(digits) ? Number(digits) : null;
+}
+
+/** A MOVED or ASK reply read: its kind, slot and address; null for any other reply. */
+export function redirectOf(reply: string): { kind: "moved" | "ask"; slot: number; addr: string } | null {
+  const words = reply.split(" ");
+  if (words.length !== 3 || (words[0] !== "MOVED" && words[0] !== "ASK")) return null;
+  const slot = Number(words[1]);
+  if (!Number.isInteger(slot)) return null;
+  return { kind: words[0] === "MOVED" ? "moved" : "ask", slot, addr: words[2] ?? "" };
+}
+
+/** One live shared lease in DLOCK.INFO's `leases`. */
+export interface Holder {
+  token: string;
+  fence: number;
+  ttlMs: number;
+  meta: string | null;
+}
+
+/** What DLOCK.INFO shows, read by field name (fields of later versions change nothing). */
+export interface Info {
+  owner: string | null;
+  fence: number | null;
+  ttlMs: number;
+  waiters: number;
+  nextWaiters: string[];
+  tickets: number;
+  mode: string | null;
+  holders: number;
+  meta: string | null;
+  leases: Holder[];
+}
+
+/**
+ * Who leads an election: its candidate's address (the lease's META; null without one), the
+ * term's fence (larger for every newer term) and the lease's token.
+ */
+export interface Leader {
+  token: string;
+  fence: number;
+  address: string | null;
+}
+
+/**
+ * Reads a DLOCK.INFO reply as the Redis clients return it: a flat list of names and values
+ * (RESP2), a Map or a plain object (RESP3); null for nil (no lease, nobody waiting).
+ */
+export function parseInfo(reply: unknown): Info | null {
+  if (reply === null || reply === undefined) return null;
+  const fields = new Map<string, unknown>();
+  if (reply instanceof Map) {
+    for (const [name, value] of reply) fields.set(String(name), value);
+  } else if (Array.isArray(reply)) {
+    for (let i = 0; i + 1 < reply.length; i += 2) fields.set(String(reply[i]), reply[i + 1]);
+  } else if (typeof reply === "object") {
+    for (const [name, value] of Object.entries(reply)) fields.set(name, value);
+  } else {
+    throw new TypeError(`unexpected DLOCK.INFO reply ${JSON.stringify(reply)}`);
+  }
+  const list = (value: unknown): unknown[] => (Array.isArray(value) ? value : []);
+  return {
+    owner: text(fields.get("owner")),
+    fence: integer(fields.get("fence")),
+    ttlMs: integer(fields.get("ttl-ms")) ?? 0,
+    waiters: integer(fields.get("waiters")) ?? 0,
+    nextWaiters: list(fields.get("next-waiters")).flatMap((item) => {
+      const token = text(item);
+      return token === null ? [] : [token];
+    }),
+    tickets: integer(fields.get("tickets")) ?? 0,
+    mode: text(fields.get("mode")),
+    holders: integer(fields.get("holders")) ?? 0,
+    meta: text(fields.get("meta")),
+    leases: list(fields.get("leases")).flatMap((item) => {
+      if (!Array.isArray(item) || item.length < 4) return [];
+      return [
+        {
+          token: text(item[0]) ?? "",
+          fence: integer(item[1]) ?? 0,
+          ttlMs: integer(item[2]) ?? 0,
+          meta: text(item[3]),
+        },
+      ];
+    }),
+  };
+}
+
+/**
+ * The leader DLOCK.INFO shows: the holder of a live exclusive lease (a version 1 server shows no
+ * mode, and its lease is exclusive), or null.
+ */
+export function leaderFromInfo(reply: unknown): Leader | null {
+  const info = parseInfo(reply);
+  if (info === null || info.owner === null || info.fence === null) return null;
+  if (info.mode !== null && info.mode !== "exclusive") return null;
+  return { token: info.owner, fence: info.fence, address: info.meta };
+}
+
+function text(value: unknown): string | null {
+  if (typeof value === "string") return value;
+  if (Buffer.isBuffer(value)) return value.toString("utf8");
+  return null;
+}
+
+function integer(value: unknown): number | null {
+  if (typeof value === "number") return value;
+  if (typeof value === "bigint") return Number(value);
+  if (typeof value === "string" && /^-?\d+$/.test(value)) return Number(value);
+  return null;
+}
+
+/** An ACQUIRE reply read: a fence, or null for nil. */
+export function fenceOf(reply: unknown): number | null {
+  if (reply === null || reply === undefined) return null;
+  const fence = integer(reply);
+  if (fence === null || fence <= 0) throw new TypeError(`unexpected DLOCK.ACQUIRE reply ${JSON.stringify(reply)}`);
+  return fence;
+}
+
+/** A reply of RENEW, RELEASE or FENCECHECK read as 0 or 1. */
+export function flagOf(reply: unknown): boolean {
+  return integer(reply) === 1;
+}

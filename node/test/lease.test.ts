@@ -1,0 +1,239 @@
+// The lifecycle against a real server with the module, through ioredis and through node-redis,
+// each with its default settings.
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import {
+  LeaseLostError,
+  Locks,
+  NotAcquiredError,
+  ServerError,
+  StaleError,
+  InvalidArgumentError,
+  DlockError,
+  type RedisLike,
+} from "../src/index.js";
+import { Server } from "./kit.js";
+
+interface Client {
+  redis: RedisLike;
+  /** Sends a command as an operator would (not through dlock). */
+  admin(...args: string[]): Promise<unknown>;
+  close(): Promise<void> | void;
+}
+
+const clients: Record<string, (server: Server) => Promise<Client>> = {
+  ioredis: (server) => {
+    const redis = server.ioredis();
+    return Promise.resolve({
+      redis,
+      admin: (...args) => redis.call(args[0] ?? "", ...args.slice(1)),
+      close: () => {
+        redis.disconnect();
+      },
+    });
+  },
+  "node-redis": async (server) => {
+    const redis = await server.nodeRedis();
+    return {
+      redis,
+      admin: (...args) => redis.sendCommand(args),
+      close: () => {
+        redis.destroy();
+      },
+    };
+  },
+};
+
+for (const [kind, make] of Object.entries(clients)) {
+  describe(`with ${kind}`, { timeout: 60_000 }, () => {
+    let server: Server;
+    let client: Client;
+    let locks: Locks;
+    before(async () => {
+      server = await Server.start();
+      client = await make(server);
+      locks = new Locks(client.redis, { requestTimeout: 1000 });
+    });
+    after(async () => {
+      locks.close();
+      await client.close();
+      server.stop();
+    });
+
+    test("a lease is held with a fence, refused to another holder, released, then granted again with a larger fence", async () => {
+      const first = await locks.hold("r1", { ttl: 5_000 });
+      assert.ok(first.fence > 0 && Number.isSafeInteger(first.fence));
+      await assert.rejects(locks.hold("r1", { ttl: 5_000, wait: 0 }), (error) => {
+        assert.ok(error instanceof NotAcquiredError && error instanceof DlockError);
+        assert.equal(error.code, "ERR_DLOCK_NOT_ACQUIRED");
+        return true;
+      });
+      assert.equal(await first.fenceCheck(), true);
+      await first.release();
+      const second = await locks.hold("r1", { ttl: 5_000, wait: 0 });
+      assert.ok(second.fence > first.fence);
+      assert.equal(await first.fenceCheck(), false);
+      await second.release();
+    });
+
+    test("await using releases at the end of the block", async () => {
+      {
+        await using lease = await locks.hold("r2", { ttl: 5_000 });
+        assert.equal((await locks.info("r2"))?.owner, lease.token);
+      }
+      assert.equal((await locks.info("r2"))?.owner ?? null, null);
+    });
+
+    test("renewals keep a lease past its ttl", async () => {
+      const lease = await locks.hold("r3", { ttl: 600 });
+      let renewed = 0;
+      lease.on("renewed", () => renewed++);
+      await sleep(1_300);
+      lease.check();
+      assert.ok(renewed >= 3, `renewed ${String(renewed)} times`);
+      assert.equal(await lease.fenceCheck(), true);
+      await lease.release();
+    });
+
+    test("an operator's DEL: the lease is lost (renewal_refused) within ttl/3, its signal aborted with the reason", async () => {
+      const lease = await locks.hold("r4", { ttl: 900 });
+      const lost = new Promise<LeaseLostError>((resolve) => lease.once("lost", resolve));
+      const started = performance.now();
+      await client.admin("DEL", "r4");
+      const error = await lost;
+      assert.ok(performance.now() - started < 450);
+      assert.equal(error.reason, "renewal_refused");
+      assert.ok(lease.signal.aborted);
+      assert.equal(lease.signal.reason, error);
+      assert.throws(() => {
+        lease.check();
+      }, LeaseLostError);
+      await assert.rejects(lease.release(), LeaseLostError);
+      await assert.rejects(lease.fenced(["SET", "r4:data", "x"]), StaleError);
+    });
+
+    test("a waiter is handed the lease when the holder releases, and claims it", async () => {
+      const holder = await locks.hold("r5", { ttl: 5_000 });
+      const waiting = locks.hold("r5", { ttl: 5_000, wait: 5_000 });
+      await sleep(200);
+      await holder.release();
+      const next = await waiting;
+      assert.ok(next.fence > holder.fence);
+      assert.equal((await locks.info("r5"))?.owner, next.token);
+      await next.release();
+    });
+
+    test("tickets: a waiter subscribed to the channel is handed the lease", async () => {
+      const holder = await locks.hold("r6", { ttl: 5_000 });
+      const started = performance.now();
+      const waiting = locks.hold("r6", { ttl: 5_000, wait: 5_000, strategy: "tickets", ticket: 3_000 });
+      await sleep(200);
+      await holder.release();
+      const next = await waiting;
+      // Woken by the hand-over, not by the ticket's refresh (every second).
+      assert.ok(performance.now() - started < 900, `took ${String(performance.now() - started)} ms`);
+      assert.ok(next.fence > holder.fence);
+      await next.release();
+    });
+
+    test("the caller's AbortSignal cancels a wait, and nothing is left in line", async () => {
+      const holder = await locks.hold("r7", { ttl: 5_000 });
+      const controller = new AbortController();
+      const waiting = locks.hold("r7", { ttl: 5_000, wait: 10_000, signal: controller.signal });
+      await sleep(200);
+      assert.equal((await locks.info("r7"))?.waiters, 1);
+      controller.abort(new Error("the caller gave up"));
+      await assert.rejects(waiting, NotAcquiredError);
+      await sleep(50);
+      assert.equal((await locks.info("r7"))?.waiters, 0);
+      await holder.release();
+      assert.equal((await locks.info("r7"))?.owner ?? null, null);
+    });
+
+    test("using returns the body's result, keeps the body's error, and throws a loss", async () => {
+      assert.equal(await locks.using("r8", { ttl: 5_000 }, (lease) => Promise.resolve(lease.fence > 0 ? "done" : "no")), "done");
+      const own = new Error("the work failed");
+      await assert.rejects(
+        locks.using("r8", { ttl: 5_000 }, async () => {
+          await client.admin("DEL", "r8");
+          throw own;
+        }),
+        (error) => error === own,
+      );
+      await assert.rejects(
+        locks.using("r8", { ttl: 900 }, async (lease) => {
+          await client.admin("DEL", "r8");
+          await sleep(450);
+          assert.ok(lease.signal.aborted);
+          return "finished anyway";
+        }),
+        (error) => error instanceof LeaseLostError && error.reason === "renewal_refused",
+      );
+    });
+
+    test("fenced writes run under the live fence and are refused with a stale one", async () => {
+      const old = await locks.hold("{r9}", { ttl: 5_000 });
+      assert.equal(await old.fenced(["SET", "{r9}:data", "old"]), "OK");
+      await old.release();
+      const current = await locks.hold("{r9}", { ttl: 5_000 });
+      await assert.rejects(old.fenced(["SET", "{r9}:data", "late"]), (error) => error instanceof StaleError && error.code === "ERR_DLOCK_STALE");
+      assert.equal(await client.admin("GET", "{r9}:data"), "old");
+      await current.release();
+    });
+
+    test("read/write: readers share, a writer waits for them", async () => {
+      const a = await locks.read("rw", { ttl: 5_000 });
+      const b = await locks.read("rw", { ttl: 5_000, wait: 0 });
+      await assert.rejects(locks.write("rw", { ttl: 5_000, wait: 0 }), NotAcquiredError);
+      await a.release();
+      await b.release();
+      const writer = await locks.write("rw", { ttl: 5_000, wait: 0 });
+      await assert.rejects(locks.read("rw", { ttl: 5_000, wait: 0 }), NotAcquiredError);
+      await writer.release();
+    });
+
+    test("a semaphore grants its permits and no more", async () => {
+      const held = [await locks.semaphore("sem", 2, { ttl: 5_000 }), await locks.semaphore("sem", 2, { ttl: 5_000 })];
+      await assert.rejects(locks.semaphore("sem", 2, { ttl: 5_000, wait: 0 }), NotAcquiredError);
+      await assert.rejects(locks.semaphore("sem", 0), InvalidArgumentError);
+      for (const lease of held) await lease.release();
+    });
+
+    test("maxHold ends the lease (max_hold) however it is renewed", async () => {
+      const lease = await locks.hold("r10", { ttl: 300, maxHold: 500 });
+      const lost = await new Promise<LeaseLostError>((resolve) => lease.once("lost", resolve));
+      assert.equal(lost.reason, "max_hold");
+    });
+
+    test("a mode conflict is a server error with its class", async () => {
+      await client.admin("DLOCK.ACQUIRE", "r11", "t", "5000");
+      await assert.rejects(locks.fenced("r11", 1, ["NOSUCHCOMMAND"]), (error) => error instanceof StaleError || error instanceof ServerError);
+    });
+
+    test("campaign and observe: the observer sees each leader, then nobody", { timeout: 10_000 }, async () => {
+      const controller = new AbortController();
+      const seen: (string | null)[] = [];
+      const observing = (async () => {
+        for await (const leader of locks.observe("election", { signal: controller.signal, interval: 500 })) {
+          seen.push(leader?.address ?? null);
+        }
+      })();
+      await sleep(100);
+      const a = await locks.campaign("election", "10.0.0.1:80", { ttl: 2_000 });
+      const bCampaign = locks.campaign("election", "10.0.0.2:80", { ttl: 2_000 });
+      await sleep(200);
+      await a.release();
+      const b = await bCampaign;
+      assert.ok(b.fence > a.fence);
+      await sleep(300);
+      await b.release();
+      await sleep(300);
+      controller.abort();
+      await observing;
+      assert.deepEqual(seen, [null, "10.0.0.1:80", "10.0.0.2:80", null]);
+    });
+  });
+}
