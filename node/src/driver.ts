@@ -39,6 +39,7 @@ interface Request {
   ticket_ms?: number;
   strategy?: string;
   meta?: string;
+  max_hold_ms?: number;
   mode?: string;
   permits?: number;
   command?: string[];
@@ -197,6 +198,7 @@ class Driver {
       strategy,
       ...(req.ticket_ms === undefined ? {} : { ticket: req.ticket_ms }),
       ...(req.meta === undefined ? {} : { meta: req.meta }),
+      ...(req.max_hold_ms === undefined ? {} : { maxHold: req.max_hold_ms }),
     };
     let lease: Lease;
     const resource = req.resource ?? "";

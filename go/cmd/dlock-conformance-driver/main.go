@@ -36,6 +36,7 @@ type request struct {
 	TicketMS int64    `json:"ticket_ms"`
 	Strategy string   `json:"strategy"`
 	Meta     *string  `json:"meta"`
+	MaxHold  *int64   `json:"max_hold_ms"`
 	Mode     string   `json:"mode"`
 	Permits  int      `json:"permits"`
 	Command  []string `json:"command"`
@@ -270,6 +271,9 @@ func (d *driver) hold(ctx context.Context, req request) (any, error) {
 	}
 	if req.Meta != nil {
 		opts = append(opts, dlock.Meta(*req.Meta))
+	}
+	if req.MaxHold != nil {
+		opts = append(opts, dlock.MaxHold(ms(*req.MaxHold)))
 	}
 	strategy, mode := req.Strategy, req.Mode
 	switch req.Op {
