@@ -66,7 +66,8 @@ type AcquireError struct {
 	Outcome string
 	// Token is the attempt's token (with OutcomeUnknown: the one that was released).
 	Token string
-	// Released (OutcomeUnknown): whether the release of Token found a grant and freed it.
+	// Released: whether the release of Token found a grant and freed it (OutcomeUnknown, or
+	// OutcomeHeld when a grant was answered after the caller's context ended).
 	Released bool
 	// Err is the cause: the caller's context error, the last transport error, or the server's.
 	Err error

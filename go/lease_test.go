@@ -482,3 +482,34 @@ func TestALeaderIsObservedAndReplacedAfterResigning(t *testing.T) {
 	}
 	_ = b.Resign(ctx)
 }
+
+func TestAGrantAnsweredAfterTheCallerGaveUpIsReleased(t *testing.T) {
+	t.Parallel()
+	for _, strategy := range []dlock.Option{dlock.Blocking(), dlock.Tickets(3 * time.Second)} {
+		server := testkit.StartServer(t)
+		rdb := server.Client(t)
+		// The ACQUIRE's reply takes 400 ms on the way back: the caller's context is cancelled
+		// while it travels, and a cancellation does not stop a read already under way.
+		proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.ACQUIRE", Delay: 400 * time.Millisecond})
+		through := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+		defer through.Close()
+		locks := newLocks(t, through, strategy)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(150*time.Millisecond, cancel)
+		_, err := locks.Hold(ctx, "r", dlock.TTL(20*time.Second))
+		cancel()
+		var failed *dlock.AcquireError
+		if !errors.As(err, &failed) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v, want a failed acquire cancelled by the caller", err)
+		}
+		if len(proxy.Matched()) == 0 {
+			t.Fatal("no ACQUIRE went through the proxy")
+		}
+		if n := rdb.Exists(context.Background(), "r").Val(); n != 0 {
+			t.Fatalf("the grant answered after the caller gave up is still held (%v)", err)
+		}
+		if !failed.Released {
+			t.Fatalf("the error does not say the grant was released: %v", err)
+		}
+	}
+}

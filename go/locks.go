@@ -332,8 +332,9 @@ type attempt struct {
 	holdEnd    time.Time
 	ttl        time.Duration
 	maxWait    time.Duration // the server's longest WAIT, once it refused a longer one
-	reached    bool          // a request may have reached the server
+	reached    bool          // a request may have reached the server unanswered (it may still arrive)
 	answered   bool          // the last request was answered
+	fenced     bool          // a fence was answered to the token: a grant exists or existed
 	failures   int           // ambiguous failures in a row
 	failingFor time.Time     // since the first of them
 	lastErr    error
@@ -422,13 +423,14 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 				return nil, failure
 			}
 		}
-		a.answer()
 		fence, err := fenceOf(reply)
 		if err != nil {
 			return nil, a.serverFailure(err)
 		}
+		a.answer(fence)
 		if ctx.Err() != nil {
-			// The caller gave up: a grant now would be nobody's.
+			// The caller gave up (a cancelled ctx does not stop a read already under way, so a
+			// fence may have come all the same): a grant now would be nobody's.
 			return nil, a.giveUp(ctx, ctx.Err())
 		}
 		if fence != 0 && !waited {
@@ -514,11 +516,11 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 				return nil, failure, false
 			}
 		}
-		a.answer()
 		fence, err := fenceOf(reply)
 		if err != nil {
 			return nil, a.serverFailure(err), false
 		}
+		a.answer(fence)
 		if fence != 0 {
 			if ctx.Err() != nil {
 				return nil, a.giveUp(ctx, ctx.Err()), false
@@ -593,9 +595,13 @@ func notSent(err error) bool {
 		errors.Is(err, redis.ErrClosed)
 }
 
-func (a *attempt) answer() {
+// answer records an answered ACQUIRE: its fence (0 for nil) means the token holds a grant.
+func (a *attempt) answer(fence uint64) {
 	a.answered = true
 	a.failures = 0
+	if fence != 0 {
+		a.fenced = true
+	}
 }
 
 func (a *attempt) retryPause() time.Duration {
@@ -606,23 +612,25 @@ func (a *attempt) retryPause() time.Duration {
 // unsettled: the retries ran out without an answer: unreachable if nothing could have arrived,
 // else unknown, after the release of the attempt's token.
 func (a *attempt) unsettled(ctx context.Context) error {
-	if !a.reached {
+	if !a.reached && !a.fenced {
 		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: a.lastErr}
 	}
 	released := a.forget(ctx)
 	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: a.lastErr}
 }
 
-// giveUp: the caller's context ended the attempt. Whatever may have been granted to the token is
-// released; the outcome is held if the server answered last, else as unsettled.
+// giveUp: the caller's context ended the attempt. Whatever may have been granted to the token (a
+// fence answered after the caller gave up, or a request still on its way) is released; the
+// outcome is held if the server answered last, else as unsettled.
 func (a *attempt) giveUp(ctx context.Context, cause error) error {
-	if a.answered || !a.reached {
-		if a.reached {
-			a.forget(ctx)
+	if a.answered {
+		released := false
+		if a.reached || a.fenced {
+			released = a.forget(ctx)
 		}
-		if a.answered {
-			return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Err: cause}
-		}
+		return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released, Err: cause}
+	}
+	if !a.reached && !a.fenced {
 		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: cause}
 	}
 	released := a.forget(ctx)
@@ -630,7 +638,7 @@ func (a *attempt) giveUp(ctx context.Context, cause error) error {
 }
 
 func (a *attempt) serverFailure(err error) error {
-	if a.reached {
+	if a.reached || a.fenced {
 		a.forget(context.Background())
 	}
 	return &AcquireError{Resource: a.resource, Outcome: OutcomeServer, Token: a.token, Err: serverError(err)}
