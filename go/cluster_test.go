@@ -67,6 +67,42 @@ func TestInAClusterALeaseAndItsFencedWritesFollowTheSlotToAnotherPrimary(t *test
 	_ = next.Release(ctx)
 }
 
+func TestInAClusterASlotMovedToANodeThatDiedIsRoutedByTheSlotMapAgain(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	rdb := cluster.Client(t)
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	const resource = "job:{9}"
+	if _, err := locks.Info(ctx, resource); err != nil { // the slot map is read
+		t.Fatal(err)
+	}
+	first := cluster.Owner(t, resource)
+	var others []*testkit.Server
+	for _, n := range cluster.Nodes {
+		if n != first {
+			others = append(others, n)
+		}
+	}
+	second, third := others[0], others[1]
+	// The slot moves: the old primary answers MOVED, and the client routes the slot there.
+	cluster.MoveSlot(t, resource, second)
+	if _, err := locks.Info(ctx, resource); err != nil {
+		t.Fatal(err)
+	}
+	// It moves again, and the node the MOVED named dies.
+	cluster.MoveSlot(t, resource, third)
+	second.Stop()
+	lease, err := locks.Hold(ctx, resource, dlock.Wait(3*time.Second))
+	if err != nil {
+		t.Fatalf("the slot stayed routed to the dead node: %v", err)
+	}
+	if owner := third.Client(t).Do(ctx, "DLOCK.INFO", resource).Val(); owner == nil {
+		t.Fatal("the lease is not on the slot's new primary")
+	}
+	_ = lease.Release(ctx)
+}
+
 type countedRedirects struct {
 	dlock.NoMetrics
 	n atomic.Int64

@@ -22,6 +22,10 @@ import (
 // maxRedirects is how many MOVED or ASK replies one request follows.
 const maxRedirects = 5
 
+// reloadEvery: the slot map is read again at most this often (after MOVED, after a node failed
+// to answer).
+const reloadEvery = 100 * time.Millisecond
+
 // waitPoolSize bounds the blocking waits in flight per server (each holds a connection);
 // connections are made only when needed.
 const waitPoolSize = 10_000
@@ -41,10 +45,11 @@ type router struct {
 	timeout time.Duration  // for pool waits and writes
 	metrics Metrics
 
-	mu    sync.Mutex
-	nodes map[string]*node
-	moved map[int]string // slot → primary, as MOVED replies said
-	one   *node          // a single server (or Sentinel's primary)
+	mu       sync.Mutex
+	nodes    map[string]*node
+	moved    map[int]string // slot → primary, as MOVED replies said, until that primary fails
+	one      *node          // a single server (or Sentinel's primary)
+	reloaded time.Time      // when the caller's slot map was last asked to reload
 }
 
 func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
@@ -144,7 +149,38 @@ func (r *router) learnMoved(slot int, addr string) {
 	r.mu.Lock()
 	r.moved[slot] = addr
 	r.mu.Unlock()
-	r.cluster.ReloadState(context.Background())
+	r.reload()
+}
+
+// reload asks the caller's client to read the slot map again, at most every reloadEvery.
+func (r *router) reload() {
+	r.mu.Lock()
+	due := time.Since(r.reloaded) >= reloadEvery
+	if due {
+		r.reloaded = time.Now()
+	}
+	r.mu.Unlock()
+	if due {
+		r.cluster.ReloadState(context.Background())
+	}
+}
+
+// failed is told of a request to addr that got no answer (a transport error or a timeout, not
+// the caller's own cancellation): the slots MOVED replies sent there are routed by the slot map
+// again, and the map is read again (docs/protocol.md, section 10), so a slot never stays
+// routed to a dead node.
+func (r *router) failed(caller context.Context, addr string, err error) {
+	if r.cluster == nil || err == nil || errorReply(err) != "" || errors.Is(err, redis.Nil) || caller.Err() != nil {
+		return
+	}
+	r.mu.Lock()
+	for slot, to := range r.moved {
+		if to == addr {
+			delete(r.moved, slot)
+		}
+	}
+	r.mu.Unlock()
+	r.reload()
 }
 
 // redirect reads a MOVED or ASK reply: its kind ("moved", "ask"), slot and address.
@@ -163,8 +199,8 @@ func redirect(err error) (kind string, slot int, addr string) {
 
 // do sends args to the server of resource and returns its reply (nil for a nil reply) within
 // timeout, following redirects.
-func (r *router) do(ctx context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r *router) do(caller context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
@@ -181,6 +217,7 @@ func (r *router) do(ctx context.Context, resource string, timeout time.Duration,
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}
+		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
 		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
 			return reply, err
@@ -231,6 +268,7 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	id, err := conn.ClientID(idCtx).Result()
 	cancelID()
 	if err != nil {
+		r.failed(ctx, n.addr, err)
 		return nil, err
 	}
 	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
@@ -245,6 +283,7 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
+	r.failed(ctx, n.addr, err)
 	if kind, slot, addr := redirect(err); kind == "moved" {
 		r.metrics.Redirect()
 		r.learnMoved(slot, addr)
@@ -273,8 +312,8 @@ func (r *router) close() error {
 // alone sends args on a connection opened for it and closed after: the RELEASE of an attempt's
 // token goes neither on the failed connection nor on a pooled one that may have gone silent
 // with it.
-func (r *router) alone(ctx context.Context, resource string, timeout time.Duration, args []any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r *router) alone(caller context.Context, resource string, timeout time.Duration, args []any) (any, error) {
+	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
@@ -288,5 +327,6 @@ func (r *router) alone(ctx context.Context, resource string, timeout time.Durati
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
+	r.failed(caller, n.addr, err)
 	return reply, err
 }
