@@ -513,3 +513,29 @@ func TestAGrantAnsweredAfterTheCallerGaveUpIsReleased(t *testing.T) {
 		}
 	}
 }
+
+func TestAPanicInTheWorkReleasesTheLeaseAndGoesOn(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	var held *dlock.Lease
+	recovered := func() (p any) {
+		defer func() { p = recover() }()
+		_ = locks.Do(ctx, "job", func(ctx context.Context, lease *dlock.Lease) error {
+			held = lease
+			panic("boom")
+		}, dlock.TTL(20*time.Second))
+		return nil
+	}()
+	if recovered != "boom" {
+		t.Fatalf("the work's panic did not go on: %v", recovered)
+	}
+	if !errors.Is(held.Err(), dlock.ErrReleased) {
+		t.Fatalf("after the panic: %v", held.Err())
+	}
+	if n := rdb.Exists(ctx, "job").Val(); n != 0 {
+		t.Fatal("the lease outlived the panic of its work")
+	}
+}

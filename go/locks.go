@@ -138,11 +138,21 @@ func (l *Locks) Do(ctx context.Context, resource string, fn func(ctx context.Con
 }
 
 // Run runs fn under the lease and releases it when fn returns, with Do's rules for errors. fn's
-// context is ctx, also cancelled when the lease is lost.
+// context is ctx, also cancelled when the lease is lost. If fn panics (or calls runtime.Goexit),
+// the lease is released all the same and the panic goes on.
 func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, lease *Lease) error) error {
 	work, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	returned := false
+	defer func() {
+		if !returned { // a panic on its way up: release, and let it go on unchanged
+			stop()
+			cancel(nil)
+			_ = l.Release(ctx)
+		}
+	}()
 	err := fn(work, l)
+	returned = true
 	stop()
 	cancel(nil)
 	released := l.Release(ctx)
