@@ -192,8 +192,8 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	if timeout <= 0 {
 		timeout = time.Millisecond
 	}
-	reply, err := l.locks.call(ctx, l.resource, timeout, func() []any {
-		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(cmdRenew, l.fence))
+	reply, err := l.locks.call(ctx, l.resource, timeout, func(addr string) []any {
+		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(addr, cmdRenew, l.fence))
 	})
 	if err == nil {
 		var n int64
@@ -240,8 +240,8 @@ func (l *Lease) Renew(ctx context.Context) (bool, error) {
 func (l *Lease) forgetAfterLoss() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.set.release())
 	defer cancel()
-	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func() []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func(addr string) []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
 	})
 	l.metrics.Held(time.Since(l.granted))
 }
@@ -271,8 +271,8 @@ func (l *Lease) release(ctx context.Context) error {
 	timeout := l.set.release()
 	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	reply, err := l.locks.call(call, l.resource, timeout, func() []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	reply, err := l.locks.call(call, l.resource, timeout, func(addr string) []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
 	})
 	l.metrics.Held(time.Since(l.granted))
 	var n int64

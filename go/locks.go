@@ -61,7 +61,7 @@ type Locks struct {
 	set    settings
 
 	mu      sync.Mutex
-	refused map[string]bool // options the server refused ("DLOCK.ACQUIRE CLAIM"): not sent again
+	refused map[string]bool // options a server refused ("127.0.0.1:6379 DLOCK.RENEW FENCE"): not sent to it again
 }
 
 // New makes a Locks on rdb: a *redis.Client (a single server, or Sentinel's
@@ -247,29 +247,31 @@ func asInt(reply any) (int64, error) {
 	return 0, fmt.Errorf("dlock: unexpected reply %v", reply)
 }
 
-// call sends the command build makes to resource's server; when the server refuses an option as
-// unknown (an older module) that may be dropped (CLAIM, META, FENCE), it is not sent again by
-// this Locks and the command goes once more without it.
-func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func() []any) (any, error) {
+// call sends the command build makes for the server at addr to resource's server; when that
+// server refuses an option as unknown (an older module) that may be dropped (CLAIM, META, FENCE,
+// QUEUE), it is not sent to that server again by this Locks and the command goes once more
+// without it. Refusals are kept per server address: in a Cluster upgraded one node at a time, a
+// node that has FENCE keeps getting it.
+func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
 	for {
-		args := build()
-		reply, err := l.router.do(ctx, resource, timeout, args...)
-		if !l.dropRefused(args, err) {
+		reply, addr, args, err := l.router.doBuilt(ctx, resource, timeout, build)
+		if !l.dropRefused(addr, args, err) {
 			return reply, err
 		}
 	}
 }
 
-// dropRefused: whether err refused an option of args that can be left out; it is then marked.
-func (l *Locks) dropRefused(args []any, err error) bool {
+// dropRefused: whether err, from the server at addr, refused an option of args that can be left
+// out; it is then marked for that server.
+func (l *Locks) dropRefused(addr string, args []any, err error) bool {
 	option := unsupportedOption(errorReply(err))
 	if option != "CLAIM" && option != "META" && option != "FENCE" && option != "QUEUE" {
 		return false
 	}
-	key := args[0].(string) + " " + option
+	key := addr + " " + args[0].(string) + " " + option
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.refused[key] {
@@ -279,15 +281,17 @@ func (l *Locks) dropRefused(args []any, err error) bool {
 	return true
 }
 
-func (l *Locks) isRefused(command, option string) bool {
+// isRefused: whether the server at addr refused option on command.
+func (l *Locks) isRefused(addr, command, option string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.refused[command+" "+option]
+	return l.refused[addr+" "+command+" "+option]
 }
 
-// fenceArg is fence, or 0 (no FENCE) for a server that refused FENCE on command.
-func (l *Locks) fenceArg(command string, fence uint64) uint64 {
-	if l.isRefused(command, "FENCE") {
+// fenceArg is fence, or 0 (no FENCE) for the server at addr if it refused FENCE on command:
+// only a server that has no FENCE gets a RENEW or RELEASE without it.
+func (l *Locks) fenceArg(addr, command string, fence uint64) uint64 {
+	if l.isRefused(addr, command, "FENCE") {
 		return 0
 	}
 	return fence
@@ -357,16 +361,17 @@ func (a *attempt) left() time.Duration {
 	return time.Until(a.waitUntil)
 }
 
-func (a *attempt) form(waitMS int64, hasWait bool, queueMS int64) acquireForm {
+// form is the ACQUIRE to send to the server at addr (without the options it refused).
+func (a *attempt) form(addr string, waitMS int64, hasWait bool, queueMS int64) acquireForm {
 	f := acquireForm{resource: a.resource, token: a.token, ttlMS: millis(a.ttl), mode: a.mode,
 		hasWait: hasWait, waitMS: waitMS, queueMS: queueMS}
-	if !a.locks.isRefused(cmdAcquire, "CLAIM") {
+	if !a.locks.isRefused(addr, cmdAcquire, "CLAIM") {
 		f.claimMS = a.set.claimMS()
 		if queueMS > 0 {
 			f.claimMS = max(f.claimMS, queueMS)
 		}
 	}
-	if a.set.hasMeta && !a.locks.isRefused(cmdAcquire, "META") {
+	if a.set.hasMeta && !a.locks.isRefused(addr, cmdAcquire, "META") {
 		f.meta, f.hasMeta = a.set.meta, true
 	}
 	return f
@@ -384,7 +389,7 @@ func (a *attempt) run(ctx context.Context) (*Lease, error) {
 	if deadline, ok := ctx.Deadline(); ok && (a.waitUntil.IsZero() || deadline.Before(a.waitUntil)) {
 		a.waitUntil = deadline
 	}
-	if a.set.tickets && !a.locks.isRefused(cmdAcquire, "QUEUE") && a.left() > 0 {
+	if a.set.tickets && a.left() > 0 {
 		lease, err, fallBack := a.tickets(ctx)
 		if !fallBack {
 			return lease, err
@@ -414,13 +419,17 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			}
 			waited = true
 			waitMS := millisUp(wait)
-			args := a.form(waitMS, true, 0).args()
-			reply, err = a.locks.router.blockingWait(ctx, a.resource, time.Duration(waitMS)*time.Millisecond, a.set.requestTimeout, args)
-			if a.locks.dropRefused(args, err) {
+			var (
+				addr string
+				args []any
+			)
+			reply, addr, args, err = a.locks.router.blockingWait(ctx, a.resource, time.Duration(waitMS)*time.Millisecond, a.set.requestTimeout,
+				func(addr string) []any { return a.form(addr, waitMS, true, 0).args() })
+			if a.locks.dropRefused(addr, args, err) {
 				continue
 			}
 		} else {
-			reply, err = a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any { return a.form(0, false, 0).args() })
+			reply, err = a.locks.call(ctx, a.resource, a.set.requestTimeout, func(addr string) []any { return a.form(addr, 0, false, 0).args() })
 		}
 		if err != nil {
 			if retry, failure := a.failed(err); retry {
@@ -493,6 +502,9 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
 		serving, routeErr := a.locks.router.forResource(pick, a.resource)
 		cancel()
+		if routeErr == nil && a.locks.isRefused(serving.addr, cmdAcquire, "QUEUE") {
+			return nil, nil, true
+		}
 		if routeErr == nil && serving != where {
 			// Subscribed before the first ticket, and again where a failover or a migration
 			// moved the resource: no hand-over goes unheard.
@@ -510,11 +522,12 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		}
 		sent := time.Now()
 		queued = true
-		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any {
-			return a.form(0, false, millis(ticket)).args()
+		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func(addr string) []any {
+			return a.form(addr, 0, false, millis(ticket)).args()
 		})
 		if err != nil {
-			if a.locks.isRefused(cmdAcquire, "QUEUE") {
+			if unsupportedOption(errorReply(err)) == "QUEUE" {
+				// This server has no tickets (marked by call): the blocking wait takes over.
 				return nil, nil, true
 			}
 			if retry, failure := a.failed(err); retry {

@@ -200,34 +200,43 @@ func redirect(err error) (kind string, slot int, addr string) {
 // do sends args to the server of resource and returns its reply (nil for a nil reply) within
 // timeout, following redirects.
 func (r *router) do(caller context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
+	reply, _, _, err := r.doBuilt(caller, resource, timeout, func(string) []any { return args })
+	return reply, err
+}
+
+// doBuilt is do for the command build makes for each server it goes to (the options that
+// server refused left out): the reply, the address of the server that gave it and the command
+// it was given.
+func (r *router) doBuilt(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
 	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
 	asking := false
 	for hop := 0; ; hop++ {
 		var reply any
+		args := build(n.addr)
 		if asking {
 			reply, err = askingDo(ctx, n.cmd, args)
 		} else {
 			reply, err = n.cmd.Do(ctx, args...).Result()
 		}
 		if errors.Is(err, redis.Nil) {
-			return nil, nil
+			return nil, n.addr, args, nil
 		}
 		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
 		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
-			return reply, err
+			return reply, n.addr, args, err
 		}
 		r.metrics.Redirect()
 		if kind == "moved" {
 			r.learnMoved(slot, addr)
 		}
 		if n, err = r.at(ctx, addr, nil); err != nil {
-			return nil, err
+			return nil, "", nil, err
 		}
 		asking = kind == "ask"
 	}
@@ -254,13 +263,14 @@ func askingDo(ctx context.Context, client *redis.Client, args []any) (any, error
 // place. When ctx ends first, CLIENT UNBLOCK (from another connection) ends the wait in the
 // server, which answers it nil. A redirect is returned as it came (the caller retries with the
 // same token on the node the map names by then).
-func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, args []any) (any, error) {
+func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
 	pick, cancelPick := context.WithTimeout(ctx, requestTimeout)
 	n, err := r.forResource(pick, resource)
 	cancelPick()
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
+	args := build(n.addr)
 	conn := n.wait.Conn()
 	defer conn.Close()
 	// The deadline is the wait's own, not the caller's: the caller's end is CLIENT UNBLOCK's job.
@@ -269,7 +279,7 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	cancelID()
 	if err != nil {
 		r.failed(ctx, n.addr, err)
-		return nil, err
+		return nil, n.addr, args, err
 	}
 	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
 	defer cancelCall()
@@ -281,14 +291,14 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	defer stop()
 	reply, err := conn.Do(call, args...).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil, nil
+		return nil, n.addr, args, nil
 	}
 	r.failed(ctx, n.addr, err)
 	if kind, slot, addr := redirect(err); kind == "moved" {
 		r.metrics.Redirect()
 		r.learnMoved(slot, addr)
 	}
-	return reply, err
+	return reply, n.addr, args, err
 }
 
 func (r *router) close() error {
