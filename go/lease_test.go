@@ -539,3 +539,31 @@ func TestAPanicInTheWorkReleasesTheLeaseAndGoesOn(t *testing.T) {
 		t.Fatal("the lease outlived the panic of its work")
 	}
 }
+
+func TestAHeldOutcomeAfterAFailedRequestReleasesTheToken(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	if err := rdb.Do(context.Background(), "DLOCK.ACQUIRE", "r", "someone-else", 30000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first ACQUIRE's reply is lost: the request failed on the way back, and the attempt
+	// goes on with a wait that the server times out.
+	proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.ACQUIRE", Swallow: true, Connections: 1})
+	through := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	defer through.Close()
+	locks := newLocks(t, through, dlock.RequestTimeout(200*time.Millisecond))
+	before := serverCount(t, rdb, "release_not_owner")
+	_, err := locks.Hold(context.Background(), "r", dlock.Wait(time.Second))
+	if !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("got %v", err)
+	}
+	if len(proxy.Matched()) < 2 || serverCount(t, rdb, "waits_timed_out") != 1 {
+		t.Fatal("not a lost reply then a wait timed out by the server")
+	}
+	// The lost request may have been one still on its way: the token is released, and once
+	// more 100 ms later since the first found nothing.
+	if n := serverCount(t, rdb, "release_not_owner") - before; n != 2 {
+		t.Fatalf("%d RELEASEs of the token after the attempt, want 2", n)
+	}
+}

@@ -468,7 +468,16 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			}
 			return 0
 		}() {
-			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token}
+			// The server answered nil at the wait's end (it timed the wait out, or the claim's
+			// window passed): this answer leaves the token nothing. A request of this attempt that
+			// failed on the way may still arrive after it, though (docs/protocol.md §2, after a
+			// failed wait): then the token is released, once more 100 ms later if that found
+			// nothing. Without such a failure nothing can come later, and nothing is sent.
+			released := false
+			if a.reached {
+				released = a.forget(ctx)
+			}
+			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released}
 		}
 		if waited && !sleep(ctx, min(waitAgainPause, a.left())) {
 			return nil, a.giveUp(ctx, ctx.Err())
