@@ -48,7 +48,7 @@ func newLease(ctx context.Context, l *Locks, resource, token string, fence uint6
 	lease := &Lease{
 		locks: l, resource: resource, token: token, fence: fence, mode: m, ttl: ttl, set: set,
 		log: logger, metrics: metrics, granted: time.Now(), holdEnd: holdEnd,
-		localExpiry: sent.Add(ttl), nextRenewal: sent.Add(ttl / 3),
+		localExpiry: sent.Add(asSent(ttl)), nextRenewal: sent.Add(renewEvery(ttl)),
 		stop: make(chan struct{}), finished: make(chan struct{}),
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
@@ -200,8 +200,8 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 		n, err = asInt(reply)
 		if err == nil && n == 1 {
 			l.mu.Lock()
-			l.localExpiry = sent.Add(time.Duration(millis(ttl)) * time.Millisecond)
-			l.nextRenewal = time.Now().Add(l.ttl / 3)
+			l.localExpiry = sent.Add(asSent(ttl))
+			l.nextRenewal = time.Now().Add(renewEvery(l.ttl))
 			l.mu.Unlock()
 			return true, nil
 		}
@@ -221,7 +221,7 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence,
 		slog.String("reason", "error"), slog.String("error", err.Error()))
 	l.mu.Lock()
-	l.nextRenewal = time.Now().Add(l.ttl / 10)
+	l.nextRenewal = time.Now().Add(renewRetry(l.ttl))
 	l.mu.Unlock()
 	return false, err
 }

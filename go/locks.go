@@ -267,8 +267,8 @@ func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration
 // dropRefused: whether err, from the server at addr, refused an option of args that can be left
 // out; it is then marked for that server.
 func (l *Locks) dropRefused(addr string, args []any, err error) bool {
-	option := unsupportedOption(errorReply(err))
-	if option != "CLAIM" && option != "META" && option != "FENCE" && option != "QUEUE" {
+	option := droppableOption(errorReply(err))
+	if option == "" {
 		return false
 	}
 	key := addr + " " + args[0].(string) + " " + option
@@ -366,10 +366,7 @@ func (a *attempt) form(addr string, waitMS int64, hasWait bool, queueMS int64) a
 	f := acquireForm{resource: a.resource, token: a.token, ttlMS: millis(a.ttl), mode: a.mode,
 		hasWait: hasWait, waitMS: waitMS, queueMS: queueMS}
 	if !a.locks.isRefused(addr, cmdAcquire, "CLAIM") {
-		f.claimMS = a.set.claimMS()
-		if queueMS > 0 {
-			f.claimMS = max(f.claimMS, queueMS)
-		}
+		f.claimMS = claimWindowMS(a.set.requestTimeout, queueMS)
 	}
 	if a.set.hasMeta && !a.locks.isRefused(addr, cmdAcquire, "META") {
 		f.meta, f.hasMeta = a.set.meta, true
@@ -590,9 +587,9 @@ func (a *attempt) failed(err error) (bool, error) {
 	text := errorReply(err)
 	if text != "" {
 		class := ErrorClass(text)
-		if bound := upperBound(text); bound > 0 && a.maxWait == 0 && len(text) > 15 && text[:15] == "ERR timeout-ms " {
+		if longest := waitTooLong(text); longest > 0 && a.maxWait == 0 {
 			// A wait longer than the server allows: wait in slices of its longest.
-			a.maxWait = time.Duration(bound) * time.Millisecond
+			a.maxWait = longest
 			return true, nil
 		}
 		switch class {
