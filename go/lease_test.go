@@ -244,8 +244,13 @@ func TestAPausedServerPastTheTTLLosesTheLeaseAtItsLocalExpiry(t *testing.T) {
 	case <-time.After(3 * ttl):
 		t.Fatal("the lease was not lost")
 	}
-	if took := time.Since(granted); took > ttl+100*time.Millisecond {
+	lostAt := time.Now()
+	if took := lostAt.Sub(granted); took > ttl+100*time.Millisecond {
 		t.Fatalf("lost %v after the grant, ttl %v", took, ttl)
+	}
+	// Not before the local expiry either: no renewal was answered, and until then it held.
+	if early := lease.LocalExpiry().Sub(lostAt); early > 0 {
+		t.Fatalf("lost %v before its local expiry", early)
 	}
 	var lost *dlock.LeaseLostError
 	if !errors.As(lease.Err(), &lost) || lost.Reason != dlock.ReasonUnreachable {
