@@ -572,3 +572,30 @@ func TestAHeldOutcomeAfterAFailedRequestReleasesTheToken(t *testing.T) {
 		t.Fatalf("%d RELEASEs of the token after the attempt, want 2", n)
 	}
 }
+
+func TestACampaignTakesTheOptionsGivenToNew(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	ctx := context.Background()
+	locks := newLocks(t, rdb, dlock.TTL(3*time.Second), dlock.Wait(300*time.Millisecond))
+	leader, err := locks.Campaign(ctx, "scheduler", "10.0.0.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Resign(ctx)
+	if leader.TTL() != 3*time.Second {
+		t.Fatalf("the campaign's ttl is %v, not the 3 s given to New", leader.TTL())
+	}
+	started := time.Now()
+	_, err = locks.Campaign(ctx, "scheduler", "10.0.0.2:80")
+	if !errors.Is(err, dlock.ErrNotAcquired) || time.Since(started) > 2*time.Second {
+		t.Fatalf("a campaign against a leader did not end with New's Wait: %v after %v", err, time.Since(started))
+	}
+	// A call's own option still comes last.
+	other, err := locks.Campaign(ctx, "other", "10.0.0.3:80", dlock.TTL(4*time.Second))
+	if err != nil || other.TTL() != 4*time.Second {
+		t.Fatalf("a call's TTL: %v, %v", err, other)
+	}
+	_ = other.Resign(ctx)
+}

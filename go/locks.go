@@ -59,6 +59,7 @@ type Locks struct {
 	router *router
 	err    error // New's, returned by every call
 	set    settings
+	opts   []Option // New's options (a campaign applies them over its own defaults)
 
 	mu      sync.Mutex
 	refused map[string]bool // options a server refused ("127.0.0.1:6379 DLOCK.RENEW FENCE"): not sent to it again
@@ -74,7 +75,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Locks {
 	for _, opt := range opts {
 		opt(&set)
 	}
-	l := &Locks{set: set, refused: map[string]bool{}}
+	l := &Locks{set: set, opts: opts, refused: map[string]bool{}}
 	l.router, l.err = newRouter(rdb, set.requestTimeout, set.figures())
 	return l
 }
