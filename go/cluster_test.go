@@ -1,10 +1,15 @@
 package dlock_test
 
 import (
+	"bytes"
 	"context"
+	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	dlock "github.com/dlock-dev/dlock/go"
 	"github.com/dlock-dev/dlock/go/internal/testkit"
@@ -65,6 +70,99 @@ func TestInAClusterALeaseAndItsFencedWritesFollowTheSlotToAnotherPrimary(t *test
 		t.Fatalf("the next holder: %v", err)
 	}
 	_ = next.Release(ctx)
+}
+
+func TestInAClusterASlotMovedToANodeThatDiedIsRoutedByTheSlotMapAgain(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	rdb := cluster.Client(t)
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	const resource = "job:{9}"
+	if _, err := locks.Info(ctx, resource); err != nil { // the slot map is read
+		t.Fatal(err)
+	}
+	first := cluster.Owner(t, resource)
+	var others []*testkit.Server
+	for _, n := range cluster.Nodes {
+		if n != first {
+			others = append(others, n)
+		}
+	}
+	second, third := others[0], others[1]
+	// The slot moves: the old primary answers MOVED, and the client routes the slot there.
+	cluster.MoveSlot(t, resource, second)
+	if _, err := locks.Info(ctx, resource); err != nil {
+		t.Fatal(err)
+	}
+	// It moves again, and the node the MOVED named dies.
+	cluster.MoveSlot(t, resource, third)
+	second.Stop()
+	lease, err := locks.Hold(ctx, resource, dlock.Wait(3*time.Second))
+	if err != nil {
+		t.Fatalf("the slot stayed routed to the dead node: %v", err)
+	}
+	if owner := third.Client(t).Do(ctx, "DLOCK.INFO", resource).Val(); owner == nil {
+		t.Fatal("the lease is not on the slot's new primary")
+	}
+	_ = lease.Release(ctx)
+}
+
+func TestInAClusterOnlyTheNodeThatRefusedFenceGetsReleasesWithoutIt(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	old, current := cluster.Nodes[0], cluster.Nodes[1]
+	// The connections to one node go through a proxy that answers a FENCE as a module older
+	// than FENCE does; those to another through one that records its RELEASEs.
+	refusing := testkit.StartProxyWith(t, old.Addr(), testkit.ProxyOptions{Match: "$5\r\nFENCE\r\n",
+		Refuse: "ERR syntax error: unexpected argument 'FENCE'"})
+	recording := testkit.StartProxyWith(t, current.Addr(), testkit.ProxyOptions{Match: "DLOCK.RELEASE"})
+	through := map[string]string{old.Addr(): refusing.Addr(), current.Addr(): recording.Addr()}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(),
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if proxy, ok := through[addr]; ok {
+				addr = proxy
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}})
+	defer rdb.Close()
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	keyOn := func(node *testkit.Server) string {
+		for i := 0; ; i++ {
+			if key := "r{" + strconv.Itoa(i) + "}"; cluster.Owner(t, key) == node {
+				return key
+			}
+		}
+	}
+
+	onOld, err := locks.Hold(ctx, keyOn(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := onOld.Release(ctx); err != nil { // refused with FENCE, released without it
+		t.Fatalf("the release on the node without FENCE: %v", err)
+	}
+	if len(refusing.Matched()) == 0 {
+		t.Fatal("no FENCE was refused")
+	}
+	onCurrent, err := locks.Hold(ctx, keyOn(current))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := onCurrent.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	releases := recording.Matched()
+	if len(releases) == 0 {
+		t.Fatal("no RELEASE went to the other node")
+	}
+	for _, release := range releases {
+		if !bytes.Contains(release, []byte("$5\r\nFENCE\r\n")) {
+			t.Fatalf("a RELEASE without FENCE to a node that never refused it: %q", release)
+		}
+	}
 }
 
 type countedRedirects struct {

@@ -13,13 +13,15 @@ const observeInterval = 5 * time.Second
 // Campaign waits until this candidate leads the election name, then returns the leadership as
 // an exclusive lease whose META is address (what Observe shows of the leader); its Fence is the
 // term's epoch, larger for every newer term: send it with the leader's writes. It waits in rounds
-// of 30 s, each with a fresh token, until ctx ends (or the Wait option, when given, passes).
-// Default ttl 10 s. Resign with lease.Release (or Resign); a crashed leader is replaced once its
-// ttl runs out.
+// of 30 s, each with a fresh token, until ctx ends (or the Wait option, when given to New or to
+// Campaign, passes). Default ttl 10 s, unless New or Campaign is given a TTL. Resign with
+// lease.Release (or Resign); a crashed leader is replaced once its ttl runs out.
 func (l *Locks) Campaign(ctx context.Context, name, address string, opts ...Option) (*Lease, error) {
-	set := l.set
+	// A campaign's own defaults (ttl 10 s, no limit on the wait), then New's options, then the
+	// call's: an option given to New is the default of every call, campaigns included.
+	set := defaults()
 	set.ttl, set.wait = 10*time.Second, -1
-	for _, opt := range opts {
+	for _, opt := range append(append([]Option(nil), l.opts...), opts...) {
 		opt(&set)
 	}
 	set.meta, set.hasMeta = address, true

@@ -21,8 +21,8 @@ var (
 	ErrUnknownOutcome = errors.New("dlock: outcome of the acquire unknown")
 	// ErrLeaseLost: the lease ended before the work did; work after that was not protected.
 	ErrLeaseLost = errors.New("dlock: lease lost")
-	// ErrNotReleased: the work succeeded but its lease could not be released (it ends with its
-	// ttl), or was found gone at the release.
+	// ErrNotReleased: the lease's release got no answer in time: it ends with its ttl. (A lease
+	// found gone at the release is a *LeaseLostError with ReasonEnded, not this.)
 	ErrNotReleased = errors.New("dlock: lease not released")
 	// ErrStale: a fenced write was refused because its fence no longer holds: nothing ran.
 	ErrStale = errors.New("dlock: stale fence")
@@ -66,7 +66,8 @@ type AcquireError struct {
 	Outcome string
 	// Token is the attempt's token (with OutcomeUnknown: the one that was released).
 	Token string
-	// Released (OutcomeUnknown): whether the release of Token found a grant and freed it.
+	// Released: whether the release of Token found a grant and freed it (OutcomeUnknown, or
+	// OutcomeHeld when a grant was answered after the caller's context ended).
 	Released bool
 	// Err is the cause: the caller's context error, the last transport error, or the server's.
 	Err error
@@ -116,8 +117,10 @@ func (e *LeaseLostError) Error() string {
 // Is matches ErrLeaseLost.
 func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
-// ReleaseError: the work succeeded, and its lease's release failed (Err) or found the lease gone
-// (Err nil).
+// ReleaseError: the release of a lease got no answer in time (Err: the transport error or the
+// timeout); the lease ends with its ttl. Release returns it, and Run or Do when the work
+// succeeded. A release that finds the lease gone returns the *LeaseLostError (ReasonEnded)
+// instead.
 type ReleaseError struct {
 	Resource string
 	Fence    uint64
@@ -125,9 +128,6 @@ type ReleaseError struct {
 }
 
 func (e *ReleaseError) Error() string {
-	if e.Err == nil {
-		return fmt.Sprintf("dlock: lease on %q (fence %d) not released: already gone", e.Resource, e.Fence)
-	}
 	return fmt.Sprintf("dlock: lease on %q (fence %d) not released: %v", e.Resource, e.Fence, e.Err)
 }
 

@@ -48,7 +48,7 @@ func newLease(ctx context.Context, l *Locks, resource, token string, fence uint6
 	lease := &Lease{
 		locks: l, resource: resource, token: token, fence: fence, mode: m, ttl: ttl, set: set,
 		log: logger, metrics: metrics, granted: time.Now(), holdEnd: holdEnd,
-		localExpiry: sent.Add(ttl), nextRenewal: sent.Add(ttl / 3),
+		localExpiry: sent.Add(asSent(ttl)), nextRenewal: sent.Add(renewEvery(ttl)),
 		stop: make(chan struct{}), finished: make(chan struct{}),
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
@@ -192,16 +192,16 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	if timeout <= 0 {
 		timeout = time.Millisecond
 	}
-	reply, err := l.locks.call(ctx, l.resource, timeout, func() []any {
-		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(cmdRenew, l.fence))
+	reply, err := l.locks.call(ctx, l.resource, timeout, func(addr string) []any {
+		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(addr, cmdRenew, l.fence))
 	})
 	if err == nil {
 		var n int64
 		n, err = asInt(reply)
 		if err == nil && n == 1 {
 			l.mu.Lock()
-			l.localExpiry = sent.Add(time.Duration(millis(ttl)) * time.Millisecond)
-			l.nextRenewal = time.Now().Add(l.ttl / 3)
+			l.localExpiry = sent.Add(asSent(ttl))
+			l.nextRenewal = time.Now().Add(renewEvery(l.ttl))
 			l.mu.Unlock()
 			return true, nil
 		}
@@ -221,7 +221,7 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence,
 		slog.String("reason", "error"), slog.String("error", err.Error()))
 	l.mu.Lock()
-	l.nextRenewal = time.Now().Add(l.ttl / 10)
+	l.nextRenewal = time.Now().Add(renewRetry(l.ttl))
 	l.mu.Unlock()
 	return false, err
 }
@@ -240,8 +240,8 @@ func (l *Lease) Renew(ctx context.Context) (bool, error) {
 func (l *Lease) forgetAfterLoss() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.set.release())
 	defer cancel()
-	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func() []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func(addr string) []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
 	})
 	l.metrics.Held(time.Since(l.granted))
 }
@@ -271,8 +271,8 @@ func (l *Lease) release(ctx context.Context) error {
 	timeout := l.set.release()
 	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	reply, err := l.locks.call(call, l.resource, timeout, func() []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(cmdRelease, l.fence))
+	reply, err := l.locks.call(call, l.resource, timeout, func(addr string) []any {
+		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
 	})
 	l.metrics.Held(time.Since(l.granted))
 	var n int64

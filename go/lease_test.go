@@ -244,8 +244,13 @@ func TestAPausedServerPastTheTTLLosesTheLeaseAtItsLocalExpiry(t *testing.T) {
 	case <-time.After(3 * ttl):
 		t.Fatal("the lease was not lost")
 	}
-	if took := time.Since(granted); took > ttl+100*time.Millisecond {
+	lostAt := time.Now()
+	if took := lostAt.Sub(granted); took > ttl+100*time.Millisecond {
 		t.Fatalf("lost %v after the grant, ttl %v", took, ttl)
+	}
+	// Not before the local expiry either: no renewal was answered, and until then it held.
+	if early := lease.LocalExpiry().Sub(lostAt); early > 0 {
+		t.Fatalf("lost %v before its local expiry", early)
 	}
 	var lost *dlock.LeaseLostError
 	if !errors.As(lease.Err(), &lost) || lost.Reason != dlock.ReasonUnreachable {
@@ -481,4 +486,116 @@ func TestALeaderIsObservedAndReplacedAfterResigning(t *testing.T) {
 		t.Fatalf("observed %+v after the hand-over", seen)
 	}
 	_ = b.Resign(ctx)
+}
+
+func TestAGrantAnsweredAfterTheCallerGaveUpIsReleased(t *testing.T) {
+	t.Parallel()
+	for _, strategy := range []dlock.Option{dlock.Blocking(), dlock.Tickets(3 * time.Second)} {
+		server := testkit.StartServer(t)
+		rdb := server.Client(t)
+		// The ACQUIRE's reply takes 400 ms on the way back: the caller's context is cancelled
+		// while it travels, and a cancellation does not stop a read already under way.
+		proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.ACQUIRE", Delay: 400 * time.Millisecond})
+		through := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+		defer through.Close()
+		locks := newLocks(t, through, strategy)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(150*time.Millisecond, cancel)
+		_, err := locks.Hold(ctx, "r", dlock.TTL(20*time.Second))
+		cancel()
+		var failed *dlock.AcquireError
+		if !errors.As(err, &failed) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v, want a failed acquire cancelled by the caller", err)
+		}
+		if len(proxy.Matched()) == 0 {
+			t.Fatal("no ACQUIRE went through the proxy")
+		}
+		if n := rdb.Exists(context.Background(), "r").Val(); n != 0 {
+			t.Fatalf("the grant answered after the caller gave up is still held (%v)", err)
+		}
+		if !failed.Released {
+			t.Fatalf("the error does not say the grant was released: %v", err)
+		}
+	}
+}
+
+func TestAPanicInTheWorkReleasesTheLeaseAndGoesOn(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	var held *dlock.Lease
+	recovered := func() (p any) {
+		defer func() { p = recover() }()
+		_ = locks.Do(ctx, "job", func(ctx context.Context, lease *dlock.Lease) error {
+			held = lease
+			panic("boom")
+		}, dlock.TTL(20*time.Second))
+		return nil
+	}()
+	if recovered != "boom" {
+		t.Fatalf("the work's panic did not go on: %v", recovered)
+	}
+	if !errors.Is(held.Err(), dlock.ErrReleased) {
+		t.Fatalf("after the panic: %v", held.Err())
+	}
+	if n := rdb.Exists(ctx, "job").Val(); n != 0 {
+		t.Fatal("the lease outlived the panic of its work")
+	}
+}
+
+func TestAHeldOutcomeAfterAFailedRequestReleasesTheToken(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	if err := rdb.Do(context.Background(), "DLOCK.ACQUIRE", "r", "someone-else", 30000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first ACQUIRE's reply is lost: the request failed on the way back, and the attempt
+	// goes on with a wait that the server times out.
+	proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.ACQUIRE", Swallow: true, Connections: 1})
+	through := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	defer through.Close()
+	locks := newLocks(t, through, dlock.RequestTimeout(200*time.Millisecond))
+	before := serverCount(t, rdb, "release_not_owner")
+	_, err := locks.Hold(context.Background(), "r", dlock.Wait(time.Second))
+	if !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("got %v", err)
+	}
+	if len(proxy.Matched()) < 2 || serverCount(t, rdb, "waits_timed_out") != 1 {
+		t.Fatal("not a lost reply then a wait timed out by the server")
+	}
+	// The lost request may have been one still on its way: the token is released, and once
+	// more 100 ms later since the first found nothing.
+	if n := serverCount(t, rdb, "release_not_owner") - before; n != 2 {
+		t.Fatalf("%d RELEASEs of the token after the attempt, want 2", n)
+	}
+}
+
+func TestACampaignTakesTheOptionsGivenToNew(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	ctx := context.Background()
+	locks := newLocks(t, rdb, dlock.TTL(3*time.Second), dlock.Wait(300*time.Millisecond))
+	leader, err := locks.Campaign(ctx, "scheduler", "10.0.0.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Resign(ctx)
+	if leader.TTL() != 3*time.Second {
+		t.Fatalf("the campaign's ttl is %v, not the 3 s given to New", leader.TTL())
+	}
+	started := time.Now()
+	_, err = locks.Campaign(ctx, "scheduler", "10.0.0.2:80")
+	if !errors.Is(err, dlock.ErrNotAcquired) || time.Since(started) > 2*time.Second {
+		t.Fatalf("a campaign against a leader did not end with New's Wait: %v after %v", err, time.Since(started))
+	}
+	// A call's own option still comes last.
+	other, err := locks.Campaign(ctx, "other", "10.0.0.3:80", dlock.TTL(4*time.Second))
+	if err != nil || other.TTL() != 4*time.Second {
+		t.Fatalf("a call's TTL: %v, %v", err, other)
+	}
+	_ = other.Resign(ctx)
 }

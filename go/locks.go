@@ -59,9 +59,10 @@ type Locks struct {
 	router *router
 	err    error // New's, returned by every call
 	set    settings
+	opts   []Option // New's options (a campaign applies them over its own defaults)
 
 	mu      sync.Mutex
-	refused map[string]bool // options the server refused ("DLOCK.ACQUIRE CLAIM"): not sent again
+	refused map[string]bool // options a server refused ("127.0.0.1:6379 DLOCK.RENEW FENCE"): not sent to it again
 }
 
 // New makes a Locks on rdb: a *redis.Client (a single server, or Sentinel's
@@ -74,7 +75,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Locks {
 	for _, opt := range opts {
 		opt(&set)
 	}
-	l := &Locks{set: set, refused: map[string]bool{}}
+	l := &Locks{set: set, opts: opts, refused: map[string]bool{}}
 	l.router, l.err = newRouter(rdb, set.requestTimeout, set.figures())
 	return l
 }
@@ -138,11 +139,21 @@ func (l *Locks) Do(ctx context.Context, resource string, fn func(ctx context.Con
 }
 
 // Run runs fn under the lease and releases it when fn returns, with Do's rules for errors. fn's
-// context is ctx, also cancelled when the lease is lost.
+// context is ctx, also cancelled when the lease is lost. If fn panics (or calls runtime.Goexit),
+// the lease is released all the same and the panic goes on.
 func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, lease *Lease) error) error {
 	work, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	returned := false
+	defer func() {
+		if !returned { // a panic on its way up: release, and let it go on unchanged
+			stop()
+			cancel(nil)
+			_ = l.Release(ctx)
+		}
+	}()
 	err := fn(work, l)
+	returned = true
 	stop()
 	cancel(nil)
 	released := l.Release(ctx)
@@ -237,29 +248,31 @@ func asInt(reply any) (int64, error) {
 	return 0, fmt.Errorf("dlock: unexpected reply %v", reply)
 }
 
-// call sends the command build makes to resource's server; when the server refuses an option as
-// unknown (an older module) that may be dropped (CLAIM, META, FENCE), it is not sent again by
-// this Locks and the command goes once more without it.
-func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func() []any) (any, error) {
+// call sends the command build makes for the server at addr to resource's server; when that
+// server refuses an option as unknown (an older module) that may be dropped (CLAIM, META, FENCE,
+// QUEUE), it is not sent to that server again by this Locks and the command goes once more
+// without it. Refusals are kept per server address: in a Cluster upgraded one node at a time, a
+// node that has FENCE keeps getting it.
+func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
 	for {
-		args := build()
-		reply, err := l.router.do(ctx, resource, timeout, args...)
-		if !l.dropRefused(args, err) {
+		reply, addr, args, err := l.router.doBuilt(ctx, resource, timeout, build)
+		if !l.dropRefused(addr, args, err) {
 			return reply, err
 		}
 	}
 }
 
-// dropRefused: whether err refused an option of args that can be left out; it is then marked.
-func (l *Locks) dropRefused(args []any, err error) bool {
-	option := unsupportedOption(errorReply(err))
-	if option != "CLAIM" && option != "META" && option != "FENCE" && option != "QUEUE" {
+// dropRefused: whether err, from the server at addr, refused an option of args that can be left
+// out; it is then marked for that server.
+func (l *Locks) dropRefused(addr string, args []any, err error) bool {
+	option := droppableOption(errorReply(err))
+	if option == "" {
 		return false
 	}
-	key := args[0].(string) + " " + option
+	key := addr + " " + args[0].(string) + " " + option
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.refused[key] {
@@ -269,15 +282,17 @@ func (l *Locks) dropRefused(args []any, err error) bool {
 	return true
 }
 
-func (l *Locks) isRefused(command, option string) bool {
+// isRefused: whether the server at addr refused option on command.
+func (l *Locks) isRefused(addr, command, option string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.refused[command+" "+option]
+	return l.refused[addr+" "+command+" "+option]
 }
 
-// fenceArg is fence, or 0 (no FENCE) for a server that refused FENCE on command.
-func (l *Locks) fenceArg(command string, fence uint64) uint64 {
-	if l.isRefused(command, "FENCE") {
+// fenceArg is fence, or 0 (no FENCE) for the server at addr if it refused FENCE on command:
+// only a server that has no FENCE gets a RENEW or RELEASE without it.
+func (l *Locks) fenceArg(addr, command string, fence uint64) uint64 {
+	if l.isRefused(addr, command, "FENCE") {
 		return 0
 	}
 	return fence
@@ -332,8 +347,9 @@ type attempt struct {
 	holdEnd    time.Time
 	ttl        time.Duration
 	maxWait    time.Duration // the server's longest WAIT, once it refused a longer one
-	reached    bool          // a request may have reached the server
+	reached    bool          // a request may have reached the server unanswered (it may still arrive)
 	answered   bool          // the last request was answered
+	fenced     bool          // a fence was answered to the token: a grant exists or existed
 	failures   int           // ambiguous failures in a row
 	failingFor time.Time     // since the first of them
 	lastErr    error
@@ -346,16 +362,14 @@ func (a *attempt) left() time.Duration {
 	return time.Until(a.waitUntil)
 }
 
-func (a *attempt) form(waitMS int64, hasWait bool, queueMS int64) acquireForm {
+// form is the ACQUIRE to send to the server at addr (without the options it refused).
+func (a *attempt) form(addr string, waitMS int64, hasWait bool, queueMS int64) acquireForm {
 	f := acquireForm{resource: a.resource, token: a.token, ttlMS: millis(a.ttl), mode: a.mode,
 		hasWait: hasWait, waitMS: waitMS, queueMS: queueMS}
-	if !a.locks.isRefused(cmdAcquire, "CLAIM") {
-		f.claimMS = a.set.claimMS()
-		if queueMS > 0 {
-			f.claimMS = max(f.claimMS, queueMS)
-		}
+	if !a.locks.isRefused(addr, cmdAcquire, "CLAIM") {
+		f.claimMS = claimWindowMS(a.set.requestTimeout, queueMS)
 	}
-	if a.set.hasMeta && !a.locks.isRefused(cmdAcquire, "META") {
+	if a.set.hasMeta && !a.locks.isRefused(addr, cmdAcquire, "META") {
 		f.meta, f.hasMeta = a.set.meta, true
 	}
 	return f
@@ -373,7 +387,7 @@ func (a *attempt) run(ctx context.Context) (*Lease, error) {
 	if deadline, ok := ctx.Deadline(); ok && (a.waitUntil.IsZero() || deadline.Before(a.waitUntil)) {
 		a.waitUntil = deadline
 	}
-	if a.set.tickets && !a.locks.isRefused(cmdAcquire, "QUEUE") && a.left() > 0 {
+	if a.set.tickets && a.left() > 0 {
 		lease, err, fallBack := a.tickets(ctx)
 		if !fallBack {
 			return lease, err
@@ -403,13 +417,17 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			}
 			waited = true
 			waitMS := millisUp(wait)
-			args := a.form(waitMS, true, 0).args()
-			reply, err = a.locks.router.blockingWait(ctx, a.resource, time.Duration(waitMS)*time.Millisecond, a.set.requestTimeout, args)
-			if a.locks.dropRefused(args, err) {
+			var (
+				addr string
+				args []any
+			)
+			reply, addr, args, err = a.locks.router.blockingWait(ctx, a.resource, time.Duration(waitMS)*time.Millisecond, a.set.requestTimeout,
+				func(addr string) []any { return a.form(addr, waitMS, true, 0).args() })
+			if a.locks.dropRefused(addr, args, err) {
 				continue
 			}
 		} else {
-			reply, err = a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any { return a.form(0, false, 0).args() })
+			reply, err = a.locks.call(ctx, a.resource, a.set.requestTimeout, func(addr string) []any { return a.form(addr, 0, false, 0).args() })
 		}
 		if err != nil {
 			if retry, failure := a.failed(err); retry {
@@ -422,13 +440,14 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 				return nil, failure
 			}
 		}
-		a.answer()
 		fence, err := fenceOf(reply)
 		if err != nil {
 			return nil, a.serverFailure(err)
 		}
+		a.answer(fence)
 		if ctx.Err() != nil {
-			// The caller gave up: a grant now would be nobody's.
+			// The caller gave up (a cancelled ctx does not stop a read already under way, so a
+			// fence may have come all the same): a grant now would be nobody's.
 			return nil, a.giveUp(ctx, ctx.Err())
 		}
 		if fence != 0 && !waited {
@@ -447,7 +466,16 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			}
 			return 0
 		}() {
-			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token}
+			// The server answered nil at the wait's end (it timed the wait out, or the claim's
+			// window passed): this answer leaves the token nothing. A request of this attempt that
+			// failed on the way may still arrive after it, though (docs/protocol.md §2, after a
+			// failed wait): then the token is released, once more 100 ms later if that found
+			// nothing. Without such a failure nothing can come later, and nothing is sent.
+			released := false
+			if a.reached {
+				released = a.forget(ctx)
+			}
+			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released}
 		}
 		if waited && !sleep(ctx, min(waitAgainPause, a.left())) {
 			return nil, a.giveUp(ctx, ctx.Err())
@@ -481,6 +509,9 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
 		serving, routeErr := a.locks.router.forResource(pick, a.resource)
 		cancel()
+		if routeErr == nil && a.locks.isRefused(serving.addr, cmdAcquire, "QUEUE") {
+			return nil, nil, true
+		}
 		if routeErr == nil && serving != where {
 			// Subscribed before the first ticket, and again where a failover or a migration
 			// moved the resource: no hand-over goes unheard.
@@ -498,11 +529,12 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		}
 		sent := time.Now()
 		queued = true
-		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func() []any {
-			return a.form(0, false, millis(ticket)).args()
+		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func(addr string) []any {
+			return a.form(addr, 0, false, millis(ticket)).args()
 		})
 		if err != nil {
-			if a.locks.isRefused(cmdAcquire, "QUEUE") {
+			if unsupportedOption(errorReply(err)) == "QUEUE" {
+				// This server has no tickets (marked by call): the blocking wait takes over.
 				return nil, nil, true
 			}
 			if retry, failure := a.failed(err); retry {
@@ -514,11 +546,11 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 				return nil, failure, false
 			}
 		}
-		a.answer()
 		fence, err := fenceOf(reply)
 		if err != nil {
 			return nil, a.serverFailure(err), false
 		}
+		a.answer(fence)
 		if fence != 0 {
 			if ctx.Err() != nil {
 				return nil, a.giveUp(ctx, ctx.Err()), false
@@ -556,9 +588,9 @@ func (a *attempt) failed(err error) (bool, error) {
 	text := errorReply(err)
 	if text != "" {
 		class := ErrorClass(text)
-		if bound := upperBound(text); bound > 0 && a.maxWait == 0 && len(text) > 15 && text[:15] == "ERR timeout-ms " {
+		if longest := waitTooLong(text); longest > 0 && a.maxWait == 0 {
 			// A wait longer than the server allows: wait in slices of its longest.
-			a.maxWait = time.Duration(bound) * time.Millisecond
+			a.maxWait = longest
 			return true, nil
 		}
 		switch class {
@@ -593,9 +625,13 @@ func notSent(err error) bool {
 		errors.Is(err, redis.ErrClosed)
 }
 
-func (a *attempt) answer() {
+// answer records an answered ACQUIRE: its fence (0 for nil) means the token holds a grant.
+func (a *attempt) answer(fence uint64) {
 	a.answered = true
 	a.failures = 0
+	if fence != 0 {
+		a.fenced = true
+	}
 }
 
 func (a *attempt) retryPause() time.Duration {
@@ -606,23 +642,25 @@ func (a *attempt) retryPause() time.Duration {
 // unsettled: the retries ran out without an answer: unreachable if nothing could have arrived,
 // else unknown, after the release of the attempt's token.
 func (a *attempt) unsettled(ctx context.Context) error {
-	if !a.reached {
+	if !a.reached && !a.fenced {
 		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: a.lastErr}
 	}
 	released := a.forget(ctx)
 	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: a.lastErr}
 }
 
-// giveUp: the caller's context ended the attempt. Whatever may have been granted to the token is
-// released; the outcome is held if the server answered last, else as unsettled.
+// giveUp: the caller's context ended the attempt. Whatever may have been granted to the token (a
+// fence answered after the caller gave up, or a request still on its way) is released; the
+// outcome is held if the server answered last, else as unsettled.
 func (a *attempt) giveUp(ctx context.Context, cause error) error {
-	if a.answered || !a.reached {
-		if a.reached {
-			a.forget(ctx)
+	if a.answered {
+		released := false
+		if a.reached || a.fenced {
+			released = a.forget(ctx)
 		}
-		if a.answered {
-			return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Err: cause}
-		}
+		return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released, Err: cause}
+	}
+	if !a.reached && !a.fenced {
 		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: cause}
 	}
 	released := a.forget(ctx)
@@ -630,7 +668,7 @@ func (a *attempt) giveUp(ctx context.Context, cause error) error {
 }
 
 func (a *attempt) serverFailure(err error) error {
-	if a.reached {
+	if a.reached || a.fenced {
 		a.forget(context.Background())
 	}
 	return &AcquireError{Resource: a.resource, Outcome: OutcomeServer, Token: a.token, Err: serverError(err)}

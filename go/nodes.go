@@ -22,6 +22,10 @@ import (
 // maxRedirects is how many MOVED or ASK replies one request follows.
 const maxRedirects = 5
 
+// reloadEvery: the slot map is read again at most this often (after MOVED, after a node failed
+// to answer).
+const reloadEvery = 100 * time.Millisecond
+
 // waitPoolSize bounds the blocking waits in flight per server (each holds a connection);
 // connections are made only when needed.
 const waitPoolSize = 10_000
@@ -41,10 +45,11 @@ type router struct {
 	timeout time.Duration  // for pool waits and writes
 	metrics Metrics
 
-	mu    sync.Mutex
-	nodes map[string]*node
-	moved map[int]string // slot → primary, as MOVED replies said
-	one   *node          // a single server (or Sentinel's primary)
+	mu       sync.Mutex
+	nodes    map[string]*node
+	moved    map[int]string // slot → primary, as MOVED replies said, until that primary fails
+	one      *node          // a single server (or Sentinel's primary)
+	reloaded time.Time      // when the caller's slot map was last asked to reload
 }
 
 func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
@@ -144,7 +149,38 @@ func (r *router) learnMoved(slot int, addr string) {
 	r.mu.Lock()
 	r.moved[slot] = addr
 	r.mu.Unlock()
-	r.cluster.ReloadState(context.Background())
+	r.reload()
+}
+
+// reload asks the caller's client to read the slot map again, at most every reloadEvery.
+func (r *router) reload() {
+	r.mu.Lock()
+	due := time.Since(r.reloaded) >= reloadEvery
+	if due {
+		r.reloaded = time.Now()
+	}
+	r.mu.Unlock()
+	if due {
+		r.cluster.ReloadState(context.Background())
+	}
+}
+
+// failed is told of a request to addr that got no answer (a transport error or a timeout, not
+// the caller's own cancellation): the slots MOVED replies sent there are routed by the slot map
+// again, and the map is read again (docs/protocol.md, section 10), so a slot never stays
+// routed to a dead node.
+func (r *router) failed(caller context.Context, addr string, err error) {
+	if r.cluster == nil || err == nil || errorReply(err) != "" || errors.Is(err, redis.Nil) || caller.Err() != nil {
+		return
+	}
+	r.mu.Lock()
+	for slot, to := range r.moved {
+		if to == addr {
+			delete(r.moved, slot)
+		}
+	}
+	r.mu.Unlock()
+	r.reload()
 }
 
 // redirect reads a MOVED or ASK reply: its kind ("moved", "ask"), slot and address.
@@ -163,34 +199,44 @@ func redirect(err error) (kind string, slot int, addr string) {
 
 // do sends args to the server of resource and returns its reply (nil for a nil reply) within
 // timeout, following redirects.
-func (r *router) do(ctx context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r *router) do(caller context.Context, resource string, timeout time.Duration, args ...any) (any, error) {
+	reply, _, _, err := r.doBuilt(caller, resource, timeout, func(string) []any { return args })
+	return reply, err
+}
+
+// doBuilt is do for the command build makes for each server it goes to (the options that
+// server refused left out): the reply, the address of the server that gave it and the command
+// it was given.
+func (r *router) doBuilt(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
+	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
 	asking := false
 	for hop := 0; ; hop++ {
 		var reply any
+		args := build(n.addr)
 		if asking {
 			reply, err = askingDo(ctx, n.cmd, args)
 		} else {
 			reply, err = n.cmd.Do(ctx, args...).Result()
 		}
 		if errors.Is(err, redis.Nil) {
-			return nil, nil
+			return nil, n.addr, args, nil
 		}
+		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
 		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
-			return reply, err
+			return reply, n.addr, args, err
 		}
 		r.metrics.Redirect()
 		if kind == "moved" {
 			r.learnMoved(slot, addr)
 		}
 		if n, err = r.at(ctx, addr, nil); err != nil {
-			return nil, err
+			return nil, "", nil, err
 		}
 		asking = kind == "ask"
 	}
@@ -217,13 +263,14 @@ func askingDo(ctx context.Context, client *redis.Client, args []any) (any, error
 // place. When ctx ends first, CLIENT UNBLOCK (from another connection) ends the wait in the
 // server, which answers it nil. A redirect is returned as it came (the caller retries with the
 // same token on the node the map names by then).
-func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, args []any) (any, error) {
+func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
 	pick, cancelPick := context.WithTimeout(ctx, requestTimeout)
 	n, err := r.forResource(pick, resource)
 	cancelPick()
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
+	args := build(n.addr)
 	conn := n.wait.Conn()
 	defer conn.Close()
 	// The deadline is the wait's own, not the caller's: the caller's end is CLIENT UNBLOCK's job.
@@ -231,7 +278,8 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	id, err := conn.ClientID(idCtx).Result()
 	cancelID()
 	if err != nil {
-		return nil, err
+		r.failed(ctx, n.addr, err)
+		return nil, n.addr, args, err
 	}
 	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
 	defer cancelCall()
@@ -243,13 +291,14 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	defer stop()
 	reply, err := conn.Do(call, args...).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil, nil
+		return nil, n.addr, args, nil
 	}
+	r.failed(ctx, n.addr, err)
 	if kind, slot, addr := redirect(err); kind == "moved" {
 		r.metrics.Redirect()
 		r.learnMoved(slot, addr)
 	}
-	return reply, err
+	return reply, n.addr, args, err
 }
 
 func (r *router) close() error {
@@ -273,8 +322,8 @@ func (r *router) close() error {
 // alone sends args on a connection opened for it and closed after: the RELEASE of an attempt's
 // token goes neither on the failed connection nor on a pooled one that may have gone silent
 // with it.
-func (r *router) alone(ctx context.Context, resource string, timeout time.Duration, args []any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r *router) alone(caller context.Context, resource string, timeout time.Duration, args []any) (any, error) {
+	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
@@ -288,5 +337,6 @@ func (r *router) alone(ctx context.Context, resource string, timeout time.Durati
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
+	r.failed(caller, n.addr, err)
 	return reply, err
 }

@@ -96,18 +96,3 @@ func (s *settings) release() time.Duration {
 	}
 	return s.requestTimeout
 }
-
-// claimMS is the claim window: twice the request timeout, at least 1 s (the form caps it by the
-// ttl).
-func (s *settings) claimMS() int64 {
-	return max(1000, 2*s.requestTimeout.Milliseconds())
-}
-
-// millis is a duration as the server is told a length: whole milliseconds rounded down (a
-// lease is never longer than asked), at least 1.
-func millis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
-
-// millisUp is a wait as the server is told it: whole milliseconds rounded up, at least 1.
-func millisUp(d time.Duration) int64 {
-	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
-}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The commands.
@@ -26,6 +27,50 @@ const MaxPermits = 1_000_000
 
 // The option keywords of the version 2 commands.
 var optionKeywords = []string{"CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"}
+
+// droppableOptions may be left out for a server that refuses them as unknown (an older module):
+// the command goes again without them (FENCE only to the server that refused it; QUEUE makes
+// the attempt wait with WAIT instead).
+var droppableOptions = []string{"CLAIM", "FENCE", "META", "QUEUE"}
+
+// droppableOption is the option an error reply refused as unknown if it may be left out, or "".
+func droppableOption(reply string) string {
+	option := unsupportedOption(reply)
+	for _, droppable := range droppableOptions {
+		if option == droppable {
+			return option
+		}
+	}
+	return ""
+}
+
+// The claim window: twice the request timeout, at least claimAtLeast (a ticket's: at least the
+// ticket's length); the form caps it by the ttl.
+const claimAtLeast = time.Second
+
+// claimWindowMS is the claim window sent with a WAIT (ticketMS 0) or a QUEUE ticket-ms, in
+// milliseconds, before the ttl's cap (acquireForm.args).
+func claimWindowMS(requestTimeout time.Duration, ticketMS int64) int64 {
+	return max(claimAtLeast.Milliseconds(), 2*requestTimeout.Milliseconds(), ticketMS)
+}
+
+// renewEvery is the renewal period of a lease of ttl, renewRetry the pause after a renewal that
+// got no answer (retried until the local expiry).
+func renewEvery(ttl time.Duration) time.Duration { return ttl / 3 }
+func renewRetry(ttl time.Duration) time.Duration { return ttl / 10 }
+
+// millis is a duration as the server is told a length: whole milliseconds rounded down (a
+// lease is never longer than asked), at least 1.
+func millis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+
+// asSent is a length as the server got it (millis): the local expiry counts this ttl, never the
+// unrounded one, so it is never later than the server's deadline.
+func asSent(d time.Duration) time.Duration { return time.Duration(millis(d)) * time.Millisecond }
+
+// millisUp is a wait as the server is told it: whole milliseconds rounded up, at least 1.
+func millisUp(d time.Duration) int64 {
+	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
+}
 
 // ChannelName is the channel where the server publishes resource's changes of ownership: a
 // resource with braces keeps them, and its hash tag, behind "dlock:key:" (invoice:{7} →
@@ -248,6 +293,18 @@ func unsupportedOption(reply string) string {
 		}
 	}
 	return ""
+}
+
+// waitTooLong is the longest WAIT the server allows when reply refused a longer one ("ERR
+// timeout-ms must be between 0 and 86400000"), or 0 for any other reply.
+func waitTooLong(reply string) time.Duration {
+	if !strings.HasPrefix(reply, "ERR timeout-ms ") {
+		return 0
+	}
+	if bound := upperBound(reply); bound > 0 {
+		return time.Duration(bound) * time.Millisecond
+	}
+	return 0
 }
 
 // upperBound is the largest value a bounds error allows ("… between 0 and 86400000" →

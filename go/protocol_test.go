@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -418,3 +419,39 @@ func show(value any) string {
 }
 
 func bytesReader(data []byte) *bytes.Reader { return bytes.NewReader(data) }
+
+// The rules written once in protocol.go that the vectors do not pin: the claim window, the
+// options that may be dropped, the server's longest wait, a length as sent.
+func TestTheClientsOwnRulesAreWrittenOnce(t *testing.T) {
+	for _, c := range []struct {
+		requestTimeout time.Duration
+		ticketMS, want int64
+	}{
+		{2 * time.Second, 0, 4000},
+		{200 * time.Millisecond, 0, 1000}, // at least 1 s
+		{2 * time.Second, 6000, 6000},     // a ticket's: at least the ticket
+	} {
+		if got := claimWindowMS(c.requestTimeout, c.ticketMS); got != c.want {
+			t.Errorf("claimWindowMS(%v, %d) = %d, want %d", c.requestTimeout, c.ticketMS, got, c.want)
+		}
+	}
+	for option, droppable := range map[string]bool{"CLAIM": true, "FENCE": true, "META": true, "QUEUE": true,
+		"SHARED": false, "LIMIT": false, "WAIT": false} {
+		reply := "ERR syntax error: unexpected argument '" + option + "'"
+		if got := droppableOption(reply) != ""; got != droppable {
+			t.Errorf("droppableOption(%q) = %v", reply, got)
+		}
+	}
+	if got := waitTooLong("ERR timeout-ms must be an integer between 0 and 86400000"); got != 24*time.Hour {
+		t.Errorf("the longest wait: %v", got)
+	}
+	if got := waitTooLong("ERR ttl-ms must be an integer between 1 and 86400000"); got != 0 {
+		t.Errorf("a ttl's bound read as the longest wait: %v", got)
+	}
+	if got := asSent(900*time.Millisecond + 999*time.Microsecond); got != 900*time.Millisecond {
+		t.Errorf("a ttl as sent: %v", got)
+	}
+	if got := renewEvery(900 * time.Millisecond); got != 300*time.Millisecond {
+		t.Errorf("the renewal period: %v", got)
+	}
+}
