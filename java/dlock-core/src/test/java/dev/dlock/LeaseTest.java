@@ -123,6 +123,53 @@ class LeaseTest {
     }
 
     @Test
+    void anInterruptedTicketWaiterTakesItsTicketOutOfLine() throws Exception {
+        HoldOptions tickets = SHORT.waitFor(Duration.ofSeconds(10)).tickets(Duration.ofSeconds(6));
+        try (Lease holder = locks.hold("ticket-cancelled", SHORT)) {
+            CompletableFuture<Lease> waiter = locks.holdAsync("ticket-cancelled", tickets);
+            waitFor(() -> locks.info("ticket-cancelled").orElseThrow().tickets() == 1);
+            Thread.sleep(100); // the waiter now waits on the channel, its ticket answered
+            waiter.cancel(true);
+            // Released at once, not left in line for the ticket's 6 s.
+            waitFor(() -> locks.info("ticket-cancelled").orElseThrow().tickets() == 0, Duration.ofSeconds(2));
+            assertEquals(holder.token(), locks.info("ticket-cancelled").orElseThrow().owner());
+        }
+    }
+
+    @Test
+    void anInterruptAfterAnUnansweredRequestIsUnknownNotHeld() throws Exception {
+        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
+            HoldOptions options = HoldOptions.defaults().ttl(Duration.ofSeconds(30)).requestTimeout(Duration.ofMillis(200));
+            Lease holder = paused.hold("unknown", options.noWait());
+            CompletableFuture<NotAcquiredException> outcome = new CompletableFuture<>();
+            Thread waiter = new Thread(() -> {
+                try {
+                    paused.hold("unknown", options.waitFor(Duration.ofSeconds(20)).tickets(Duration.ofMillis(600)));
+                    outcome.completeExceptionally(new AssertionError("granted"));
+                } catch (NotAcquiredException e) {
+                    outcome.complete(e);
+                } catch (Throwable e) {
+                    outcome.completeExceptionally(e);
+                }
+            });
+            waiter.start();
+            waitFor(() -> paused.info("unknown").orElseThrow().tickets() == 1);
+            own.pause();
+            try {
+                Thread.sleep(700); // a ticket refresh (every 200 ms) went unanswered: the outcome is unknown
+                waiter.interrupt();
+                Thread.sleep(100);
+            } finally {
+                own.resume();
+            }
+            NotAcquiredException e = outcome.get(10, TimeUnit.SECONDS);
+            assertEquals(NotAcquiredException.Outcome.UNKNOWN, e.outcome());
+            waitFor(() -> paused.info("unknown").orElseThrow().tickets() == 0, Duration.ofSeconds(2));
+            holder.close();
+        }
+    }
+
+    @Test
     void aWaitThatEndsUnansweredLeavesNothingHeld() {
         try (Lease holder = locks.hold("timed", SHORT)) {
             long started = System.nanoTime();
@@ -225,10 +272,14 @@ class LeaseTest {
     }
 
     private static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
-        long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
+        waitFor(condition, Duration.ofSeconds(5));
+    }
+
+    private static void waitFor(java.util.function.BooleanSupplier condition, Duration limit) throws InterruptedException {
+        long deadline = System.nanoTime() + limit.toNanos();
         while (!condition.getAsBoolean()) {
             if (System.nanoTime() > deadline) {
-                throw new AssertionError("condition not met in 5 s");
+                throw new AssertionError("condition not met in " + limit);
             }
             Thread.sleep(20);
         }
