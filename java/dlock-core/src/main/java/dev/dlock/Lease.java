@@ -136,8 +136,13 @@ public final class Lease implements AutoCloseable {
             lose(LossReason.UNREACHABLE);
         }
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
+    }
+
+    /** A new exception for each throw of the loss (its cause: the loss as first recorded, which whenLost gives). */
+    private LeaseLostException lossError() {
+        return new LeaseLostException(lost.join());
     }
 
     /**
@@ -268,7 +273,7 @@ public final class Lease implements AutoCloseable {
      */
     public boolean renew() {
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
         try {
             return renewAsync().get();
@@ -322,7 +327,7 @@ public final class Lease implements AutoCloseable {
             }
         }
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
         Object reply;
         try {
@@ -338,7 +343,7 @@ public final class Lease implements AutoCloseable {
                     resource, token, Long.toUnsignedString(fence), String.valueOf(Transport.unwrap(e)));
             if (System.nanoTime() - localExpiryNanos() >= 0) {
                 lose(LossReason.UNREACHABLE);
-                throw lost.join();
+                throw lossError();
             }
             throw new NotReleasedException(resource, fence, Transport.unwrap(e));
         }
@@ -353,7 +358,7 @@ public final class Lease implements AutoCloseable {
         Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} reason=ended",
                 resource, token, Long.toUnsignedString(fence));
         lose(LossReason.ENDED);
-        throw lost.join();
+        throw lossError();
     }
 
     /**
@@ -403,19 +408,27 @@ public final class Lease implements AutoCloseable {
                 }
             }
         }
+        Exception interruption = null;
         if (state[1] && failure instanceof InterruptedException) {
             // The work stopped because we interrupted it for the loss: the loss is what happened.
-            LeaseLostException loss = lost.join();
-            loss.addSuppressed(failure);
+            interruption = failure;
             failure = null;
         }
         try {
             release();
         } catch (DlockException e) {
             if (failure == null) {
+                if (interruption != null) {
+                    e.addSuppressed(interruption);
+                }
                 throw e;
             }
             failure.addSuppressed(e);
+        }
+        if (interruption != null) {
+            LeaseLostException loss = lossError();
+            loss.addSuppressed(interruption);
+            throw loss;
         }
         if (failure != null) {
             throw failure;

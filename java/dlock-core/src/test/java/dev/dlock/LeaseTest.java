@@ -79,6 +79,23 @@ class LeaseTest {
     }
 
     @Test
+    void theReadmesTryWithResourcesReportsALossOnce() {
+        // The README's example, with the lease lost inside the block: check() and close() both
+        // report the loss, and Java adds close()'s to check()'s as suppressed.
+        LeaseLostException thrown = assertThrows(LeaseLostException.class, () -> {
+            try (Lease lease = locks.hold("readme", SHORT)) {
+                server.command("DEL", "readme");
+                lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+                lease.check();
+            }
+        });
+        assertEquals(LossReason.RENEWAL_REFUSED, thrown.reason());
+        assertEquals(1, thrown.getSuppressed().length);
+        assertTrue(thrown.getSuppressed()[0] instanceof LeaseLostException);
+        assertTrue(thrown.getCause() instanceof LeaseLostException, "the loss as first recorded is the cause");
+    }
+
+    @Test
     void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
         try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
             Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
