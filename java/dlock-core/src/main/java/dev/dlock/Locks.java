@@ -165,14 +165,20 @@ public final class Locks implements AutoCloseable {
      * @return the lease, later
      */
     public CompletableFuture<Lease> holdAsync(String resource, HoldOptions options) {
-        return supplyInterruptibly(() -> hold(resource, options));
-    }
-
-    private <T> CompletableFuture<T> supplyInterruptibly(Supplier<T> work) {
-        CompletableFuture<T> result = new CompletableFuture<>();
+        CompletableFuture<Lease> result = new CompletableFuture<>();
         java.util.concurrent.Future<?> task = background.submit(() -> {
             try {
-                result.complete(work.get());
+                Lease lease = hold(resource, options);
+                if (!result.complete(lease)) {
+                    // Cancelled as it was granted: nobody holds the lease to close it, so it goes now
+                    // (else its renewals would keep it for ever).
+                    Thread.interrupted(); // the cancel's interrupt, not a reason to give up the release
+                    try {
+                        lease.release();
+                    } catch (DlockException e) {
+                        // Logged and counted by release; a lease not released ends with its ttl.
+                    }
+                }
             } catch (Throwable e) {
                 result.completeExceptionally(e);
             }

@@ -187,6 +187,35 @@ class LeaseTest {
     }
 
     @Test
+    void aCancelledHoldAsyncLeavesNoLeaseBehind() throws Exception {
+        // Cancelled at every moment of the attempt, the grant's moment included: whatever was
+        // granted is released (never a lease nobody holds, renewed for ever).
+        int rounds = 60;
+        List<CompletableFuture<Lease>> kept = new java.util.ArrayList<>();
+        for (int i = 0; i < rounds; i++) {
+            CompletableFuture<Lease> future = locks.holdAsync("cancelled-" + i, SHORT);
+            long until = System.nanoTime() + (i % 20) * 150_000L; // 0 to 3 ms
+            while (System.nanoTime() < until) {
+                Thread.onSpinWait();
+            }
+            if (!future.cancel(true)) {
+                kept.add(future);
+            }
+        }
+        for (CompletableFuture<Lease> future : kept) {
+            try {
+                future.join().close();
+            } catch (java.util.concurrent.CompletionException e) {
+                // not granted
+            }
+        }
+        Thread.sleep(1_500); // beyond the ttl: only a lease still renewed would remain
+        for (int i = 0; i < rounds; i++) {
+            assertTrue(locks.info("cancelled-" + i).isEmpty(), "cancelled-" + i + " is still held");
+        }
+    }
+
+    @Test
     void aWaitThatEndsUnansweredLeavesNothingHeld() {
         try (Lease holder = locks.hold("timed", SHORT)) {
             long started = System.nanoTime();
