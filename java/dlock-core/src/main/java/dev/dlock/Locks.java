@@ -371,7 +371,7 @@ public final class Locks implements AutoCloseable {
      */
     public Object fenced(String resource, long fence, List<String> command) {
         try {
-            return transport.call(Protocol.fencedArgs(resource, fence, command), HoldOptions.defaults().requestTimeoutValue());
+            return transport.callOnce(resource, Protocol.fencedArgs(resource, fence, command), HoldOptions.defaults().requestTimeoutValue());
         } catch (Exception e) {
             String reply = Transport.errorReply(e);
             if (reply != null && Protocol.errorClass(reply) == ErrorClass.STALE) {

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.dlock.testkit.Proxy;
 import dev.dlock.testkit.Servers;
 import java.time.Duration;
 import java.util.List;
@@ -267,6 +268,21 @@ class LeaseTest {
             assertEquals(1L, second.fenced("DEL", "invoice:{1}:status"));
         }
         assertThrows(LeaseLostException.class, first::close);
+    }
+
+    @Test
+    void aFencedWriteWhoseReplyIsLostIsNeverSentAgain() throws Exception {
+        try (Proxy proxy = new Proxy(server.port); Locks through = Locks.connect(proxy.url())) {
+            try (Lease lease = through.hold("invoice:{2}", HoldOptions.defaults().noWait())) {
+                lease.fenced("GET", "invoice:{2}:count"); // the connections are open
+                proxy.dropNextReply();
+                // The INCR runs, its reply is lost and the connection closed: a client that sends it
+                // again on the next connection counts twice.
+                assertThrows(DlockException.class, () -> lease.fenced("INCR", "invoice:{2}:count"));
+                Thread.sleep(500); // time for a reconnection to replay it
+                assertEquals("1", server.command("GET", "invoice:{2}:count"));
+            }
+        }
     }
 
     @Test
