@@ -117,9 +117,11 @@ class LeaseTest {
         CompletableFuture<Lease> waiter = locks.holdAsync("queued", SHORT.waitFor(Duration.ofSeconds(5)));
         Thread.sleep(200);
         assertFalse(waiter.isDone());
+        long claimed = serverCount("grants_claimed");
         holder.close();
         try (Lease next = waiter.get(3, TimeUnit.SECONDS)) {
             assertTrue(next.fence() > holder.fence());
+            assertEquals(claimed + 1, serverCount("grants_claimed"), "the grant was claimed");
             Thread.sleep(1_000); // claimed: the full ttl started, and renewals run
             next.check();
         }
@@ -331,6 +333,16 @@ class LeaseTest {
             }
         }
         assertTrue(seen.stream().noneMatch(l -> l.isPresent() && l.get().address() == null));
+    }
+
+    /** A counter of the module's INFO section ({@code INFO dlock}). */
+    private static long serverCount(String name) {
+        for (String line : server.command("INFO", "dlock").split("\r?\n")) {
+            if (line.startsWith("dlock_" + name + ":")) {
+                return Long.parseLong(line.substring("dlock_".length() + name.length() + 1).trim());
+            }
+        }
+        throw new AssertionError("no " + name + " in INFO dlock");
     }
 
     private static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
