@@ -58,6 +58,8 @@ final class Transport implements AutoCloseable {
         this.uri = seed;
         this.cluster = cluster;
         this.nodes = RedisClient.create(cluster.getResources());
+        // The caller's options (TLS, protocol, timeouts, reconnection) for our own node connections too.
+        this.nodes.setOptions(ClientOptions.copyOf(cluster.getOptions()));
         this.once = atMostOnce(cluster.getResources(), cluster.getOptions());
         this.owned = owned;
     }
