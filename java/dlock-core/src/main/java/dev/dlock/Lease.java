@@ -38,6 +38,7 @@ public final class Lease implements AutoCloseable {
     private ScheduledFuture<?> timer;
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
+    private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, Duration ttl, HoldOptions options,
             long sent, long holdEnd, long started) {
@@ -54,6 +55,7 @@ public final class Lease implements AutoCloseable {
             this.nextRenewal = sent + ttl.toNanos() / 3;
             schedule();
         }
+        locks.track(this);
     }
 
     /**
@@ -153,6 +155,12 @@ public final class Lease implements AutoCloseable {
      */
     public CompletionStage<LeaseLostException> whenLost() {
         return lost.copy();
+    }
+
+    /** The Locks closes: the lease is lost (nothing renews it any more) and released; completes with that release. */
+    CompletableFuture<?> closedWithLocks() {
+        lose(LossReason.UNREACHABLE);
+        return lossRelease;
     }
 
     /**
@@ -291,6 +299,7 @@ public final class Lease implements AutoCloseable {
         if (!lost.complete(loss)) {
             return false;
         }
+        locks.untrack(this);
         synchronized (this) {
             if (timer != null) {
                 timer.cancel(false);
@@ -301,7 +310,7 @@ public final class Lease implements AutoCloseable {
                 resource, token, Long.toUnsignedString(fence), reason.wireName());
         if (reason != LossReason.ENDED) {
             // A lease the server still holds passes on at once instead of at its ttl.
-            locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
+            lossRelease = locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
                     options.releaseTimeoutValue());
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
         }
@@ -322,6 +331,7 @@ public final class Lease implements AutoCloseable {
             }
             releaseRan = true;
             releasing = true;
+            locks.untrack(this);
             if (timer != null) {
                 timer.cancel(false);
             }

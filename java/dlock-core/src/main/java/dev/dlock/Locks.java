@@ -53,6 +53,7 @@ public final class Locks implements AutoCloseable {
     private final Transport transport;
     private final ScheduledExecutorService scheduler;
     private final ExecutorService background;
+    private final Set<Lease> live = ConcurrentHashMap.newKeySet();
     private final Set<String> refused = ConcurrentHashMap.newKeySet();
     private volatile Metrics metrics = Metrics.NONE;
 
@@ -430,13 +431,40 @@ public final class Locks implements AutoCloseable {
         return new DlockException("dlock: request failed: " + cause, cause);
     }
 
-    /** Closes dlock's own connections (and its client, if {@link #connect} made it). Leases still held end with their ttl. */
+    /**
+     * Closes dlock's own connections (and its client, if {@link #connect} made it). Leases still
+     * held are lost first ({@link LossReason#UNREACHABLE}: nothing renews them any more), which
+     * interrupts their {@link Lease#run} work and completes their {@link Lease#whenLost()}, and
+     * released (with FENCE, waiting at most their release timeout).
+     */
     @Override
     public void close() {
+        List<CompletableFuture<?>> releases = new ArrayList<>();
+        for (Lease lease : List.copyOf(live)) {
+            releases.add(lease.closedWithLocks());
+        }
+        try {
+            CompletableFuture.allOf(releases.toArray(CompletableFuture[]::new)).get(
+                    releases.isEmpty() ? 0 : HoldOptions.defaults().requestTimeoutValue().toMillis(),
+                    java.util.concurrent.TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (Exception e) {
+            // Each release failure was logged; such a lease ends with its ttl.
+        }
         scheduler.shutdownNow();
         background.shutdownNow();
         transport.close();
     }
+
+    void track(Lease lease) {
+        live.add(lease);
+    }
+
+    void untrack(Lease lease) {
+        live.remove(lease);
+    }
+
 
     // ---- shared by Attempt and Lease ----
 

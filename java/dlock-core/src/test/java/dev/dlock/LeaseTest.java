@@ -97,6 +97,32 @@ class LeaseTest {
     }
 
     @Test
+    void closingTheLocksLosesAndReleasesItsLeases() throws Exception {
+        Locks own = Locks.connect(server.url());
+        Lease kept = own.hold("closed-held", SHORT);
+        CompletableFuture<Object> ran = new CompletableFuture<>();
+        Thread worker = new Thread(() -> {
+            try {
+                own.run("closed-run", SHORT, lease -> {
+                    Thread.sleep(10_000);
+                    return "not protected";
+                });
+                ran.complete("returned");
+            } catch (Throwable e) {
+                ran.complete(e);
+            }
+        });
+        worker.start();
+        waitFor(() -> locks.info("closed-run").isPresent());
+        own.close();
+        assertEquals(LossReason.UNREACHABLE, kept.whenLost().toCompletableFuture().get(1, TimeUnit.SECONDS).reason());
+        Object outcome = ran.get(2, TimeUnit.SECONDS);
+        assertTrue(outcome instanceof LeaseLostException, "run ended with " + outcome);
+        assertTrue(locks.info("closed-held").isEmpty(), "released");
+        assertTrue(locks.info("closed-run").isEmpty(), "released");
+    }
+
+    @Test
     void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
         try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
             Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
