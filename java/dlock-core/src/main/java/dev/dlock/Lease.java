@@ -154,7 +154,17 @@ public final class Lease implements AutoCloseable {
      * @return the loss, later
      */
     public CompletionStage<LeaseLostException> whenLost() {
-        return lost.copy();
+        // Completed on the Locks' own threads: a loss noticed by a renewal is noticed on Lettuce's
+        // I/O thread, where the caller's callbacks must not run.
+        CompletableFuture<LeaseLostException> out = new CompletableFuture<>();
+        lost.thenAccept(loss -> {
+            try {
+                locks.callbacks().execute(() -> out.complete(loss));
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                out.complete(loss); // the Locks closed
+            }
+        });
+        return out;
     }
 
     /** The Locks closes: the lease is lost (nothing renews it any more) and released; completes with that release. */

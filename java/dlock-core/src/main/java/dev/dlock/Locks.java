@@ -53,6 +53,7 @@ public final class Locks implements AutoCloseable {
     private final Transport transport;
     private final ScheduledExecutorService scheduler;
     private final ExecutorService background;
+    private final ExecutorService callbacks; // completes whenLost: the caller's callbacks never run on Lettuce's I/O threads
     private final Set<Lease> live = ConcurrentHashMap.newKeySet();
     private final Set<String> refused = ConcurrentHashMap.newKeySet();
     private volatile Metrics metrics = Metrics.NONE;
@@ -63,6 +64,7 @@ public final class Locks implements AutoCloseable {
         renewals.setRemoveOnCancelPolicy(true);
         this.scheduler = renewals;
         this.background = Executors.newCachedThreadPool(daemons("dlock-worker"));
+        this.callbacks = Executors.newCachedThreadPool(daemons("dlock-callbacks"));
     }
 
     private static ThreadFactory daemons(String name) {
@@ -454,6 +456,7 @@ public final class Locks implements AutoCloseable {
         }
         scheduler.shutdownNow();
         background.shutdownNow();
+        callbacks.shutdown(); // the losses' callbacks still run
         transport.close();
     }
 
@@ -465,6 +468,9 @@ public final class Locks implements AutoCloseable {
         live.remove(lease);
     }
 
+    java.util.concurrent.Executor callbacks() {
+        return callbacks;
+    }
 
     // ---- shared by Attempt and Lease ----
 

@@ -123,6 +123,16 @@ class LeaseTest {
     }
 
     @Test
+    void lossCallbacksRunOnTheLocksThreadsNotLettuces() throws Exception {
+        Lease lease = locks.hold("callback", SHORT);
+        CompletableFuture<String> thread = new CompletableFuture<>();
+        lease.whenLost().thenAccept(loss -> thread.complete(Thread.currentThread().getName()));
+        server.command("DEL", "callback");
+        String name = thread.get(2, TimeUnit.SECONDS);
+        assertTrue(name.startsWith("dlock-callbacks"), "ran on " + name);
+    }
+
+    @Test
     void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
         try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
             Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
