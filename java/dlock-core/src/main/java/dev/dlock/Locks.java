@@ -55,6 +55,7 @@ public final class Locks implements AutoCloseable {
     private final ExecutorService background;
     private final ExecutorService callbacks; // completes whenLost: the caller's callbacks never run on Lettuce's I/O threads
     private final Set<Lease> live = ConcurrentHashMap.newKeySet();
+    private volatile boolean closed;
     private final Set<String> refused = ConcurrentHashMap.newKeySet();
     private volatile Metrics metrics = Metrics.NONE;
 
@@ -441,6 +442,7 @@ public final class Locks implements AutoCloseable {
      */
     @Override
     public void close() {
+        closed = true;
         List<CompletableFuture<?>> releases = new ArrayList<>();
         for (Lease lease : List.copyOf(live)) {
             releases.add(lease.closedWithLocks());
@@ -462,6 +464,9 @@ public final class Locks implements AutoCloseable {
 
     void track(Lease lease) {
         live.add(lease);
+        if (closed) {
+            lease.closedWithLocks(); // granted as the Locks closed
+        }
     }
 
     void untrack(Lease lease) {

@@ -101,9 +101,11 @@ class LeaseTest {
         Locks own = Locks.connect(server.url());
         Lease kept = own.hold("closed-held", SHORT);
         CompletableFuture<Object> ran = new CompletableFuture<>();
+        java.util.concurrent.CountDownLatch working = new java.util.concurrent.CountDownLatch(1);
         Thread worker = new Thread(() -> {
             try {
                 own.run("closed-run", SHORT, lease -> {
+                    working.countDown();
                     Thread.sleep(10_000);
                     return "not protected";
                 });
@@ -113,7 +115,7 @@ class LeaseTest {
             }
         });
         worker.start();
-        waitFor(() -> locks.info("closed-run").isPresent());
+        assertTrue(working.await(5, TimeUnit.SECONDS));
         own.close();
         assertEquals(LossReason.UNREACHABLE, kept.whenLost().toCompletableFuture().get(1, TimeUnit.SECONDS).reason());
         Object outcome = ran.get(2, TimeUnit.SECONDS);
