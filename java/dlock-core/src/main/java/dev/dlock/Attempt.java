@@ -29,8 +29,8 @@ final class Attempt {
     final long holdEnd; // nanoTime; 0: no max hold
     final Duration ttl;
     private long maxWaitMs; // the server's longest WAIT, once it refused a longer one
-    private boolean reached; // a request may have reached the server
-    private boolean answered; // the last request was answered
+    private boolean reached; // a request may have reached the server (an answered one surely did)
+    private boolean answered; // the last request was answered (cleared by every failure)
     private int failures; // ambiguous failures in a row
     private long failingSince;
     private Throwable lastFailure;
@@ -239,6 +239,7 @@ final class Attempt {
      */
     private boolean retryAfter(Exception e) {
         lastFailure = e;
+        answered = false; // the last request was not answered: it may still have arrived
         String reply = Transport.errorReply(e);
         if (reply != null) {
             ErrorClass errorClass = Protocol.errorClass(reply);
@@ -286,6 +287,7 @@ final class Attempt {
 
     private void answer() {
         answered = true;
+        reached = true; // a fence may have been answered to it (a WAIT's or a ticket's), or be on its way
         failures = 0;
     }
 
@@ -302,16 +304,18 @@ final class Attempt {
         return failed(NotAcquiredException.Outcome.UNKNOWN, forget(), lastFailure);
     }
 
-    /** The caller interrupted the attempt: whatever may have been granted to the token is released. */
+    /**
+     * The caller interrupted the attempt: whatever may have been granted to the token (a fence
+     * answered to a wait and not yet claimed, a ticket still in line, a request still on its way)
+     * is released. Held if the last request was answered, unknown if it may still arrive.
+     */
     private NotAcquiredException giveUp(Throwable cause) {
-        if (answered || !reached) {
-            if (reached) {
-                forget();
-            }
-            return failed(answered ? NotAcquiredException.Outcome.HELD : NotAcquiredException.Outcome.UNREACHABLE,
-                    false, cause);
+        if (!reached) {
+            return failed(NotAcquiredException.Outcome.UNREACHABLE, false, cause);
         }
-        return failed(NotAcquiredException.Outcome.UNKNOWN, forget(), cause);
+        boolean released = forget();
+        return failed(answered ? NotAcquiredException.Outcome.HELD : NotAcquiredException.Outcome.UNKNOWN,
+                released, cause);
     }
 
     private NotAcquiredException failed(NotAcquiredException.Outcome outcome, boolean released, Throwable cause) {

@@ -38,6 +38,7 @@ public final class Lease implements AutoCloseable {
     private ScheduledFuture<?> timer;
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
+    private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, Duration ttl, HoldOptions options,
             long sent, long holdEnd, long started) {
@@ -54,6 +55,7 @@ public final class Lease implements AutoCloseable {
             this.nextRenewal = sent + ttl.toNanos() / 3;
             schedule();
         }
+        locks.track(this);
     }
 
     /**
@@ -136,8 +138,13 @@ public final class Lease implements AutoCloseable {
             lose(LossReason.UNREACHABLE);
         }
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
+    }
+
+    /** A new exception for each throw of the loss (its cause: the loss as first recorded, which whenLost gives). */
+    private LeaseLostException lossError() {
+        return new LeaseLostException(lost.join());
     }
 
     /**
@@ -147,7 +154,23 @@ public final class Lease implements AutoCloseable {
      * @return the loss, later
      */
     public CompletionStage<LeaseLostException> whenLost() {
-        return lost.copy();
+        // Completed on the Locks' own threads: a loss noticed by a renewal is noticed on Lettuce's
+        // I/O thread, where the caller's callbacks must not run.
+        CompletableFuture<LeaseLostException> out = new CompletableFuture<>();
+        lost.thenAccept(loss -> {
+            try {
+                locks.callbacks().execute(() -> out.complete(loss));
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                out.complete(loss); // the Locks closed
+            }
+        });
+        return out;
+    }
+
+    /** The Locks closes: the lease is lost (nothing renews it any more) and released; completes with that release. */
+    CompletableFuture<?> closedWithLocks() {
+        lose(LossReason.UNREACHABLE);
+        return lossRelease;
     }
 
     /**
@@ -268,7 +291,7 @@ public final class Lease implements AutoCloseable {
      */
     public boolean renew() {
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
         try {
             return renewAsync().get();
@@ -286,6 +309,7 @@ public final class Lease implements AutoCloseable {
         if (!lost.complete(loss)) {
             return false;
         }
+        locks.untrack(this);
         synchronized (this) {
             if (timer != null) {
                 timer.cancel(false);
@@ -296,7 +320,7 @@ public final class Lease implements AutoCloseable {
                 resource, token, Long.toUnsignedString(fence), reason.wireName());
         if (reason != LossReason.ENDED) {
             // A lease the server still holds passes on at once instead of at its ttl.
-            locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
+            lossRelease = locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
                     options.releaseTimeoutValue());
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
         }
@@ -317,12 +341,13 @@ public final class Lease implements AutoCloseable {
             }
             releaseRan = true;
             releasing = true;
+            locks.untrack(this);
             if (timer != null) {
                 timer.cancel(false);
             }
         }
         if (lost.isDone()) {
-            throw lost.join();
+            throw lossError();
         }
         Object reply;
         try {
@@ -338,7 +363,7 @@ public final class Lease implements AutoCloseable {
                     resource, token, Long.toUnsignedString(fence), String.valueOf(Transport.unwrap(e)));
             if (System.nanoTime() - localExpiryNanos() >= 0) {
                 lose(LossReason.UNREACHABLE);
-                throw lost.join();
+                throw lossError();
             }
             throw new NotReleasedException(resource, fence, Transport.unwrap(e));
         }
@@ -353,7 +378,7 @@ public final class Lease implements AutoCloseable {
         Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} reason=ended",
                 resource, token, Long.toUnsignedString(fence));
         lose(LossReason.ENDED);
-        throw lost.join();
+        throw lossError();
     }
 
     /**
@@ -403,19 +428,27 @@ public final class Lease implements AutoCloseable {
                 }
             }
         }
+        Exception interruption = null;
         if (state[1] && failure instanceof InterruptedException) {
             // The work stopped because we interrupted it for the loss: the loss is what happened.
-            LeaseLostException loss = lost.join();
-            loss.addSuppressed(failure);
+            interruption = failure;
             failure = null;
         }
         try {
             release();
         } catch (DlockException e) {
             if (failure == null) {
+                if (interruption != null) {
+                    e.addSuppressed(interruption);
+                }
                 throw e;
             }
             failure.addSuppressed(e);
+        }
+        if (interruption != null) {
+            LeaseLostException loss = lossError();
+            loss.addSuppressed(interruption);
+            throw loss;
         }
         if (failure != null) {
             throw failure;

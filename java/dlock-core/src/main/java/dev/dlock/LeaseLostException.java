@@ -23,6 +23,18 @@ public class LeaseLostException extends DlockException {
     }
 
     /**
+     * The same loss thrown again, with the first report as its cause: each throw is its own
+     * exception (Java refuses to add an exception to itself as suppressed, which a
+     * try-with-resources block whose body and close both report the loss would do).
+     */
+    LeaseLostException(LeaseLostException first) {
+        super(first.getMessage(), first);
+        this.resource = first.resource;
+        this.fence = first.fence;
+        this.reason = first.reason;
+    }
+
+    /**
      * The lock's key.
      *
      * @return the resource

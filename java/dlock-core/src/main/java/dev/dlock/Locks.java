@@ -53,6 +53,9 @@ public final class Locks implements AutoCloseable {
     private final Transport transport;
     private final ScheduledExecutorService scheduler;
     private final ExecutorService background;
+    private final ExecutorService callbacks; // completes whenLost: the caller's callbacks never run on Lettuce's I/O threads
+    private final Set<Lease> live = ConcurrentHashMap.newKeySet();
+    private volatile boolean closed;
     private final Set<String> refused = ConcurrentHashMap.newKeySet();
     private volatile Metrics metrics = Metrics.NONE;
 
@@ -62,6 +65,7 @@ public final class Locks implements AutoCloseable {
         renewals.setRemoveOnCancelPolicy(true);
         this.scheduler = renewals;
         this.background = Executors.newCachedThreadPool(daemons("dlock-worker"));
+        this.callbacks = Executors.newCachedThreadPool(daemons("dlock-callbacks"));
     }
 
     private static ThreadFactory daemons(String name) {
@@ -165,14 +169,20 @@ public final class Locks implements AutoCloseable {
      * @return the lease, later
      */
     public CompletableFuture<Lease> holdAsync(String resource, HoldOptions options) {
-        return supplyInterruptibly(() -> hold(resource, options));
-    }
-
-    private <T> CompletableFuture<T> supplyInterruptibly(Supplier<T> work) {
-        CompletableFuture<T> result = new CompletableFuture<>();
+        CompletableFuture<Lease> result = new CompletableFuture<>();
         java.util.concurrent.Future<?> task = background.submit(() -> {
             try {
-                result.complete(work.get());
+                Lease lease = hold(resource, options);
+                if (!result.complete(lease)) {
+                    // Cancelled as it was granted: nobody holds the lease to close it, so it goes now
+                    // (else its renewals would keep it for ever).
+                    Thread.interrupted(); // the cancel's interrupt, not a reason to give up the release
+                    try {
+                        lease.release();
+                    } catch (DlockException e) {
+                        // Logged and counted by release; a lease not released ends with its ttl.
+                    }
+                }
             } catch (Throwable e) {
                 result.completeExceptionally(e);
             }
@@ -365,7 +375,7 @@ public final class Locks implements AutoCloseable {
      */
     public Object fenced(String resource, long fence, List<String> command) {
         try {
-            return transport.call(Protocol.fencedArgs(resource, fence, command), HoldOptions.defaults().requestTimeoutValue());
+            return transport.callOnce(resource, Protocol.fencedArgs(resource, fence, command), HoldOptions.defaults().requestTimeoutValue());
         } catch (Exception e) {
             String reply = Transport.errorReply(e);
             if (reply != null && Protocol.errorClass(reply) == ErrorClass.STALE) {
@@ -424,12 +434,47 @@ public final class Locks implements AutoCloseable {
         return new DlockException("dlock: request failed: " + cause, cause);
     }
 
-    /** Closes dlock's own connections (and its client, if {@link #connect} made it). Leases still held end with their ttl. */
+    /**
+     * Closes dlock's own connections (and its client, if {@link #connect} made it). Leases still
+     * held are lost first ({@link LossReason#UNREACHABLE}: nothing renews them any more), which
+     * interrupts their {@link Lease#run} work and completes their {@link Lease#whenLost()}, and
+     * released (with FENCE, waiting at most their release timeout).
+     */
     @Override
     public void close() {
+        closed = true;
+        List<CompletableFuture<?>> releases = new ArrayList<>();
+        for (Lease lease : List.copyOf(live)) {
+            releases.add(lease.closedWithLocks());
+        }
+        try {
+            CompletableFuture.allOf(releases.toArray(CompletableFuture[]::new)).get(
+                    releases.isEmpty() ? 0 : HoldOptions.defaults().requestTimeoutValue().toMillis(),
+                    java.util.concurrent.TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (Exception e) {
+            // Each release failure was logged; such a lease ends with its ttl.
+        }
         scheduler.shutdownNow();
         background.shutdownNow();
+        callbacks.shutdown(); // the losses' callbacks still run
         transport.close();
+    }
+
+    void track(Lease lease) {
+        live.add(lease);
+        if (closed) {
+            lease.closedWithLocks(); // granted as the Locks closed
+        }
+    }
+
+    void untrack(Lease lease) {
+        live.remove(lease);
+    }
+
+    java.util.concurrent.Executor callbacks() {
+        return callbacks;
     }
 
     // ---- shared by Attempt and Lease ----

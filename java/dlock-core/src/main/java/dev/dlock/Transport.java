@@ -1,5 +1,6 @@
 package dev.dlock;
 
+import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.RedisConnectionException;
@@ -35,10 +36,12 @@ final class Transport implements AutoCloseable {
     private final RedisURI uri; // a single server's, or a cluster seed's (its credentials and TLS)
     private final RedisClusterClient cluster;
     private final RedisClient nodes; // for connections of our own to a cluster's nodes
+    private final RedisClient once; // at-most-once connections (autoReconnect off) for DLOCK.FENCED
     private final boolean owned;
 
     private StatefulRedisConnection<String, String> singleShared;
     private StatefulRedisClusterConnection<String, String> clusterShared;
+    private final Map<String, StatefulRedisConnection<String, String>> onceConnections = new HashMap<>();
     private final Map<String, Channels> channels = new HashMap<>();
 
     Transport(RedisClient single, RedisURI uri, boolean owned) {
@@ -46,6 +49,7 @@ final class Transport implements AutoCloseable {
         this.uri = uri;
         this.cluster = null;
         this.nodes = null;
+        this.once = atMostOnce(single.getResources(), single.getOptions());
         this.owned = owned;
     }
 
@@ -54,7 +58,22 @@ final class Transport implements AutoCloseable {
         this.uri = seed;
         this.cluster = cluster;
         this.nodes = RedisClient.create(cluster.getResources());
+        // The caller's options (TLS, protocol, timeouts, reconnection) for our own node connections too.
+        this.nodes.setOptions(ClientOptions.copyOf(cluster.getOptions()));
+        this.once = atMostOnce(cluster.getResources(), cluster.getOptions());
         this.owned = owned;
+    }
+
+    /**
+     * A client for connections that never send a command twice: with Lettuce's auto-reconnect on
+     * (the default), a command in flight when the connection drops is sent again on the new one
+     * (at-least-once); with it off, it fails instead (at-most-once). The caller's other options
+     * (TLS, protocol, timeouts) are kept.
+     */
+    private static RedisClient atMostOnce(io.lettuce.core.resource.ClientResources resources, ClientOptions options) {
+        RedisClient client = RedisClient.create(resources);
+        client.setOptions(ClientOptions.copyOf(options).mutate().autoReconnect(false).build());
+        return client;
     }
 
     boolean isCluster() {
@@ -105,6 +124,60 @@ final class Transport implements AutoCloseable {
             return CompletableFuture.failedFuture(e);
         }
         return reply.orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS);
+    }
+
+    /**
+     * Sends args at most once (DLOCK.FENCED: a write sent again after a lost reply could run twice),
+     * on a connection to the resource's primary that never replays a command after a reconnection;
+     * a dropped connection fails the call and is opened again for the next. In a cluster a MOVED
+     * (nothing ran) is followed after a refresh of the slot map, an ASK with ASKING, at most 5 times.
+     */
+    Object callOnce(String resource, List<String> args, Duration timeout) throws Exception {
+        for (int redirects = 0; ; redirects++) {
+            try {
+                StatefulRedisConnection<String, String> connection = onceConnection(nodeUri(resource));
+                return await(connection.async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
+                        .toCompletableFuture().orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS));
+            } catch (Exception e) {
+                String reply = errorReply(e);
+                if (cluster == null || reply == null || redirects >= 5
+                        || Protocol.errorClass(reply) != ErrorClass.REDIRECT) {
+                    throw e;
+                }
+                if (reply.startsWith("ASK ")) {
+                    return askOnce(reply, args, timeout);
+                }
+                cluster.refreshPartitions();
+            }
+        }
+    }
+
+    private Object askOnce(String reply, List<String> args, Duration timeout) throws Exception {
+        String[] words = reply.split(" ");
+        String address = words[words.length - 1];
+        int colon = address.lastIndexOf(':');
+        RedisURI target = withCredentials(address.substring(0, colon), Integer.parseInt(address.substring(colon + 1)));
+        StatefulRedisConnection<String, String> connection = once.connect(StringCodec.UTF8, target);
+        try {
+            connection.async().asking();
+            return await(connection.async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
+                    .toCompletableFuture().orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS));
+        } finally {
+            connection.closeAsync();
+        }
+    }
+
+    private synchronized StatefulRedisConnection<String, String> onceConnection(RedisURI at) {
+        String key = at.getHost() + ":" + at.getPort();
+        StatefulRedisConnection<String, String> connection = onceConnections.get(key);
+        if (connection == null || !connection.isOpen()) {
+            if (connection != null) {
+                connection.closeAsync();
+            }
+            connection = once.connect(StringCodec.UTF8, at);
+            onceConnections.put(key, connection);
+        }
+        return connection;
     }
 
     /** Sends args on the shared connection and waits for the reply. */
@@ -165,7 +238,12 @@ final class Transport implements AutoCloseable {
         if (node == null) {
             throw new RedisConnectionException("no node serves the slot of " + resource);
         }
-        RedisURI copy = new RedisURI(node.getUri().getHost(), node.getUri().getPort(), uri.getTimeout());
+        return withCredentials(node.getUri().getHost(), node.getUri().getPort());
+    }
+
+    /** A node's URI with the seed's credentials and TLS. */
+    private RedisURI withCredentials(String host, int port) {
+        RedisURI copy = new RedisURI(host, port, uri.getTimeout());
         copy.setCredentialsProvider(uri.getCredentialsProvider());
         copy.setSsl(uri.isSsl());
         copy.setVerifyPeer(uri.getVerifyMode());
@@ -247,6 +325,9 @@ final class Transport implements AutoCloseable {
         if (clusterShared != null) {
             clusterShared.close();
         }
+        onceConnections.values().forEach(StatefulRedisConnection::closeAsync);
+        onceConnections.clear();
+        once.shutdown(Duration.ZERO, Duration.ofSeconds(2));
         if (nodes != null) {
             nodes.shutdown(Duration.ZERO, Duration.ofSeconds(2));
         }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.dlock.testkit.Proxy;
 import dev.dlock.testkit.Servers;
 import java.time.Duration;
 import java.util.List;
@@ -79,6 +80,61 @@ class LeaseTest {
     }
 
     @Test
+    void theReadmesTryWithResourcesReportsALossOnce() {
+        // The README's example, with the lease lost inside the block: check() and close() both
+        // report the loss, and Java adds close()'s to check()'s as suppressed.
+        LeaseLostException thrown = assertThrows(LeaseLostException.class, () -> {
+            try (Lease lease = locks.hold("readme", SHORT)) {
+                server.command("DEL", "readme");
+                lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+                lease.check();
+            }
+        });
+        assertEquals(LossReason.RENEWAL_REFUSED, thrown.reason());
+        assertEquals(1, thrown.getSuppressed().length);
+        assertTrue(thrown.getSuppressed()[0] instanceof LeaseLostException);
+        assertTrue(thrown.getCause() instanceof LeaseLostException, "the loss as first recorded is the cause");
+    }
+
+    @Test
+    void closingTheLocksLosesAndReleasesItsLeases() throws Exception {
+        Locks own = Locks.connect(server.url());
+        Lease kept = own.hold("closed-held", SHORT);
+        CompletableFuture<Object> ran = new CompletableFuture<>();
+        java.util.concurrent.CountDownLatch working = new java.util.concurrent.CountDownLatch(1);
+        Thread worker = new Thread(() -> {
+            try {
+                own.run("closed-run", SHORT, lease -> {
+                    working.countDown();
+                    Thread.sleep(10_000);
+                    return "not protected";
+                });
+                ran.complete("returned");
+            } catch (Throwable e) {
+                ran.complete(e);
+            }
+        });
+        worker.start();
+        assertTrue(working.await(5, TimeUnit.SECONDS));
+        own.close();
+        assertEquals(LossReason.UNREACHABLE, kept.whenLost().toCompletableFuture().get(1, TimeUnit.SECONDS).reason());
+        Object outcome = ran.get(2, TimeUnit.SECONDS);
+        assertTrue(outcome instanceof LeaseLostException, "run ended with " + outcome);
+        assertTrue(locks.info("closed-held").isEmpty(), "released");
+        assertTrue(locks.info("closed-run").isEmpty(), "released");
+    }
+
+    @Test
+    void lossCallbacksRunOnTheLocksThreadsNotLettuces() throws Exception {
+        Lease lease = locks.hold("callback", SHORT);
+        CompletableFuture<String> thread = new CompletableFuture<>();
+        lease.whenLost().thenAccept(loss -> thread.complete(Thread.currentThread().getName()));
+        server.command("DEL", "callback");
+        String name = thread.get(2, TimeUnit.SECONDS);
+        assertTrue(name.startsWith("dlock-callbacks"), "ran on " + name);
+    }
+
+    @Test
     void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
         try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
             Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
@@ -99,9 +155,11 @@ class LeaseTest {
         CompletableFuture<Lease> waiter = locks.holdAsync("queued", SHORT.waitFor(Duration.ofSeconds(5)));
         Thread.sleep(200);
         assertFalse(waiter.isDone());
+        long claimed = serverCount("grants_claimed");
         holder.close();
         try (Lease next = waiter.get(3, TimeUnit.SECONDS)) {
             assertTrue(next.fence() > holder.fence());
+            assertEquals(claimed + 1, serverCount("grants_claimed"), "the grant was claimed");
             Thread.sleep(1_000); // claimed: the full ttl started, and renewals run
             next.check();
         }
@@ -119,6 +177,82 @@ class LeaseTest {
             long took = (System.nanoTime() - released) / 1_000_000;
             assertTrue(took < 1_000, "handed over after " + took + " ms (a ticket refresh is 2 s)");
             assertTrue(next.fence() > holder.fence());
+        }
+    }
+
+    @Test
+    void anInterruptedTicketWaiterTakesItsTicketOutOfLine() throws Exception {
+        HoldOptions tickets = SHORT.waitFor(Duration.ofSeconds(10)).tickets(Duration.ofSeconds(6));
+        try (Lease holder = locks.hold("ticket-cancelled", SHORT)) {
+            CompletableFuture<Lease> waiter = locks.holdAsync("ticket-cancelled", tickets);
+            waitFor(() -> locks.info("ticket-cancelled").orElseThrow().tickets() == 1);
+            Thread.sleep(100); // the waiter now waits on the channel, its ticket answered
+            waiter.cancel(true);
+            // Released at once, not left in line for the ticket's 6 s.
+            waitFor(() -> locks.info("ticket-cancelled").orElseThrow().tickets() == 0, Duration.ofSeconds(2));
+            assertEquals(holder.token(), locks.info("ticket-cancelled").orElseThrow().owner());
+        }
+    }
+
+    @Test
+    void anInterruptAfterAnUnansweredRequestIsUnknownNotHeld() throws Exception {
+        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
+            HoldOptions options = HoldOptions.defaults().ttl(Duration.ofSeconds(30)).requestTimeout(Duration.ofMillis(200));
+            Lease holder = paused.hold("unknown", options.noWait());
+            CompletableFuture<NotAcquiredException> outcome = new CompletableFuture<>();
+            Thread waiter = new Thread(() -> {
+                try {
+                    paused.hold("unknown", options.waitFor(Duration.ofSeconds(20)).tickets(Duration.ofMillis(600)));
+                    outcome.completeExceptionally(new AssertionError("granted"));
+                } catch (NotAcquiredException e) {
+                    outcome.complete(e);
+                } catch (Throwable e) {
+                    outcome.completeExceptionally(e);
+                }
+            });
+            waiter.start();
+            waitFor(() -> paused.info("unknown").orElseThrow().tickets() == 1);
+            own.pause();
+            try {
+                Thread.sleep(700); // a ticket refresh (every 200 ms) went unanswered: the outcome is unknown
+                waiter.interrupt();
+                Thread.sleep(100);
+            } finally {
+                own.resume();
+            }
+            NotAcquiredException e = outcome.get(10, TimeUnit.SECONDS);
+            assertEquals(NotAcquiredException.Outcome.UNKNOWN, e.outcome());
+            waitFor(() -> paused.info("unknown").orElseThrow().tickets() == 0, Duration.ofSeconds(2));
+            holder.close();
+        }
+    }
+
+    @Test
+    void aCancelledHoldAsyncLeavesNoLeaseBehind() throws Exception {
+        // Cancelled at every moment of the attempt, the grant's moment included: whatever was
+        // granted is released (never a lease nobody holds, renewed for ever).
+        int rounds = 60;
+        List<CompletableFuture<Lease>> kept = new java.util.ArrayList<>();
+        for (int i = 0; i < rounds; i++) {
+            CompletableFuture<Lease> future = locks.holdAsync("cancelled-" + i, SHORT);
+            long until = System.nanoTime() + (i % 20) * 150_000L; // 0 to 3 ms
+            while (System.nanoTime() < until) {
+                Thread.onSpinWait();
+            }
+            if (!future.cancel(true)) {
+                kept.add(future);
+            }
+        }
+        for (CompletableFuture<Lease> future : kept) {
+            try {
+                future.join().close();
+            } catch (java.util.concurrent.CompletionException e) {
+                // not granted
+            }
+        }
+        Thread.sleep(1_500); // beyond the ttl: only a lease still renewed would remain
+        for (int i = 0; i < rounds; i++) {
+            assertTrue(locks.info("cancelled-" + i).isEmpty(), "cancelled-" + i + " is still held");
         }
     }
 
@@ -177,6 +311,21 @@ class LeaseTest {
     }
 
     @Test
+    void aFencedWriteWhoseReplyIsLostIsNeverSentAgain() throws Exception {
+        try (Proxy proxy = new Proxy(server.port); Locks through = Locks.connect(proxy.url())) {
+            try (Lease lease = through.hold("invoice:{2}", HoldOptions.defaults().noWait())) {
+                lease.fenced("GET", "invoice:{2}:count"); // the connections are open
+                proxy.dropNextReply();
+                // The INCR runs, its reply is lost and the connection closed: a client that sends it
+                // again on the next connection counts twice.
+                assertThrows(DlockException.class, () -> lease.fenced("INCR", "invoice:{2}:count"));
+                Thread.sleep(500); // time for a reconnection to replay it
+                assertEquals("1", server.command("GET", "invoice:{2}:count"));
+            }
+        }
+    }
+
+    @Test
     void readersShareWritersDoNot() {
         HoldOptions options = SHORT;
         try (Lease a = locks.read("rw", options); Lease b = locks.read("rw", options)) {
@@ -224,11 +373,25 @@ class LeaseTest {
         assertTrue(seen.stream().noneMatch(l -> l.isPresent() && l.get().address() == null));
     }
 
+    /** A counter of the module's INFO section ({@code INFO dlock}). */
+    private static long serverCount(String name) {
+        for (String line : server.command("INFO", "dlock").split("\r?\n")) {
+            if (line.startsWith("dlock_" + name + ":")) {
+                return Long.parseLong(line.substring("dlock_".length() + name.length() + 1).trim());
+            }
+        }
+        throw new AssertionError("no " + name + " in INFO dlock");
+    }
+
     private static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
-        long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
+        waitFor(condition, Duration.ofSeconds(5));
+    }
+
+    private static void waitFor(java.util.function.BooleanSupplier condition, Duration limit) throws InterruptedException {
+        long deadline = System.nanoTime() + limit.toNanos();
         while (!condition.getAsBoolean()) {
             if (System.nanoTime() > deadline) {
-                throw new AssertionError("condition not met in 5 s");
+                throw new AssertionError("condition not met in " + limit);
             }
             Thread.sleep(20);
         }
