@@ -22,7 +22,7 @@ use crate::{apply, clock, expiry};
 const SLICE_BUDGET: Duration = Duration::from_millis(2);
 /// Most entries looked at in one slice, whatever the clock says.
 const SLICE_MAX_ENTRIES: usize = 10_000;
-/// Entries taken from the index at a time; the clock is read after each batch.
+/// Entries taken from the index at a time (one lock of the index, one buffer of names).
 const SWEEP_BATCH: usize = 64;
 
 /// Keyspace events that put an existing lock value under a (new) key name.
@@ -161,23 +161,30 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     let mut now = started;
     let mut seen = 0;
     let mut due = DueBatch::default();
-    loop {
+    'turn: loop {
         // A batch at a time: one lock of the index, and names copied out in one buffer.
         due.clear();
         if state::with_expiry(|expiry| expiry.index.pop_due(now.mono, SWEEP_BATCH, &mut due)) == 0 {
             break;
         }
-        for (deadline, db, name) in due.iter() {
+        // The clock is read after every entry: one entry may be a slice of a crowd's settle.
+        for (done, (deadline, db, name)) in due.iter().enumerate() {
             sweep_one(&ctx, deadline, db, name, now);
-        }
-        seen += due.len();
-        now = clock::now();
-        if seen >= SLICE_MAX_ENTRIES
-            || now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64
-        {
-            // Come back on the next turn of the event loop, after clients had theirs.
-            state::with_expiry(|expiry| expiry.schedule.yielded());
-            break;
+            seen += 1;
+            now = clock::now();
+            if seen >= SLICE_MAX_ENTRIES
+                || now.mono.saturating_sub(started.mono) >= SLICE_BUDGET.as_micros() as u64
+            {
+                // Come back on the next turn of the event loop, after clients had theirs; the
+                // entries of this batch not looked at yet go back to the index.
+                state::with_expiry(|expiry| {
+                    for (deadline, db, name) in due.iter().skip(done + 1) {
+                        expiry.index.insert(deadline, db, name);
+                    }
+                    expiry.schedule.yielded();
+                });
+                break 'turn;
+            }
         }
     }
 }

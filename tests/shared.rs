@@ -379,6 +379,35 @@ fn a_crowd_of_readers_is_granted_over_several_turns_and_keeps_its_place() {
     assert_eq!(field(&mut con, "crowd", "mode").as_deref(), Some("shared"));
 }
 
+/// 1,200 readers' leases end together (a write pause outlasts them all) with no one waiting:
+/// the key stays until the last slice
+/// has ended its leases (deleting it once the first slice left nothing live ended the other
+/// 688 unannounced and uncounted, and freed them in one step), and the replica drops it too.
+#[test]
+fn a_crowd_of_shared_leases_ending_together_with_no_one_waiting_ends_every_lease() {
+    let (primary, replica) = primary_and_replica_with(&[], &[]);
+    let mut con = primary.client();
+    let mut pipe = redis::pipe();
+    for i in 0..1_200 {
+        pipe.cmd("DLOCK.ACQUIRE").arg("ending").arg(format!("reader-{i}")).arg(300);
+        pipe.arg("SHARED").ignore();
+    }
+    let _: () = pipe.query(&mut con).expect("readers");
+    let _: () =
+        redis::cmd("CLIENT").arg("PAUSE").arg(600).arg("WRITE").query(&mut con).expect("PAUSE");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while redis::cmd("EXISTS").arg("ending").query::<i64>(&mut con).expect("EXISTS") == 1 {
+        assert!(std::time::Instant::now() < deadline, "the key outlived its leases");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stats = dlock_counters(&mut con);
+    assert_eq!(stats["leases_expired"], 1_200, "each end counted once");
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut con).expect("WAIT");
+    let exists: i64 =
+        redis::cmd("EXISTS").arg("ending").query(&mut replica.client()).expect("EXISTS");
+    assert_eq!(exists, 0, "the replica dropped the key too");
+}
+
 /// 1,200 readers' leases end together with a writer waiting behind them: a settle ends at most
 /// 512 of them, the timer the rest over its next turns, and only then is the writer granted;
 /// every end reaches the replica (equal digests), and each is counted once.

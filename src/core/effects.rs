@@ -291,16 +291,19 @@ pub fn plan<'a>(
     if !indexes {
         return;
     }
+    if changes.contains(&Transition::MoreToSettle) {
+        // The rest of a crowd (leases still to end, or requests at the head still to pass):
+        // decided on the timer's next turn, by this one entry. Another entry for the earliest
+        // (passed) deadline as well would double the key's entries on every slice.
+        lock.note_index_entry(now.mono);
+        return effect(Effect::Index(now.mono));
+    }
     if let Some(deadline) = lock.needs_index_entry(now) {
         effect(Effect::Index(deadline));
     }
     if !lock.has_record() {
         // A queue without a lease (grants held after start-up): look again when they resume.
         effect(Effect::Index(grants_held_until));
-    }
-    if changes.contains(&Transition::MoreToSettle) {
-        // The rest of a crowd at the head: decided on the timer's next turn.
-        effect(Effect::Index(now.mono));
     }
 }
 
@@ -640,6 +643,34 @@ mod tests {
                 format!("endlease {fence_a}")
             ]
         );
+    }
+
+    #[test]
+    fn a_crowd_of_expired_shared_leases_keeps_its_key_until_the_last_slice_has_ended() {
+        use crate::core::step::SETTLE_EXPIRE_MAX;
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        let crowd = SETTLE_EXPIRE_MAX + 3;
+        planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
+            for i in 0..crowd {
+                let token = format!("reader-{i}");
+                let shared = Mode::Shared { limit: None };
+                step.acquire_as(lock, token.as_bytes(), 1_000, shared, None).expect("mint");
+            }
+        });
+        let settle = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| step.settle_after(lock);
+        let first = planned(&mut lock, &mut fences, PRIMARY, at(5), settle);
+        let ended = first.iter().filter(|effect| effect.starts_with("expired ")).count();
+        assert_eq!(ended, SETTLE_EXPIRE_MAX, "one slice ends at most SETTLE_EXPIRE_MAX");
+        assert!(
+            !first.iter().any(|effect| effect.starts_with("delete key")),
+            "the key keeps the leases still to end (deleting it would end them unannounced)"
+        );
+        let entries: Vec<&String> = first.iter().filter(|e| e.starts_with("index")).collect();
+        assert_eq!(entries, ["index at 5"], "one entry for the next slice, at once");
+        let rest = planned(&mut lock, &mut fences, PRIMARY, at(5), settle);
+        let ended = rest.iter().filter(|effect| effect.starts_with("expired ")).count();
+        assert_eq!(ended, 3);
+        assert_eq!(rest.last().map(String::as_str), Some("delete key (propagated: true)"));
     }
 
     #[test]

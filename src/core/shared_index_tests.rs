@@ -156,7 +156,7 @@ proptest! {
             let mode = live.first().map(|first| (first.mode(), live.len()));
             prop_assert_eq!(lock.live_mode(now), mode);
             prop_assert_eq!(lock.has_live(now), !live.is_empty());
-            prop_assert_eq!(lock.is_vacant(now), live.is_empty() && lock.waiters().len() == 0);
+            prop_assert_eq!(lock.is_vacant(now), all.is_empty() && lock.waiters().len() == 0);
             prop_assert_eq!(lock.has_record(), !all.is_empty());
             let first = all.iter().map(|lease| lease.deadline_mono).min();
             let ticket = None::<u64>;

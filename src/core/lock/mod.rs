@@ -199,9 +199,11 @@ impl Lock {
         }
     }
 
-    /// Whether the key holding this lock should be deleted: no live lease and nobody waiting.
+    /// Whether the key holding this lock should be deleted: no lease, live or expired, and
+    /// nobody waiting. Expired leases a settle has not ended yet (a crowd ends a slice a turn)
+    /// keep the key: each end is announced, counted and replicated on its own.
     pub fn is_vacant(&self, now: Now) -> bool {
-        !self.has_live(now) && self.waiters.is_empty()
+        !self.has_live(now) && !self.has_expired(now) && self.waiters.is_empty()
     }
 
     /// Whether the lock holds any lease record at all, live or not (a restarted server's grant
@@ -672,6 +674,9 @@ mod tests {
         let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
         granted(&mut lock, b"A", 1_000, at(0), &mut fences);
         assert_ne!(lock.renew(b"A", 10_000, at(1), Rules::default()), Renewal::Renewed);
+        assert!(!lock.has_live(at(1)));
+        assert!(!lock.is_vacant(at(1)), "the expired lease is kept until a settle ends it");
+        assert_eq!(lock.expire(at(1), 1).len(), 1);
         assert!(lock.is_vacant(at(1)));
     }
 
