@@ -293,10 +293,12 @@ pub fn plan<'a>(
     }
     if changes.contains(&Transition::MoreToSettle) {
         // The rest of a crowd (leases still to end, or requests at the head still to pass):
-        // decided on the timer's next turn, by this one entry. Another entry for the earliest
-        // (passed) deadline as well would double the key's entries on every slice.
-        lock.note_index_entry(now.mono);
-        return effect(Effect::Index(now.mono));
+        // decided by this one entry, due at once, after what came due before it (the sweep
+        // goes on while its turn lasts). Another entry for the earliest (passed) deadline as
+        // well would double the key's entries on every slice.
+        let at_once = crate::core::expiry::due_now(now.mono);
+        lock.note_index_entry(at_once);
+        return effect(Effect::Index(at_once));
     }
     if let Some(deadline) = lock.needs_index_entry(now) {
         effect(Effect::Index(deadline));

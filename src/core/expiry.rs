@@ -26,6 +26,12 @@ const MAX_LENGTH_BYTES: usize = 10;
 /// clients as grant in one millisecond on one server).
 pub const FORGET_WINDOW: usize = 64;
 
+/// The latest deadline due at `now_mono`: an entry inserted with it comes due in the sweep
+/// running now, after every entry due before it (the start of the current millisecond).
+pub fn due_now(now_mono: Micros) -> Micros {
+    now_mono - now_mono % 1_000
+}
+
 /// Appends `value` as base-128 digits, most significant first, so that it reads back from the
 /// end: the last byte holds the lowest 7 bits, and every byte but the first carries 0x80.
 fn push_backward_varint(bytes: &mut Vec<u8>, value: u64) {
@@ -289,6 +295,20 @@ impl ExpiryIndex {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_entry_due_now_comes_due_in_the_sweep_running_now_after_earlier_ones() {
+        let mut index = ExpiryIndex::default();
+        let now = 20_000_700;
+        index.insert(19_998_100, 0, b"earlier");
+        index.insert(20_000_900, 0, b"later");
+        index.insert(due_now(now), 0, b"crowd");
+        let mut out = DueBatch::default();
+        assert_eq!(index.pop_due(now, 10, &mut out), 2);
+        let names: Vec<&[u8]> = out.iter().map(|(_, _, name)| name).collect();
+        assert_eq!(names, [&b"earlier"[..], b"crowd"]);
+        assert_eq!(due_now(20_000_000), 20_000_000);
+    }
 
     #[test]
     fn a_released_grant_gives_its_entry_back_when_it_is_recent() {
