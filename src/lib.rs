@@ -42,7 +42,11 @@ use std::alloc::System as Allocator;
 #[cfg(not(any(test, feature = "no-redis-alloc")))]
 use redis_module::alloc::RedisAlloc as Allocator;
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    if let Err(reason) = config::apply_load_arguments(ctx, args) {
+        ctx.log_warning(&format!("not loaded: {reason}"));
+        return Status::Err;
+    }
     // Corrupt or truncated RDB/RESTORE payloads become load errors instead of a server panic.
     // Valkey 9: its atomic slot migration (`CLUSTER MIGRATESLOTS`) may move lock keys (the option
     // bit is Valkey's; Redis 7 leaves it unused).
@@ -91,14 +95,14 @@ redis_module! {
     ],
     configurations: [
         i64: [
-            ["max-ttl-ms", &config::MAX_TTL_MS, DEFAULT_MAX_TTL_MS as i64, 1, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["restart-grant-delay-ms", &config::RESTART_GRANT_DELAY_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["max-hold-ms", &config::MAX_HOLD_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["fence-lead-ms", &config::FENCE_LEAD_MS, config::DEFAULT_FENCE_LEAD_MS, 0, config::FENCE_LEAD_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            [config::MAX_TTL_MS_NAME, &config::MAX_TTL_MS, DEFAULT_MAX_TTL_MS as i64, 1, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            [config::RESTART_GRANT_DELAY_MS_NAME, &config::RESTART_GRANT_DELAY_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            [config::MAX_HOLD_MS_NAME, &config::MAX_HOLD_MS, 0, 0, config::MAX_TTL_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            [config::FENCE_LEAD_MS_NAME, &config::FENCE_LEAD_MS, config::DEFAULT_FENCE_LEAD_MS, 0, config::FENCE_LEAD_MS_LIMIT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],
         enum: [],
-        module_args_as_configuration: true,
+        module_args_as_configuration: false,
     ]
 }

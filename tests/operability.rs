@@ -221,6 +221,43 @@ fn max_hold_ms_refuses_the_renewal_that_would_outlast_it() {
     assert_eq!(value[1], "1000");
 }
 
+/// Module load arguments go through `CONFIG SET`'s own rules: a bad one (out of range, not a
+/// number, unknown, without a value, given twice) stops the server with a log line naming it,
+/// never an abort and never a server running with a setting no ACQUIRE can pass; names are taken
+/// in any case, as `CONFIG SET` takes them.
+#[test]
+fn a_bad_load_argument_is_refused_naming_it_and_the_server_does_not_start() {
+    let config_set = "CONFIG SET failed (possibly related to argument";
+    let cases: [(&[&str], &str); 8] = [
+        (&["max-ttl-ms", "0"], "load argument max-ttl-ms 0: CONFIG SET failed"),
+        (&["max-ttl-ms", "-5"], "load argument max-ttl-ms -5: CONFIG SET failed"),
+        (&["max-ttl-ms", "99999999999999"], "load argument max-ttl-ms 99999999999999: CONFIG"),
+        (&["max-hold-ms", "-1"], "load argument max-hold-ms -1: CONFIG SET failed"),
+        (&["max-ttl-ms", "abc"], "load argument max-ttl-ms abc: CONFIG SET failed"),
+        (&["bogus", "5"], "unknown load argument 'bogus' (the settings: max-ttl-ms,"),
+        (&["max-ttl-ms"], "load argument max-ttl-ms has no value"),
+        (&["max-ttl-ms", "5000", "MAX-TTL-MS", "6000"], "load argument max-ttl-ms is given twice"),
+    ];
+    for (args, reason) in cases {
+        let Err(why) = Launch::new().args(args).try_start() else {
+            panic!("the server started with load arguments {args:?}");
+        };
+        assert!(why.contains(&format!("<dlock> not loaded: {reason}")), "{args:?}: {why}");
+        if reason.contains("CONFIG") {
+            assert!(why.contains(config_set), "{args:?}: {why}");
+        }
+        assert!(!why.contains("panic"), "{args:?}: {why}");
+    }
+    let server = Launch::new().args(&["MAX-TTL-MS", "5000", "max-hold-ms", "7000"]).start();
+    let mut con = server.client();
+    let values: Vec<String> =
+        redis::cmd("CONFIG").arg("GET").arg("dlock.max-*").query(&mut con).expect("CONFIG GET");
+    let pairs: std::collections::BTreeMap<&str, &str> =
+        values.chunks(2).map(|pair| (pair[0].as_str(), pair[1].as_str())).collect();
+    assert_eq!(pairs["dlock.max-ttl-ms"], "5000");
+    assert_eq!(pairs["dlock.max-hold-ms"], "7000");
+}
+
 #[test]
 fn every_config_is_settable_at_load_and_by_config_set() {
     let server = Server::start_with(&[
