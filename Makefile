@@ -1,7 +1,7 @@
 # dlock — `make help` lists every target.
 
 MODULE   := $(CURDIR)/target/release/libdlock.so
-RUN_DIR  := $(CURDIR)/target/run
+RUN_DIR   = $(CURDIR)/target/run/$(PORT)
 PORT     ?= 6379
 SERVER   ?= redis
 
@@ -16,8 +16,9 @@ deps: ## Install what is missing (redis-server, redis-tools, libclang, rustfmt, 
 build: deps ## Build the release module: target/release/libdlock.so
 	cargo build --release
 
-run: build ## Start redis-server with the module in the foreground on 127.0.0.1:6379 (PORT=… to change)
+run: build ## Start redis-server with the module in the foreground on 127.0.0.1:6379 (PORT=… to change), its data in target/run/<port>/
 	@mkdir -p $(RUN_DIR)
+	@echo "dlock: data (AOF) in $(RUN_DIR); rm -rf it to start from an empty data set"
 	redis-server --port $(PORT) --bind 127.0.0.1 --dir $(RUN_DIR) \
 		--appendonly yes --appendfsync always --maxmemory-policy noeviction \
 		--loadmodule $(MODULE)
