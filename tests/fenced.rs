@@ -295,6 +295,22 @@ fn server_admin_and_keyspace_wide_commands_are_refused_whatever_their_name() {
     assert_eq!(reply, redis::Value::Okay);
 }
 
+/// A resource key holding another type answers `WRONGTYPE`, whatever the inner command (it said
+/// the lock key could not be used under its own fence when the inner command named it).
+#[test]
+fn a_resource_of_another_type_answers_wrongtype() {
+    let server = Server::start();
+    let mut con = server.client();
+    let _: () = redis::cmd("SET").arg("str:1").arg("5").query(&mut con).expect("SET");
+    for inner in [&["GET", "str:1"][..], &["SET", "other", "x"]] {
+        let refused = error_text(fenced(&mut con, "str:1", 5, inner));
+        assert!(refused.starts_with("WRONGTYPE"), "{inner:?}: {refused}");
+    }
+    let value: String = redis::cmd("GET").arg("str:1").query(&mut con).expect("GET");
+    assert_eq!(value, "5");
+    assert_eq!(dbsize(&mut con), 1, "nothing written");
+}
+
 /// `fenced_writes_ok` counts inner commands that succeeded; an inner command that answered an
 /// error after the fence check passed (wrong type, not an integer, the caller's ACL) counts in
 /// `fenced_writes_failed`, and its error passes through unchanged.

@@ -53,6 +53,8 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     };
     let fence = parse_fence(fence.as_slice())?;
     primary_only(ctx)?;
+    // A resource key of another type answers WRONGTYPE, as every dlock command on it does.
+    lock_in(&ctx.open_key(resource))?;
     let inner: Vec<&[u8]> = inner_args.iter().map(RedisString::as_slice).collect();
     if let Some(reason) = refusal(command.as_slice(), &inner) {
         return Err(

@@ -112,6 +112,17 @@ pub enum LogLine<'a> {
         /// The lease's holder.
         holder: &'a [u8],
     },
+    /// A RENEW or RELEASE by a holder whose `FENCE` names another (an earlier) grant.
+    WrongFence {
+        /// `"renewal"` or `"release"`.
+        request: &'static str,
+        /// The token that asked.
+        token: &'a [u8],
+        /// The fence it gave.
+        asked: u64,
+        /// The fence of the lease it holds.
+        holds: u64,
+    },
     /// The head of the line could not be handed the free lock.
     HandOverFailed(&'a DlockError),
 }
@@ -177,6 +188,10 @@ impl LogLine<'_> {
                 "release by a non-owner refused resource={resource} token={} holder={}",
                 printable(token),
                 printable(holder)
+            ),
+            Self::WrongFence { request, token, asked, holds } => format!(
+                "{request} refused (FENCE names another grant of this token) resource={resource} token={} fence={asked} holds={holds}",
+                printable(token)
             ),
             Self::HandOverFailed(error) => format!("dlock: hand-over failed: {error}"),
         }
@@ -393,15 +408,21 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
 fn refused(refusal: &Refusal) -> Option<LogLine<'_>> {
     match refusal {
         Refusal::Contended
-        | Refusal::RenewNotHeld { holder: None, .. }
-        | Refusal::ReleaseNotOwner { holder: None, .. } => None,
-        Refusal::RenewNotHeld { token, holder: Some(holder) } => {
+        | Refusal::RenewNotHeld { holder: None, wrong_fence: None, .. }
+        | Refusal::ReleaseNotOwner { holder: None, wrong_fence: None, .. } => None,
+        Refusal::RenewNotHeld { token, wrong_fence: Some((asked, holds)), .. } => {
+            Some(LogLine::WrongFence { request: "renewal", token, asked: *asked, holds: *holds })
+        }
+        Refusal::ReleaseNotOwner { token, wrong_fence: Some((asked, holds)), .. } => {
+            Some(LogLine::WrongFence { request: "release", token, asked: *asked, holds: *holds })
+        }
+        Refusal::RenewNotHeld { token, holder: Some(holder), .. } => {
             Some(LogLine::RenewNotHeld { token, holder })
         }
         Refusal::RenewPastMaxHold { token, held_ms } => {
             Some(LogLine::RenewPastMaxHold { token, held_ms: *held_ms })
         }
-        Refusal::ReleaseNotOwner { token, holder: Some(holder) } => {
+        Refusal::ReleaseNotOwner { token, holder: Some(holder), .. } => {
             Some(LogLine::ReleaseNotOwner { token, holder })
         }
     }
@@ -673,6 +694,52 @@ mod tests {
         let ended = rest.iter().filter(|effect| effect.starts_with("expired ")).count();
         assert_eq!(ended, 3);
         assert_eq!(rest.last().map(String::as_str), Some("delete key (propagated: true)"));
+    }
+
+    #[test]
+    fn a_holder_naming_another_grants_fence_is_told_apart_from_a_non_owner() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
+            step.acquire(lock, b"A", 10_000).expect("mint");
+        });
+        let holds = lock.holder(b"A", at(0)).expect("held").fence;
+        let lines = |lock: &mut Lock,
+                     fences: &mut FenceCounter,
+                     op: &dyn Fn(&mut Step<'_, AllAlive>, &mut Lock)| {
+            let mut step = Step::new(at(1), Rules::default(), fences, &AllAlive);
+            op(&mut step, lock);
+            let changes = step.into_changes();
+            let mut out = Vec::new();
+            plan(lock, PRIMARY, &changes, at(1), |effect| {
+                if let Effect::Log(line) = effect {
+                    out.push(line.text(b"job"));
+                }
+            });
+            out
+        };
+        let asked = holds - 1;
+        assert_eq!(
+            lines(&mut lock, &mut fences, &|step, lock| {
+                assert!(!step.release_grant(lock, b"A", Some(asked)));
+            }),
+            [format!(
+                "release refused (FENCE names another grant of this token) resource=job token=A fence={asked} holds={holds}"
+            )]
+        );
+        assert_eq!(
+            lines(&mut lock, &mut fences, &|step, lock| {
+                step.renew_grant(lock, b"A", Some(asked), 5_000).expect("renew");
+            }),
+            [format!(
+                "renewal refused (FENCE names another grant of this token) resource=job token=A fence={asked} holds={holds}"
+            )]
+        );
+        assert_eq!(
+            lines(&mut lock, &mut fences, &|step, lock| {
+                assert!(!step.release_grant(lock, b"B", Some(holds)));
+            }),
+            ["release by a non-owner refused resource=job token=B holder=A"]
+        );
     }
 
     #[test]

@@ -145,12 +145,15 @@ impl Transition {
 pub enum Refusal {
     /// ACQUIRE found the lock held or queued for, and did not wait.
     Contended,
-    /// RENEW by a token that holds no live lease here.
+    /// RENEW by a token that holds no live lease here (or none with the `FENCE` it gave).
     RenewNotHeld {
         /// The token that asked.
         token: Token,
         /// The live lease's holder, if any.
         holder: Option<Token>,
+        /// The `FENCE` given and the fence of the live lease the token does hold, when it holds
+        /// one under another fence (a late request for an earlier grant).
+        wrong_fence: Option<(u64, u64)>,
     },
     /// RENEW that would carry the lease past `dlock.max-hold-ms`.
     RenewPastMaxHold {
@@ -159,12 +162,15 @@ pub enum Refusal {
         /// How long it has held the lease, in ms.
         held_ms: u64,
     },
-    /// RELEASE by a token that holds no live lease here.
+    /// RELEASE by a token that holds no live lease here (or none with the `FENCE` it gave).
     ReleaseNotOwner {
         /// The token that asked.
         token: Token,
         /// The live lease's holder, if any.
         holder: Option<Token>,
+        /// The `FENCE` given and the fence of the live lease the token does hold, when it holds
+        /// one under another fence (a late request for an earlier grant).
+        wrong_fence: Option<(u64, u64)>,
     },
 }
 
@@ -367,6 +373,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
                 token: token.into(),
                 holder: holder.map(|lease| lease.token.clone()),
+                wrong_fence: fence.zip(mine.map(|lease| lease.fence)),
             }),
             Renewal::PastMaxHold => Transition::Refused(Refusal::RenewPastMaxHold {
                 token: token.into(),
@@ -395,9 +402,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.push(match (released, withdrawn) {
             (Some(lease), _) => Transition::Released(lease),
             (None, Some(ticket)) => Transition::TicketWithdrawn { token: ticket.token },
-            (None, None) => {
-                Transition::Refused(Refusal::ReleaseNotOwner { token: token.into(), holder })
-            }
+            (None, None) => Transition::Refused(Refusal::ReleaseNotOwner {
+                token: token.into(),
+                holder,
+                wrong_fence: fence.zip(lock.holder(token, self.now).map(|lease| lease.fence)),
+            }),
         });
         self.settle_after(lock);
         done
@@ -496,7 +505,11 @@ mod tests {
         assert!(matches!(&changes[0], Transition::Expired(lease) if &*lease.token == b"A"));
         assert_eq!(
             changes[1],
-            Transition::Refused(Refusal::RenewNotHeld { token: b"A"[..].into(), holder: None })
+            Transition::Refused(Refusal::RenewNotHeld {
+                token: b"A"[..].into(),
+                holder: None,
+                wrong_fence: None
+            })
         );
         assert!(changes[0].changes_lease() && !changes[1].changes_lease());
     }
