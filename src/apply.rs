@@ -142,10 +142,10 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
             waiters::block(ctx, waiter);
             state::arm_soon();
         }
-        Effect::Event { what, lease, publish } => {
+        Effect::Event { what, lease, publish, detail } => {
             notify::transition(ctx, what, name, lease, now);
             if publish {
-                notify::publish(ctx, what, name, lease);
+                notify::publish(ctx, what, name, lease, detail);
             }
         }
         Effect::Log(line) => match line.level() {

@@ -116,7 +116,7 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     info.version = version;
     info.summary = leaked(meta.summary)?;
     info.complexity = leaked(meta.complexity)?;
-    info.since = leaked(crate::commands::V1)?;
+    info.since = leaked(meta.since)?;
     info.arity = meta.arity;
     if meta.key_flags != 0 {
         info.key_specs = key_specs.as_mut_ptr();

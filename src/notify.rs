@@ -83,12 +83,20 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
 /// with `SPUBLISH` semantics in Redis Cluster, where the server lets a module publish to a shard
 /// channel, else as `PUBLISH`. A hand-over names its new holder by the tag of its token
 /// ([`channel::tag`]), so that only that holder's client needs to ask.
-pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease) {
+pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease, detail: &[u8]) {
     // Every grant publishes: no allocation and no formatting on this path (a `format!` and two
     // vectors were a sixth of an uncontended ACQUIRE's instructions).
     let mut message = [0; channel::MAX_MESSAGE];
     let holder = (what == Event::Handoff).then_some(&*lease.token);
     let message = channel::write_message(what.word(), lease.fence, holder, &mut message);
+    // Only a revocation adds its reason (a rare command: an allocation is fine there).
+    let with_detail;
+    let message = if detail.is_empty() {
+        message
+    } else {
+        with_detail = [message, b" ", detail].concat();
+        &with_detail[..]
+    };
     let channel = {
         // The name's buffer is reused from message to message.
         let mut name = state::lock(&MODULE.log.channel);

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 
 use dlock_testkit::*;
 
-const COMMANDS: [&str; 9] = [
+const COMMANDS: [&str; 10] = [
     "dlock.acquire",
     "dlock.renew",
     "dlock.release",
+    "dlock.revoke",
     "dlock.fencecheck",
     "dlock.info",
     "dlock.fenced",

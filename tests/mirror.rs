@@ -315,8 +315,17 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                     }
                     let _: i64 = release.query(&mut p).expect("RELEASE");
                 }
-                9 => {
+                9 if rng.between(0, 1) == 0 => {
                     let _: i64 = redis::cmd("DEL").arg(resource).query(&mut p).expect("DEL");
+                }
+                9 => {
+                    // An operator's revocation: of the token's grant, or of every live lease.
+                    let mut revoke = redis::cmd("DLOCK.REVOKE");
+                    revoke.arg(resource);
+                    if let Some(fence) = fence_of(&mut p, resource, token) {
+                        revoke.arg("FENCE").arg(fence);
+                    }
+                    let _: i64 = revoke.arg("REASON").arg("mirror").query(&mut p).expect("REVOKE");
                 }
                 10 if rng.between(0, 2) == 0 => {
                     // A crash: the primary comes back from its AOF, with its grant delay.

@@ -53,6 +53,17 @@ pub mod event {
     pub const EXPIRED: &str = "expired";
     /// A lease passed to a waiter or a ticket; the message names the new holder's [`tag`](super::tag).
     pub const HANDOFF: &str = "handoff";
+    /// A lease ended by `DLOCK.REVOKE`; the message ends with the revocation's reason, if any
+    /// (`revoked 1796207757444058 stuck since 03:00`).
+    pub const REVOKED: &str = "revoked";
+}
+
+/// The fence and the reason of a `revoked` message (the reason is empty when none was given),
+/// or `None` for any other message.
+pub fn revoked(payload: &str) -> Option<(u64, &str)> {
+    let rest = payload.strip_prefix(event::REVOKED)?.strip_prefix(' ')?;
+    let (fence, reason) = rest.split_once(' ').unwrap_or((rest, ""));
+    Some((fence.parse().ok()?, reason))
 }
 
 /// Room for any message: an event word of up to 12 bytes, a space, a `u64` (20 digits), and
@@ -163,6 +174,15 @@ pub fn wakes(payload: &str, mine: Option<&str>) -> bool {
 mod tests {
     use super::*;
     use crate::slot::key_slot;
+
+    #[test]
+    fn a_revoked_message_gives_its_fence_and_reason() {
+        assert_eq!(revoked("revoked 8 stuck since 03:00"), Some((8, "stuck since 03:00")));
+        assert_eq!(revoked("revoked 8"), Some((8, "")));
+        assert_eq!(revoked("revoked x y"), None);
+        assert_eq!(revoked("released 8"), None);
+        assert_eq!(revoked("revokedx 8"), None);
+    }
 
     #[test]
     fn a_channel_hashes_to_its_resources_slot() {

@@ -6,6 +6,9 @@ pub const MAX_TOKEN_LEN: usize = 512;
 /// Longest accepted holder metadata (`META`), in bytes.
 pub const MAX_META_LEN: usize = 1_024;
 
+/// Longest accepted revocation reason (`DLOCK.REVOKE … REASON`), in bytes.
+pub const MAX_REASON_LEN: usize = 256;
+
 /// Largest `LIMIT` of a shared request.
 pub const MAX_LIMIT: u32 = 1_000_000;
 

@@ -40,6 +40,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::option("value", ArgKind::String, "META").since(V2),
     ],
     acl_categories: "write slow blocking",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -25,6 +25,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("fence", ArgKind::Integer),
     ],
     acl_categories: "write dangerous",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

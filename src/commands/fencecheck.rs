@@ -19,6 +19,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("fence", ArgKind::Integer),
     ],
     acl_categories: "read fast",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

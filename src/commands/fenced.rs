@@ -35,6 +35,7 @@ pub const META: CommandMeta = CommandMeta {
         },
     ],
     acl_categories: "write slow",
+    since: super::V1,
 };
 
 /// `RM_Call` flags: `v` argv array, `!` replicate the inner command (and nothing else), `C` check

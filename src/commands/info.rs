@@ -16,6 +16,7 @@ pub const META: CommandMeta = CommandMeta {
     complexity: "O(W + S) where W is the number of waiters and S the number of shared leases on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],
     acl_categories: "read fast",
+    since: super::V1,
 };
 
 /// How many waiting tokens `next-waiters` shows, head of the queue first.

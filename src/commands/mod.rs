@@ -7,6 +7,7 @@ pub mod fenced;
 pub mod info;
 pub mod release;
 pub mod renew;
+pub mod revoke;
 pub mod setfence;
 pub mod setlease;
 
@@ -39,6 +40,8 @@ pub struct CommandMeta {
     pub args: &'static [ArgMeta],
     /// ACL categories, on servers that let modules declare them (Redis 7.2+, Valkey).
     pub acl_categories: &'static str,
+    /// The module version that added the command.
+    pub since: &'static str,
 }
 
 /// One argument as `COMMAND DOCS` describes it.
@@ -63,6 +66,9 @@ pub const V1: &str = "0.1.0";
 /// The module version that added the options of version 2 (`SHARED`, `LIMIT`, `QUEUE`, `CLAIM`,
 /// `META`, `FENCE`).
 pub const V2: &str = "0.2.0";
+
+/// The module version that added `DLOCK.REVOKE` (the version in development).
+pub const V3: &str = "0.3.0";
 
 /// The value kinds our commands take.
 #[derive(Clone, Copy)]
@@ -130,10 +136,11 @@ impl ArgMeta {
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 9] = [
+pub const ALL: [&CommandMeta; 10] = [
     &acquire::META,
     &renew::META,
     &release::META,
+    &revoke::META,
     &fencecheck::META,
     &info::META,
     &fenced::META,

@@ -23,6 +23,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::option("fence", ArgKind::Integer, "FENCE").since(V2),
     ],
     acl_categories: "write fast",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -19,6 +19,7 @@ pub const META: CommandMeta = CommandMeta {
     complexity: "O(1)",
     args: &[ArgMeta::required("fence", ArgKind::Integer)],
     acl_categories: "write dangerous",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

@@ -32,6 +32,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::option("value", ArgKind::String, "META"),
     ],
     acl_categories: "write dangerous",
+    since: super::V1,
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {

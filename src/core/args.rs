@@ -6,7 +6,7 @@
 //! `+`, no spaces, no leading zeros.
 
 use super::DlockError;
-pub use super::limits::{MAX_LIMIT, MAX_META_LEN, MAX_TOKEN_LEN};
+pub use super::limits::{MAX_LIMIT, MAX_META_LEN, MAX_REASON_LEN, MAX_TOKEN_LEN};
 use super::mode::Mode;
 
 /// Default of `dlock.max-ttl-ms`, the upper bound of `ttl-ms` and `timeout-ms`: one day.
@@ -172,6 +172,44 @@ fn fence_option(options: &[&[u8]], command: &'static str) -> Result<Option<u64>,
         fence = Some(parse_fence(value)?);
     }
     Ok(fence)
+}
+
+/// The arguments of REVOKE after the resource.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RevokeArgs<'a> {
+    /// `FENCE fence`: only the live lease with this fence is revoked.
+    pub fence: Option<u64>,
+    /// `REASON reason`: told to the channel and the log (empty when not given).
+    pub reason: &'a [u8],
+}
+
+/// Parses the arguments of REVOKE after the resource: `[FENCE fence] [REASON reason]`, in any
+/// order, each at most once.
+pub fn revoke<'a>(args: &[&'a [u8]]) -> Result<RevokeArgs<'a>, DlockError> {
+    let mut revoke = RevokeArgs { fence: None, reason: &[] };
+    let (mut fence_seen, mut reason_seen) = (false, false);
+    let mut rest = args.iter();
+    while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"FENCE") {
+            if std::mem::replace(&mut fence_seen, true) {
+                return Err(DlockError::RepeatedOption("FENCE"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("FENCE", "fence"))?;
+            revoke.fence = Some(parse_fence(value)?);
+        } else if option.eq_ignore_ascii_case(b"REASON") {
+            if std::mem::replace(&mut reason_seen, true) {
+                return Err(DlockError::RepeatedOption("REASON"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("REASON", "reason"))?;
+            if !(1..=MAX_REASON_LEN).contains(&value.len()) {
+                return Err(DlockError::BadReason { max: MAX_REASON_LEN });
+            }
+            revoke.reason = value;
+        } else {
+            return Err(DlockError::UnknownOption(printable(option)));
+        }
+    }
+    Ok(revoke)
 }
 
 /// Parses the arguments of FENCECHECK after the resource: `fence`.

@@ -26,6 +26,8 @@ pub enum Event {
     Expired,
     /// The lease was handed to the head of the queue.
     Handoff,
+    /// `DLOCK.REVOKE` ended the lease.
+    Revoked,
 }
 
 impl Event {
@@ -37,6 +39,7 @@ impl Event {
             Self::Released => c"dlock.released",
             Self::Expired => c"dlock.expired",
             Self::Handoff => c"dlock.handoff",
+            Self::Revoked => c"dlock.revoked",
         }
     }
 
@@ -48,6 +51,7 @@ impl Event {
             Self::Released => "released",
             Self::Expired => "expired",
             Self::Handoff => "handoff",
+            Self::Revoked => "revoked",
         }
     }
 
@@ -59,6 +63,7 @@ impl Event {
             Self::Released => "released",
             Self::Expired => "expired",
             Self::Handoff => "handed over",
+            Self::Revoked => "revoked",
         }
     }
 }
@@ -91,6 +96,13 @@ pub enum LogLine<'a> {
     GrantUndone(&'a Lease),
     /// The lock's value moved to another name: this lease ended.
     Displaced(&'a Lease),
+    /// `DLOCK.REVOKE` ended this lease.
+    Revoked {
+        /// The lease it ended.
+        lease: &'a Lease,
+        /// The reason given (may be empty).
+        reason: &'a [u8],
+    },
     /// A RENEW by a token other than the holder.
     RenewNotHeld {
         /// The token that asked.
@@ -170,6 +182,12 @@ impl LogLine<'_> {
                 printable(&lease.token),
                 lease.fence
             ),
+            Self::Revoked { lease, reason } => format!(
+                "lease revoked resource={resource} owner={} fence={} reason={}",
+                printable(&lease.token),
+                lease.fence,
+                printable(reason)
+            ),
             Self::Displaced(lease) => format!(
                 "lease ended: its key was renamed or moved to resource={resource} owner={} fence={}",
                 printable(&lease.token),
@@ -218,6 +236,8 @@ pub enum Effect<'a> {
         lease: &'a Lease,
         /// Whether the resource's channel hears of it.
         publish: bool,
+        /// What the channel message adds after the fence (a revocation's reason), if anything.
+        detail: &'a [u8],
     },
     /// A log line.
     Log(LogLine<'a>),
@@ -347,7 +367,7 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
     let current = |fence: u64| lock.lease_with_fence(fence);
     let event = |what: Event, lease: Option<&'a Lease>, effect: &mut dyn FnMut(Effect<'a>)| {
         if let Some(lease) = lease {
-            effect(Effect::Event { what, lease, publish: what != Event::Renewed });
+            effect(Effect::Event { what, lease, publish: what != Event::Renewed, detail: &[] });
         }
     };
     match change {
@@ -368,6 +388,10 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
             event(Event::Renewed, current(*fence), effect);
         }
         Transition::Released(lease) => event(Event::Released, Some(lease), effect),
+        Transition::Revoked { lease, reason } => {
+            effect(Effect::Event { what: Event::Revoked, lease, publish: true, detail: reason });
+            effect(Effect::Log(LogLine::Revoked { lease, reason }));
+        }
         Transition::Expired(lease) => {
             event(Event::Expired, Some(lease), effect);
             let line = if lease.unclaimed {
@@ -455,6 +479,7 @@ fn replicate<'a>(
                 }
             }
             Transition::Released(lease)
+            | Transition::Revoked { lease, .. }
             | Transition::Expired(lease)
             | Transition::GrantUndone(lease)
             | Transition::Displaced(lease) => effect(Effect::ReplicateEnd(lease)),
@@ -509,7 +534,7 @@ mod tests {
         match effect {
             Effect::Count(_) => "count".into(),
             Effect::Block { waiter } => format!("block {waiter}"),
-            Effect::Event { what, lease, publish } => {
+            Effect::Event { what, lease, publish, .. } => {
                 format!(
                     "{} {}{}",
                     what.word(),

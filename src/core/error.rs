@@ -62,6 +62,8 @@ pub enum DlockError {
     SlotMoving,
     /// The token holds a lease of the other mode (`held`: "shared" or "exclusive").
     ModeConflict { held: &'static str, asked: &'static str },
+    /// A `REASON` of `DLOCK.REVOKE` that is empty or longer than `max` bytes.
+    BadReason { max: usize },
 }
 
 impl fmt::Display for DlockError {
@@ -126,6 +128,9 @@ impl fmt::Display for DlockError {
             Self::BadLimit { max } => {
                 write!(f, "ERR LIMIT must be an integer between 1 and {max}")
             }
+            Self::BadReason { max } => {
+                write!(f, "ERR REASON must be between 1 and {max} bytes long")
+            }
             Self::BadMeta { max } => {
                 write!(f, "ERR META must be between 1 and {max} bytes long")
             }
@@ -180,6 +185,7 @@ mod tests {
             (DlockError::BadReplicatedLease("deadline"), "deadline"),
             (DlockError::BadLimit { max: 1_000_000 }, "LIMIT"),
             (DlockError::BadMeta { max: 1_024 }, "META"),
+            (DlockError::BadReason { max: 256 }, "REASON"),
             (DlockError::OptionNeeds("LIMIT", "SHARED"), "LIMIT needs SHARED"),
         ];
         assert_eq!(
@@ -253,6 +259,7 @@ mod tests {
             DlockError::BadReplicatedLease("deadline"),
             DlockError::BadLimit { max: super::super::limits::MAX_LIMIT },
             DlockError::BadMeta { max: super::super::limits::MAX_META_LEN },
+            DlockError::BadReason { max: super::super::limits::MAX_REASON_LEN },
             DlockError::OptionNeeds("LIMIT", "SHARED"),
             DlockError::SlotMoving,
             DlockError::ModeConflict { held: "shared", asked: "exclusive" },
@@ -284,6 +291,7 @@ mod tests {
                 | DlockError::BadReplicatedLease(_)
                 | DlockError::BadLimit { .. }
                 | DlockError::BadMeta { .. }
+                | DlockError::BadReason { .. }
                 | DlockError::OptionNeeds(..)
                 | DlockError::SlotMoving
                 | DlockError::ModeConflict { .. } => {}

@@ -57,6 +57,10 @@ enum Op {
         resource: Resource,
         token: u8,
     },
+    /// `DLOCK.REVOKE resource`: the live lease ends, whoever holds it.
+    Revoke {
+        resource: Resource,
+    },
     FenceCheck {
         resource: Resource,
         pick: usize,
@@ -84,6 +88,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (resource.clone(), token.clone(), ttl)
             .prop_map(|(resource, token, ttl_ms)| Op::Renew { resource, token, ttl_ms }),
         2 => (resource.clone(), token).prop_map(|(resource, token)| Op::Release { resource, token }),
+        1 => resource.clone().prop_map(|resource| Op::Revoke { resource }),
         1 => (resource, any::<usize>()).prop_map(|(resource, pick)| Op::FenceCheck { resource, pick }),
         3 => (0u64..30, prop_oneof![4 => Just(0i64), 1 => -100i64..100])
             .prop_map(|(ms, wall_step_ms)| Op::Advance { ms, wall_step_ms }),
@@ -293,6 +298,10 @@ impl Store {
         self.run(resource, now, |step, lock| step.release(lock, token))
     }
 
+    fn revoke(&mut self, resource: Resource, now: Now) -> usize {
+        self.run(resource, now, |step, lock| step.revoke(lock, None, b"model"))
+    }
+
     /// Drains the index in small batches, as the timer does.
     fn sweep(&mut self, now: Now) {
         let mut batch = DueBatch::default();
@@ -491,6 +500,16 @@ proptest! {
                     let want = model.live(resource, now).is_some_and(|(owner, ..)| owner == token);
                     if want {
                         model.leases.get_mut(&resource).expect("live").2 = now.mono + ttl_ms * 1_000;
+                    }
+                    prop_assert_eq!(got, want);
+                }
+                Op::Revoke { resource } => {
+                    let got = store.revoke(resource, now);
+                    model.settle(resource, now, &store.handed);
+                    let want = usize::from(model.live(resource, now).is_some());
+                    if want == 1 {
+                        model.leases.remove(&resource);
+                        model.settle(resource, now, &store.handed);
                     }
                     prop_assert_eq!(got, want);
                 }

@@ -98,6 +98,8 @@ pub struct Stats {
     pub release_not_owner: u64,
     /// Leases that ended at their deadline (nobody released them).
     pub leases_expired: u64,
+    /// Leases ended by `DLOCK.REVOKE`.
+    pub leases_revoked: u64,
     /// FENCECHECK answered 1.
     pub fencecheck_passed: u64,
     /// FENCECHECK answered 0.
@@ -163,6 +165,10 @@ impl Stats {
             Transition::Renewed { .. } => self.renew_ok += 1,
             Transition::Released(lease) => {
                 self.release_ok += 1;
+                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
+            }
+            Transition::Revoked { lease, .. } => {
+                self.leases_revoked += 1;
                 self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
             }
             Transition::Claimed { .. } => self.grants_claimed += 1,
@@ -243,6 +249,7 @@ impl Stats {
             ("release_ok", self.release_ok),
             ("release_not_owner", self.release_not_owner),
             ("leases_expired", self.leases_expired),
+            ("leases_revoked", self.leases_revoked),
             ("fencecheck_passed", self.fencecheck_passed),
             ("fencecheck_stale", self.fencecheck_stale),
             ("fenced_writes_ok", self.fenced_writes_ok),

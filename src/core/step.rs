@@ -47,6 +47,13 @@ pub enum Transition {
     Released(Lease),
     /// This lease reached its deadline.
     Expired(Lease),
+    /// `DLOCK.REVOKE` ended this lease, for `reason` (empty when none was given).
+    Revoked {
+        /// The lease, ended.
+        lease: Lease,
+        /// The operator's reason.
+        reason: Box<[u8]>,
+    },
     /// A new lease (one of the lock's leases now) was handed to the head of the queue.
     HandedOver {
         /// The waiter that now holds it.
@@ -410,6 +417,21 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         });
         self.settle_after(lock);
         done
+    }
+
+    /// REVOKE: ends the live lease with `fence`, or without it every live lease (the exclusive
+    /// one, or the oldest [`SETTLE_EXPIRE_MAX`] shared ones: a call is bounded like a settle),
+    /// whoever holds it; then the lock settles (the head of the line takes it). Returns how many
+    /// leases ended. Expired leases are ended as expired first, never as revoked.
+    pub fn revoke(&mut self, lock: &mut Lock, fence: Option<u64>, reason: &[u8]) -> usize {
+        self.settle_after(lock);
+        let revoked = lock.revoke(fence, self.now, SETTLE_EXPIRE_MAX);
+        let count = revoked.len();
+        self.changes.extend(
+            revoked.into_iter().map(|lease| Transition::Revoked { lease, reason: reason.into() }),
+        );
+        self.settle_after(lock);
+        count
     }
 
     /// The lock's value arrived under another key name (RENAME, MOVE): its leases end, its

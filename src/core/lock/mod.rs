@@ -475,6 +475,41 @@ impl Lock {
         self.drop_holder(token, fence)
     }
 
+    /// Takes out the live lease with `fence`, or without it the live exclusive lease or else the
+    /// oldest `max` live shared leases (in grant order), whoever holds them.
+    pub(in crate::core) fn revoke(
+        &mut self,
+        fence: Option<u64>,
+        now: Now,
+        max: usize,
+    ) -> Vec<Lease> {
+        let fences: Vec<u64> = match fence {
+            Some(fence) => self
+                .lease_with_fence(fence)
+                .filter(|lease| lease.is_live(now))
+                .map(|_| fence)
+                .into_iter()
+                .collect(),
+            None => match self.live_exclusive(now) {
+                Some(lease) => vec![lease.fence],
+                None => self
+                    .waiters
+                    .shared_leases()
+                    .filter(|lease| lease.is_live(now))
+                    .take(max)
+                    .map(|lease| lease.fence)
+                    .collect(),
+            },
+        };
+        fences
+            .into_iter()
+            .filter_map(|fence| {
+                let token = self.lease_with_fence(fence)?.token.clone();
+                self.drop_holder(&token, fence)
+            })
+            .collect()
+    }
+
     /// FENCECHECK: whether `fence` is the fence of a live lease.
     pub fn fence_check(&self, fence: u64, now: Now) -> bool {
         self.lease_with_fence(fence).is_some_and(|lease| lease.is_live(now))
