@@ -56,6 +56,7 @@ func (l *Locks) Observe(ctx context.Context, name string) <-chan *Leader {
 		if l.err != nil {
 			return
 		}
+		defer l.router.use()()
 		var (
 			w     *watch
 			where *node

@@ -319,7 +319,9 @@ func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settin
 	metrics.AcquireAttempt()
 	started := time.Now()
 	a := &attempt{locks: l, resource: resource, mode: m, set: set, token: newToken(), started: started}
+	done := l.router.use()
 	lease, err := a.run(ctx)
+	done()
 	if err != nil {
 		reason := OutcomeServer
 		var failed *AcquireError
@@ -622,7 +624,7 @@ func (a *attempt) failed(err error) (bool, error) {
 // connection, no connection from the pool, no node known for the slot).
 func notSent(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrPoolTimeout) ||
-		errors.Is(err, redis.ErrClosed)
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, errDeposed)
 }
 
 // answer records an answered ACQUIRE: its fence (0 for nil) means the token holds a grant.

@@ -50,6 +50,7 @@ type router struct {
 	moved    map[int]string // slot → primary, as MOVED replies said, until that primary fails
 	one      *node          // a single server (or Sentinel's primary)
 	reloaded time.Time      // when the caller's slot map was last asked to reload
+	watch    *primaryWatch  // Sentinel: where the primary is (nil otherwise)
 }
 
 func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
@@ -58,6 +59,9 @@ func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metri
 	switch client := caller.(type) {
 	case *redis.Client:
 		r.base = client.Options()
+		if r.base.Addr == failoverAddr && r.base.Dialer != nil {
+			r.watch = newPrimaryWatch(r.base.Dialer, r.base.Network, requestTimeout)
+		}
 		r.one = r.newNode(client.Options().Addr, client.Options())
 	case *redis.ClusterClient:
 		r.cluster = client
@@ -78,6 +82,9 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	o.PoolTimeout = r.timeout
 	o.MinIdleConns = 0
 	o.MaxActiveConns = 0
+	if r.watch != nil {
+		o.Dialer = r.watch.dialer
+	}
 	if poolSize > 0 {
 		o.PoolSize = poolSize
 		o.MaxIdleConns = 16
@@ -91,6 +98,23 @@ func (r *router) newNode(addr string, base *redis.Options) *node {
 	n.wait = redis.NewClient(r.own(base, addr, waitPoolSize))
 	n.channels = newChannels(n, r.cluster != nil)
 	return n
+}
+
+// use marks dlock in use until the returned func is called (with Sentinel: the primary is
+// watched meanwhile).
+func (r *router) use() func() {
+	if r.watch == nil {
+		return func() {}
+	}
+	return r.watch.use()
+}
+
+// primaryMoved is closed when the primary moves (Sentinel), else nil.
+func (r *router) primaryMoved() <-chan struct{} {
+	if r.watch == nil {
+		return nil
+	}
+	return r.watch.movedTo()
 }
 
 // at is the node at addr, made on first use with the settings of the cluster's nodes.
@@ -214,7 +238,7 @@ func (r *router) doBuilt(caller context.Context, resource string, timeout time.D
 	if err != nil {
 		return nil, "", nil, err
 	}
-	asking := false
+	asking, redialed := false, false
 	for hop := 0; ; hop++ {
 		var reply any
 		args := build(n.addr)
@@ -225,6 +249,13 @@ func (r *router) doBuilt(caller context.Context, resource string, timeout time.D
 		}
 		if errors.Is(err, redis.Nil) {
 			return nil, n.addr, args, nil
+		}
+		if errors.Is(err, errDeposed) && !redialed {
+			// Not sent: the pool's connection went to a deposed primary. Once more, on a new
+			// connection (to the new primary).
+			redialed = true
+			hop--
+			continue
 		}
 		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
@@ -302,6 +333,9 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 }
 
 func (r *router) close() error {
+	if r.watch != nil {
+		r.watch.close()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	all := make([]*node, 0, len(r.nodes)+1)

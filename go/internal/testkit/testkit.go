@@ -1,6 +1,7 @@
 // Package testkit starts real servers for the tests: redis-server (or $DLOCK_SERVER, e.g. a
 // valkey-server) with the dlock module on its own port and directory, a Redis Cluster of three
-// primaries, and a throwaway PostgreSQL. Each has a start-up deadline and is stopped by the
+// primaries, a primary with a replica and a sentinel (the same binary with --sentinel), and a
+// throwaway PostgreSQL. Each has a start-up deadline and is stopped by the
 // test's cleanup. Nothing assumes port 6379 or a server that is already running.
 package testkit
 
@@ -90,6 +91,9 @@ type Server struct {
 	Dir  string
 	cmd  *exec.Cmd
 	args []string
+	// sentinel: a redis-sentinel (the server binary with --sentinel and a config file of its
+	// own), without the module.
+	sentinel bool
 }
 
 // Addr is "127.0.0.1:port".
@@ -143,6 +147,10 @@ func StartServer(t testing.TB, args ...string) *Server {
 // Start starts a server with args (the caller stops it and removes its Dir), on another port if
 // the first one was taken meanwhile.
 func Start(args []string) (*Server, error) {
+	return start(args, false)
+}
+
+func start(args []string, sentinel bool) (*Server, error) {
 	module, err := ModulePath()
 	if err != nil {
 		return nil, err
@@ -157,7 +165,7 @@ func Start(args []string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		server := &Server{Port: port, Dir: dir, args: args}
+		server := &Server{Port: port, Dir: dir, args: args, sentinel: sentinel}
 		if last = server.spawn(module); last == nil {
 			return server, nil
 		}
@@ -167,11 +175,21 @@ func Start(args []string) (*Server, error) {
 }
 
 func (s *Server) spawn(module string) error {
-	args := append([]string{
+	args := []string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
 		"--logfile", filepath.Join(s.Dir, "server.log"), "--loglevel", "verbose",
-		"--enable-debug-command", "yes", "--loadmodule", module,
-	}, s.args...)
+	}
+	if s.sentinel {
+		// Sentinel rewrites its config file: one of its own, in its directory.
+		conf := filepath.Join(s.Dir, "sentinel.conf")
+		if err := os.WriteFile(conf, nil, 0o644); err != nil {
+			return err
+		}
+		args = append([]string{conf, "--sentinel"}, args...)
+	} else {
+		args = append(args, "--enable-debug-command", "yes", "--loadmodule", module)
+	}
+	args = append(args, s.args...)
 	s.cmd = exec.Command(ServerBinary(), args...)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("%s must be installed (make deps): %w", ServerBinary(), err)
@@ -332,4 +350,81 @@ func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
 	for _, node := range c.Nodes {
 		must(node.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
 	}
+}
+
+// Sentinel is a primary with the module, a replica of it, and one redis-sentinel (quorum 1)
+// watching them under the name Master.
+type Sentinel struct {
+	Master   string
+	Primary  *Server
+	Replica  *Server
+	Sentinel *Server
+}
+
+// StartSentinel starts a primary, its replica and a sentinel, and returns once the replica is in
+// sync and the sentinel knows it (a failover can promote it).
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	s := &Sentinel{Master: "dlock"}
+	s.Primary = StartServer(t)
+	s.Replica = StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(s.Primary.Port))
+	sentinel, err := start([]string{
+		"--sentinel", "monitor", s.Master, "127.0.0.1", strconv.Itoa(s.Primary.Port), "1",
+		"--sentinel", "down-after-milliseconds", s.Master, "2000",
+		"--sentinel", "failover-timeout", s.Master, "10000",
+	}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sentinel.Stop()
+		_ = os.RemoveAll(sentinel.Dir)
+	})
+	s.Sentinel = sentinel
+	ctx := context.Background()
+	replica, watcher := s.Replica.Client(t), s.Sentinel.Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, _ := replica.Info(ctx, "replication").Result()
+		known, _ := watcher.Do(ctx, "SENTINEL", "REPLICAS", s.Master).Slice()
+		if strings.Contains(info, "master_link_status:up") && len(known) > 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinel setup not ready: replica %q, sentinel knows %v", info, known)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Failover makes the sentinel promote the replica (SENTINEL FAILOVER) and returns once the
+// sentinel names it the primary and it says so itself. Primary and Replica swap.
+func (s *Sentinel) Failover(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	watcher, promoted := s.Sentinel.Client(t), s.Replica.Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// Refused (NOGOODSLAVE, INPROG) until the sentinel has a replica it may promote.
+		err := watcher.Do(ctx, "SENTINEL", "FAILOVER", s.Master).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		addr, _ := watcher.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.Master).StringSlice()
+		role, _ := promoted.Do(ctx, "ROLE").Slice()
+		if len(addr) == 2 && addr[1] == strconv.Itoa(s.Replica.Port) && len(role) > 0 && role[0] == "master" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no failover: the sentinel names %v, the replica's role is %v", addr, role)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Primary, s.Replica = s.Replica, s.Primary
 }
