@@ -85,6 +85,14 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	if r.watch != nil {
 		o.Dialer = r.watch.dialer
 	}
+	// The caller's push processor has its handlers registered already (a second client
+	// registering them failed, and logged it, for each of dlock's clients): each client its own,
+	// and its own copy of the maintenance notifications' settings, which a client may change.
+	o.PushNotificationProcessor = nil
+	if o.MaintNotificationsConfig != nil {
+		maint := *o.MaintNotificationsConfig
+		o.MaintNotificationsConfig = &maint
+	}
 	if poolSize > 0 {
 		o.PoolSize = poolSize
 		o.MaxIdleConns = 16
