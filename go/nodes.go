@@ -85,19 +85,23 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	if r.watch != nil {
 		o.Dialer = r.watch.dialer
 	}
-	// The caller's push processor has its handlers registered already (a second client
-	// registering them failed, and logged it, for each of dlock's clients): each client its own,
-	// and its own copy of the maintenance notifications' settings, which a client may change.
-	o.PushNotificationProcessor = nil
-	if o.MaintNotificationsConfig != nil {
-		maint := *o.MaintNotificationsConfig
-		o.MaintNotificationsConfig = &maint
-	}
+	detach(&o)
 	if poolSize > 0 {
 		o.PoolSize = poolSize
 		o.MaxIdleConns = 16
 	}
 	return &o
+}
+
+// detach gives options copied from another client's a push processor and maintenance settings
+// of their own: the other client's processor has its handlers registered already (a second
+// client registering them fails, and logs it), and a client may change its maintenance settings.
+func detach(o *redis.Options) {
+	o.PushNotificationProcessor = nil
+	if o.MaintNotificationsConfig != nil {
+		maint := *o.MaintNotificationsConfig
+		o.MaintNotificationsConfig = &maint
+	}
 }
 
 func (r *router) newNode(addr string, base *redis.Options) *node {
@@ -240,23 +244,35 @@ func (r *router) do(caller context.Context, resource string, timeout time.Durati
 // server refused left out): the reply, the address of the server that gave it and the command
 // it was given.
 func (r *router) doBuilt(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
+	reply, answered, _, args, err := r.doRouted(caller, resource, timeout, build)
+	addr := ""
+	if answered != nil {
+		addr = answered.addr
+	}
+	return reply, addr, args, err
+}
+
+// doRouted is doBuilt that also tells the node that answered and the slot's owner: the node the
+// last MOVED named, which sent the ASK when an ASK was followed (during a migration the source
+// still owns the slot, and serves its shard channels).
+func (r *router) doRouted(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (reply any, answered, owner *node, args []any, err error) {
 	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, nil, nil, err
 	}
+	owner = n
 	asking, redialed := false, false
 	for hop := 0; ; hop++ {
-		var reply any
-		args := build(n.addr)
+		args = build(n.addr)
 		if asking {
 			reply, err = askingDo(ctx, n.cmd, args)
 		} else {
 			reply, err = n.cmd.Do(ctx, args...).Result()
 		}
 		if errors.Is(err, redis.Nil) {
-			return nil, n.addr, args, nil
+			return nil, n, owner, args, nil
 		}
 		if errors.Is(err, errDeposed) && !redialed {
 			// Not sent: the pool's connection went to a deposed primary. Once more, on a new
@@ -268,16 +284,19 @@ func (r *router) doBuilt(caller context.Context, resource string, timeout time.D
 		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
 		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
-			return reply, n.addr, args, err
+			return reply, n, owner, args, err
 		}
 		r.metrics.Redirect()
 		if kind == "moved" {
 			r.learnMoved(slot, addr)
 		}
 		if n, err = r.at(ctx, addr, nil); err != nil {
-			return nil, "", nil, err
+			return nil, nil, nil, nil, err
 		}
 		asking = kind == "ask"
+		if !asking {
+			owner = n
+		}
 	}
 }
 
@@ -300,8 +319,8 @@ func askingDo(ctx context.Context, client *redis.Client, args []any) (any, error
 // blockingWait sends an ACQUIRE … WAIT on a connection of its own whose read deadline is the
 // wait plus the request timeout, so go-redis never gives up while the server holds the waiter's
 // place. When ctx ends first, CLIENT UNBLOCK (from another connection) ends the wait in the
-// server, which answers it nil. A redirect is returned as it came (the caller retries with the
-// same token on the node the map names by then).
+// server, which answers it nil. A redirect is followed (after ASKING for an ASK: the wait then
+// blocks on the node importing the slot), at most maxRedirects times.
 func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
 	pick, cancelPick := context.WithTimeout(ctx, requestTimeout)
 	n, err := r.forResource(pick, resource)
@@ -309,7 +328,33 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	if err != nil {
 		return nil, "", nil, err
 	}
-	args := build(n.addr)
+	asking := false
+	for hop := 0; ; hop++ {
+		args := build(n.addr)
+		reply, err := r.waitOn(ctx, n, asking, wait, requestTimeout, args)
+		if errors.Is(err, redis.Nil) {
+			return nil, n.addr, args, nil
+		}
+		r.failed(ctx, n.addr, err)
+		kind, slot, addr := redirect(err)
+		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
+			return reply, n.addr, args, err
+		}
+		r.metrics.Redirect()
+		if kind == "moved" {
+			r.learnMoved(slot, addr)
+		}
+		next, atErr := r.at(ctx, addr, nil)
+		if atErr != nil {
+			return reply, n.addr, args, err
+		}
+		n, asking = next, kind == "ask"
+	}
+}
+
+// waitOn sends args (a blocking ACQUIRE … WAIT) on a connection of n's wait pool, after ASKING
+// if asking; CLIENT UNBLOCK through n's request pool ends it when ctx ends first.
+func (r *router) waitOn(ctx context.Context, n *node, asking bool, wait, requestTimeout time.Duration, args []any) (any, error) {
 	conn := n.wait.Conn()
 	defer conn.Close()
 	// The deadline is the wait's own, not the caller's: the caller's end is CLIENT UNBLOCK's job.
@@ -317,8 +362,7 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	id, err := conn.ClientID(idCtx).Result()
 	cancelID()
 	if err != nil {
-		r.failed(ctx, n.addr, err)
-		return nil, n.addr, args, err
+		return nil, err
 	}
 	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
 	defer cancelCall()
@@ -328,16 +372,19 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 		n.cmd.ClientUnblock(unblock, id)
 	})
 	defer stop()
-	reply, err := conn.Do(call, args...).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, n.addr, args, nil
+	if !asking {
+		return conn.Do(call, args...).Result()
 	}
-	r.failed(ctx, n.addr, err)
-	if kind, slot, addr := redirect(err); kind == "moved" {
-		r.metrics.Redirect()
-		r.learnMoved(slot, addr)
+	var cmd *redis.Cmd
+	_, err = conn.Pipelined(call, func(pipe redis.Pipeliner) error {
+		pipe.Do(call, "ASKING")
+		cmd = pipe.Do(call, args...)
+		return nil
+	})
+	if cmd != nil {
+		return cmd.Result()
 	}
-	return reply, n.addr, args, err
+	return nil, err
 }
 
 func (r *router) close() error {
@@ -363,7 +410,7 @@ func (r *router) close() error {
 
 // alone sends args on a connection opened for it and closed after: the RELEASE of an attempt's
 // token goes neither on the failed connection nor on a pooled one that may have gone silent
-// with it.
+// with it. Redirects are followed, each on a connection of its own, at most maxRedirects times.
 func (r *router) alone(caller context.Context, resource string, timeout time.Duration, args []any) (any, error) {
 	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
@@ -371,14 +418,34 @@ func (r *router) alone(caller context.Context, resource string, timeout time.Dur
 	if err != nil {
 		return nil, err
 	}
-	o := *n.cmd.Options()
-	o.PoolSize, o.MaxIdleConns, o.MinIdleConns = 1, 0, 0
-	client := redis.NewClient(&o)
-	defer client.Close()
-	reply, err := client.Do(ctx, args...).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
+	asking := false
+	for hop := 0; ; hop++ {
+		o := *n.cmd.Options()
+		o.PoolSize, o.MaxIdleConns, o.MinIdleConns = 1, 0, 0
+		detach(&o)
+		client := redis.NewClient(&o)
+		var reply any
+		if asking {
+			reply, err = askingDo(ctx, client, args)
+		} else {
+			reply, err = client.Do(ctx, args...).Result()
+		}
+		_ = client.Close()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		r.failed(caller, n.addr, err)
+		kind, slot, addr := redirect(err)
+		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
+			return reply, err
+		}
+		r.metrics.Redirect()
+		if kind == "moved" {
+			r.learnMoved(slot, addr)
+		}
+		if n, err = r.at(ctx, addr, nil); err != nil {
+			return nil, err
+		}
+		asking = kind == "ask"
 	}
-	r.failed(caller, n.addr, err)
-	return reply, err
 }

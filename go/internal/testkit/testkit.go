@@ -309,6 +309,23 @@ func StartCluster(t testing.TB) *Cluster {
 // node.
 func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
 	t.Helper()
+	move := c.BeginSlotMove(t, key, to)
+	move.MigrateKeys(t)
+	move.Finish(t)
+}
+
+// SlotMove is a slot on its way from one node to another.
+type SlotMove struct {
+	cluster  *Cluster
+	Slot     int
+	From, To *Server
+	toID     string
+}
+
+// BeginSlotMove marks key's slot IMPORTING on to and MIGRATING on the node serving it: from
+// then on that node answers ASK for the slot's keys it no longer has.
+func (c *Cluster) BeginSlotMove(t testing.TB, key string, to *Server) *SlotMove {
+	t.Helper()
 	ctx := context.Background()
 	from := c.Owner(t, key)
 	if from == to {
@@ -327,29 +344,62 @@ func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must := func(err error) {
-		t.Helper()
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return &SlotMove{cluster: c, Slot: int(slot), From: from, To: to, toID: dstID}
+}
+
+// MigrateKeys moves every key of the slot to the importing node (MIGRATE).
+func (m *SlotMove) MigrateKeys(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	src := m.From.Client(t)
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, m.Slot, 100).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	for {
-		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
-		must(err)
 		if len(keys) == 0 {
-			break
+			return
 		}
-		args := []any{"MIGRATE", "127.0.0.1", to.Port, "", 0, 5000, "KEYS"}
+		args := []any{"MIGRATE", "127.0.0.1", m.To.Port, "", 0, 5000, "KEYS"}
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		must(src.Do(ctx, args...).Err())
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, node := range c.Nodes {
-		must(node.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+}
+
+// Finish gives the slot to the importing node on every node (SETSLOT NODE).
+func (m *SlotMove) Finish(t testing.TB) {
+	t.Helper()
+	for _, node := range m.cluster.Nodes {
+		if err := node.Client(t).Do(context.Background(), "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
+}
+
+// Asking runs command on the importing node after ASKING (as a client does after ASK), on one
+// connection.
+func (m *SlotMove) Asking(t testing.TB, command ...any) (any, error) {
+	t.Helper()
+	ctx := context.Background()
+	conn := m.To.Client(t).Conn()
+	defer conn.Close()
+	var cmd *redis.Cmd
+	_, _ = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Do(ctx, "ASKING")
+		cmd = pipe.Do(ctx, command...)
+		return nil
+	})
+	return cmd.Result()
 }
 
 // Sentinel is a primary with the module, a replica of it, and one redis-sentinel (quorum 1)
