@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // maxRedirects is how many MOVED or ASK replies one request follows.
@@ -93,15 +94,14 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	return &o
 }
 
-// detach gives options copied from another client's a push processor and maintenance settings
-// of their own: the other client's processor has its handlers registered already (a second
-// client registering them fails, and logs it), and a client may change its maintenance settings.
+// detach gives options copied from another client's a push processor of their own (the other
+// client's has its handlers registered already: a second client registering them fails, and
+// logs it) and no maintenance notifications: their settings are a pointer shared with the other
+// client, which go-redis changes as it connects (a data race), and dlock's own connections keep
+// their own timeouts whatever the server announces.
 func detach(o *redis.Options) {
 	o.PushNotificationProcessor = nil
-	if o.MaintNotificationsConfig != nil {
-		maint := *o.MaintNotificationsConfig
-		o.MaintNotificationsConfig = &maint
-	}
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 func (r *router) newNode(addr string, base *redis.Options) *node {
