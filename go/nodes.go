@@ -31,12 +31,11 @@ const reloadEvery = 100 * time.Millisecond
 // connections are made only when needed.
 const waitPoolSize = 10_000
 
-// node is one server: a pool for requests, a pool for blocking waits, and its channels.
+// node is one server: a pool for requests and a pool for blocking waits.
 type node struct {
-	addr     string
-	cmd      *redis.Client
-	wait     *redis.Client
-	channels *channels
+	addr string
+	cmd  *redis.Client
+	wait *redis.Client
 }
 
 type router struct {
@@ -52,11 +51,14 @@ type router struct {
 	one      *node          // a single server (or Sentinel's primary)
 	reloaded time.Time      // when the caller's slot map was last asked to reload
 	watch    *primaryWatch  // Sentinel: where the primary is (nil otherwise)
+	channels *channels
 }
 
 func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
 	r := &router{caller: caller, timeout: requestTimeout, metrics: metrics,
 		nodes: map[string]*node{}, moved: map[int]string{}}
+	_, sharded := caller.(*redis.ClusterClient)
+	r.channels = newChannels(r, sharded)
 	switch client := caller.(type) {
 	case *redis.Client:
 		r.base = client.Options()
@@ -108,7 +110,6 @@ func (r *router) newNode(addr string, base *redis.Options) *node {
 	n := &node{addr: addr}
 	n.cmd = redis.NewClient(r.own(base, addr, 0))
 	n.wait = redis.NewClient(r.own(base, addr, waitPoolSize))
-	n.channels = newChannels(n, r.cluster != nil)
 	return n
 }
 
@@ -217,6 +218,20 @@ func (r *router) failed(caller context.Context, addr string, err error) {
 	}
 	r.mu.Unlock()
 	r.reload()
+	r.channels.nodeFailedAt(addr)
+}
+
+// owner is the node that owns resource's slot now: the one that answers DLOCK.INFO after the
+// MOVED replies (during a migration the source, which answered ASK).
+func (r *router) owner(ctx context.Context, resource string) (*node, error) {
+	if r.one != nil {
+		return r.one, nil
+	}
+	_, _, owner, _, err := r.doRouted(ctx, resource, r.timeout, func(string) []any { return infoArgs(resource) })
+	if err != nil {
+		return nil, err
+	}
+	return owner, nil
 }
 
 // redirect reads a MOVED or ASK reply: its kind ("moved", "ask"), slot and address.
@@ -391,6 +406,7 @@ func (r *router) close() error {
 	if r.watch != nil {
 		r.watch.close()
 	}
+	r.channels.close()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	all := make([]*node, 0, len(r.nodes)+1)
@@ -402,7 +418,6 @@ func (r *router) close() error {
 	}
 	var errs []error
 	for _, n := range all {
-		n.channels.close()
 		errs = append(errs, n.cmd.Close(), n.wait.Close())
 	}
 	return errors.Join(errs...)
