@@ -171,3 +171,71 @@ type countedRedirects struct {
 }
 
 func (c *countedRedirects) Redirect() { c.n.Add(1) }
+
+// A resource's slot moves: the old node drops its shard channel's subscribers (sunsubscribe), and
+// the ticket waiters and observers of the resource subscribe again on the new node at once,
+// without waiting for their refresh (a third of the ticket, 10 s here; 5 s for an observer).
+func TestInAClusterSubscriptionsFollowTheirSlotToItsNewNode(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	locks := newLocks(t, cluster.Client(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const resource = "queue:{8}"
+
+	holder, err := locks.Hold(ctx, resource, dlock.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := locks.Observe(ctx, resource)
+	if leader := <-leaders; leader == nil || leader.Token != holder.Token() {
+		t.Fatalf("the first leader observed: %+v", leader)
+	}
+	granted := make(chan *dlock.Lease, 1)
+	go func() {
+		lease, err := locks.Hold(ctx, resource, dlock.Tickets(30*time.Second), dlock.Wait(20*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- lease
+	}()
+	from := cluster.Owner(t, resource)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := locks.Info(ctx, resource); err == nil && info.Tickets == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the ticket is not in line")
+		}
+	}
+
+	// The lease's key moves with the slot; the ticket does not (the waiter queues again).
+	cluster.MoveSlot(t, resource, otherNode(cluster, from))
+	time.Sleep(300 * time.Millisecond)
+	released := time.Now()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var next *dlock.Lease
+	select {
+	case next = <-granted:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the ticket waiter was not woken on the slot's new node within 3 s of the release")
+	}
+	if next == nil {
+		t.FailNow()
+	}
+	t.Logf("the ticket waiter got the lease %v after the release", time.Since(released).Round(time.Millisecond))
+	// The observer hears the new leader on the new node.
+	for deadline := time.After(2 * time.Second); ; {
+		select {
+		case leader := <-leaders:
+			if leader != nil && leader.Token == next.Token() {
+				_ = next.Release(ctx)
+				return
+			}
+		case <-deadline:
+			t.Fatal("the observer did not report the new leader within 2 s")
+		}
+	}
+}

@@ -56,28 +56,15 @@ func (l *Locks) Observe(ctx context.Context, name string) <-chan *Leader {
 		if l.err != nil {
 			return
 		}
+		defer l.router.use()()
 		var (
-			w     *watch
-			where *node
 			last  *Leader
 			first = true
 		)
-		defer func() {
-			if w != nil {
-				where.channels.leave(w)
-			}
-		}()
+		// The subscription follows the name's slot; every resubscription wakes the observer.
+		w := l.router.channels.join(ctx, name, "", l.set.requestTimeout)
+		defer l.router.channels.leave(w)
 		for ctx.Err() == nil {
-			pick, cancel := context.WithTimeout(ctx, l.set.requestTimeout)
-			serving, err := l.router.forResource(pick, name)
-			cancel()
-			if err == nil && serving != where {
-				if w != nil {
-					where.channels.leave(w)
-				}
-				where = serving
-				w = where.channels.join(ctx, name, "", l.set.requestTimeout)
-			}
 			reply, err := l.router.do(ctx, name, l.set.requestTimeout, infoArgs(name)...)
 			if err == nil {
 				leader, parseErr := leaderFromInfo(reply)
@@ -91,12 +78,8 @@ func (l *Locks) Observe(ctx context.Context, name string) <-chan *Leader {
 				}
 			}
 			timer := time.NewTimer(observeInterval)
-			var wake <-chan struct{}
-			if w != nil {
-				wake = w.wake
-			}
 			select {
-			case <-wake:
+			case <-w.wake:
 			case <-timer.C:
 			case <-ctx.Done():
 			}

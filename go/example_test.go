@@ -34,54 +34,150 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The quick start: a fenced lease, work under it, a loss that cancels the work.
+// The code between "README:begin" and "README:end" in this file is what README.md prints, block
+// by block, in order (TestTheReadmesGoBlocksAreTheExamplesCode). pay, work and follow stand for
+// the caller's own code.
+
+func pay(ctx context.Context, fence uint64) error {
+	fmt.Println("paid under fence", fence > 0)
+	return ctx.Err()
+}
+
+func work(ctx context.Context, fence uint64) {
+	fmt.Println("working under fence", fence > 0, ctx.Err())
+}
+
+func follow(leader *dlock.Leader) {}
+
+// The quick start: work under a lease, released at the end.
 func ExampleLocks_Do() {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	locks := dlock.New(rdb)
-	err := locks.Do(context.Background(), "invoice:42", func(ctx context.Context, lease *dlock.Lease) error {
+	defer rdb.Close()
+	ctx := context.Background()
+	// README:begin
+	locks := dlock.New(rdb) // rdb: your *redis.Client or *redis.ClusterClient
+	err := locks.Do(ctx, "invoice:42", func(ctx context.Context, lease *dlock.Lease) error {
 		// ctx is cancelled if the lease is lost; send lease.Fence() with every write.
-		fmt.Println("paying under fence", lease.Fence() > 0)
-		return nil
+		return pay(ctx, lease.Fence())
 	}, dlock.TTL(30*time.Second), dlock.Wait(10*time.Second))
+	// README:end
 	fmt.Println(err)
 	// Output:
-	// paying under fence true
+	// paid under fence true
 	// <nil>
+}
+
+// holdInvoice is the README's lease.
+func holdInvoice(ctx context.Context, locks *dlock.Locks) error {
+	// README:begin
+	lease, err := locks.Hold(ctx, "invoice:42", dlock.TTL(30*time.Second), dlock.Wait(10*time.Second))
+	if errors.Is(err, dlock.ErrNotAcquired) {
+		return err // held by another owner until the wait ended: try again later
+	}
+	if err != nil {
+		return err // no lease: nothing to release
+	}
+	defer lease.Release(context.Background()) // bounded by the release timeout, whatever ctx does
+	work(lease.Context(), lease.Fence())      // cancelled when the lease is lost
+	// README:end
+	return nil
 }
 
 func ExampleLocks_Hold() {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	ctx := context.Background()
-	lease, err := locks.Hold(ctx, "report", dlock.TTL(10*time.Second))
+	fmt.Println(holdInvoice(ctx, locks))
+
+	other, err := locks.Hold(ctx, "invoice:42")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lease.Release(ctx)
-
-	_, err = locks.Hold(ctx, "report", dlock.Wait(100*time.Millisecond))
+	defer other.Release(ctx)
+	busy, cancel := context.WithTimeout(ctx, 200*time.Millisecond) // bounds the wait too
+	defer cancel()
+	err = holdInvoice(busy, locks)
 	fmt.Println(errors.Is(err, dlock.ErrNotAcquired))
-	// Output: true
+	// Output:
+	// working under fence true <nil>
+	// <nil>
+	// true
+}
+
+// markPaid is the README's fenced write.
+func markPaid(ctx context.Context, lease *dlock.Lease) error {
+	// README:begin
+	_, err := lease.Fenced(ctx, "HSET", "invoice:{42}:data", "status", "paid")
+	if errors.Is(err, dlock.ErrStale) {
+		return err // the lease ended: nothing was written
+	}
+	// README:end
+	return err
 }
 
 func ExampleLease_Fenced() {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	ctx := context.Background()
-	lease, err := locks.Hold(ctx, "invoice:{7}")
+	lease, err := locks.Hold(ctx, "invoice:{42}")
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Runs only while the lease's fence holds invoice:{7}; keys share its hash tag.
-	_, err = lease.Fenced(ctx, "HSET", "invoice:{7}:data", "status", "paid")
-	fmt.Println(err)
+	// Runs only while the lease's fence holds invoice:{42}; keys share its hash tag.
+	fmt.Println(markPaid(ctx, lease))
 
-	rdb.Del(ctx, "invoice:{7}") // the lease ends (an operator, an expiry)
-	_, err = lease.Fenced(ctx, "HSET", "invoice:{7}:data", "status", "refunded")
-	fmt.Println(errors.Is(err, dlock.ErrStale), rdb.HGet(ctx, "invoice:{7}:data", "status").Val())
+	rdb.Del(ctx, "invoice:{42}") // the lease ends (an operator, an expiry)
+	_, err = lease.Fenced(ctx, "HSET", "invoice:{42}:data", "status", "refunded")
+	fmt.Println(errors.Is(err, dlock.ErrStale), rdb.HGet(ctx, "invoice:{42}:data", "status").Val())
 	// Output:
 	// <nil>
 	// true paid
+}
+
+// roles is the README's read-write locks, semaphores and election.
+func roles(ctx context.Context, locks *dlock.Locks) error {
+	// README:begin
+	reader, err := locks.Read(ctx, "doc") // shared with other readers, never with a writer
+	if err != nil {
+		return err
+	}
+	defer reader.Release(ctx)
+	permit, err := locks.Semaphore(ctx, "pool", 10) // one of 10 permits; every user gives 10
+	if err != nil {
+		return err
+	}
+	defer permit.Release(ctx)
+	go func() {
+		for leader := range locks.Observe(ctx, "scheduler") { // *dlock.Leader or nil, at every change
+			follow(leader)
+		}
+	}()
+	term, err := locks.Campaign(ctx, "scheduler", "10.0.0.5:7000") // waits until leading
+	if err != nil {
+		return err
+	}
+	defer term.Resign(ctx) // the next candidate leads
+	// README:end
+	fmt.Println(reader.Mode(), permit.Mode(), term.Fence() > 0)
+	return nil
+}
+
+func ExampleLocks_Read() {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	locks := dlock.New(rdb)
+	fmt.Println(roles(ctx, locks))
+	writer, err := locks.Write(ctx, "doc", dlock.Wait(0)) // exclusive: free again
+	fmt.Println(err, writer.Mode())
+	_ = writer.Release(ctx)
+	// Output:
+	// shared shared true
+	// <nil>
+	// <nil> exclusive
 }
 
 func ExampleLocks_Campaign() {

