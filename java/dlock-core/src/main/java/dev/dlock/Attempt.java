@@ -153,17 +153,21 @@ final class Attempt {
     /**
      * Tickets: subscribe to the resource's channel before the first ACQUIRE ... QUEUE, then send the
      * same ACQUIRE on a hand-over to this token, on every (re)subscription, and every ticket / 3.
-     * Null: the server refused QUEUE (fall back to blocking waits).
+     * Null: the server refused QUEUE, or the channel could not be joined (fall back to blocking
+     * waits).
      */
     private Lease tickets() {
         long ticketMs = Math.max(1, options.ticket().toMillis());
         Channels channels;
+        Channels.Watch watch;
         try {
             channels = locks.transport().channels(resource);
+            watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
         } catch (RuntimeException e) {
+            // No channel (the slot map or the subscription connection failed): blocking waits, whose
+            // failures end the attempt with its outcome.
             return null;
         }
-        Channels.Watch watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
         try {
             while (true) {
                 checkInterrupted();

@@ -68,7 +68,8 @@ final class Channels {
 
     /**
      * Registers a watch on the resource's channel; returns once the server confirmed the
-     * subscription (or timeout passed). The first joiner of a channel sends the (S)SUBSCRIBE; a
+     * subscription (or timeout passed). Throws a RedisConnectionException if the connection could
+     * not be opened (the watch is then not registered). The first joiner of a channel sends the (S)SUBSCRIBE; a
      * joiner that comes while it is pending waits for the same confirmation (a message published
      * before it would be missed).
      */
@@ -77,7 +78,8 @@ final class Channels {
         CompletableFuture<Void> confirmed;
         synchronized (this) {
             if (connection == null) {
-                connection = client.connectPubSub(StringCodec.UTF8, uri);
+                // Opened within the URI's connect timeout (Transport.open), whatever the joiner's timeout.
+                connection = Transport.open(client.connectPubSubAsync(StringCodec.UTF8, uri), uri);
                 connection.addListener(new RedisPubSubAdapter<>() {
                     @Override
                     public void message(String channel, String message) {
