@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The conformance suite: every client's driver through the scenarios of protocol/conformance/
 # against real servers (docs/protocol.md, section 14; docs/conformance.md has the last table).
-#   bash scripts/conformance.sh          Redis 7.0 (Debian's redis-server), the Rust, Python and Go
-#                                        clients, then the harness's self-check (a deliberately wrong
-#                                        driver must fail)
+#   bash scripts/conformance.sh          Redis 7.0 (Debian's redis-server), the Rust, Python, Go and
+#                                        Java clients, then the harness's self-check (a deliberately
+#                                        wrong driver must fail)
 #   bash scripts/conformance.sh all      Redis 7.0, Redis 7.4 and Valkey 9, every client; writes the
 #                                        scenario × client tables to docs/conformance.md
 # CONFORMANCE_ONLY=name,name runs only those scenarios. A new client adds its driver to `drivers`
@@ -22,12 +22,15 @@ mkdir -p target/go
 (cd go && go build -o "$repo/target/go/dlock-conformance-go" ./cmd/dlock-conformance-driver) >&2
 [ -d node/node_modules ] || bash scripts/node.sh install >&2
 (cd node && npm run -s build) >&2
+# The Java driver: a jar with its dependencies (from Maven Central) and the command line that runs it.
+java_driver=$(bash scripts/java.sh driver)
 
 drivers=(
   --driver "rust=$repo/target/debug/dlock-conformance-rust"
   # This checkout's sources first: the venv's editable install may point at another checkout.
   --driver "python=env PYTHONPATH=$repo/python/src $py -m dlock._conformance_driver"
   --driver "go=$repo/target/go/dlock-conformance-go"
+  --driver "java=$java_driver"
 )
 # The TypeScript client fails cluster-ticket-handover (its ticket is never queued in a Cluster):
 # `all` runs it and shows the failure; `make test` leaves it out until it passes.

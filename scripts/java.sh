@@ -5,6 +5,8 @@
 # DLOCK_JAVA_VALKEY=0.
 #   bash scripts/java.sh             all of it
 #   bash scripts/java.sh download    only fetch the dependencies and plugins
+#   bash scripts/java.sh driver      build the conformance driver (java/dlock-conformance) and print
+#                                    the command line that runs it (docs/protocol.md, section 14)
 # The tests start their own servers with the module: DLOCK_MODULE, else the newest of
 # target/release and target/debug (build it first: cargo build -p dlock). redis-server and
 # PostgreSQL are installed with apt-get if missing, Valkey into .deps/ (scripts/valkey.sh).
@@ -74,8 +76,25 @@ case "${1:-test}" in
       DLOCK_SERVER=$DLOCK_SERVER mvn_quiet verify
     fi
     ;;
+  driver)
+    # The driver's jar (java -jar: its dependencies inside), then a class-data archive of what it
+    # loads (a run whose connection is refused), which makes each start ~0.2 s shorter; a JVM that
+    # cannot use the archive (another JDK) starts without it. C1 only and the serial collector:
+    # a short-lived process. The JVM's own warnings go to stderr, never to the driver's stdout.
+    mvn_quiet -pl dlock-conformance -am package -DskipTests >&2
+    jar=$repo/java/dlock-conformance/target/dlock-conformance-driver.jar
+    archive=$repo/java/dlock-conformance/target/dlock-conformance-driver.jsa
+    flags=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:disable -Xlog:all=warning:stderr)
+    rm -f "$archive"
+    DLOCK_URL=redis://127.0.0.1:1 java "${flags[@]}" -XX:ArchiveClassesAtExit="$archive" -jar "$jar" \
+      </dev/null >/dev/null 2>&1 || true
+    if [ -f "$archive" ]; then
+      flags+=(-XX:SharedArchiveFile="$archive")
+    fi
+    echo "java ${flags[*]} -jar $jar"
+    ;;
   *)
-    echo "usage: $0 [test|download]" >&2
+    echo "usage: $0 [test|download|driver]" >&2
     exit 2
     ;;
 esac

@@ -27,7 +27,7 @@ final class Attempt {
 
     private final long waitUntil; // nanoTime; Long.MAX_VALUE: no limit
     final long holdEnd; // nanoTime; 0: no max hold
-    final Duration ttl;
+    final long ttlMs; // the lease's length as sent: whole milliseconds
     private long maxWaitMs; // the server's longest WAIT, once it refused a longer one
     private boolean reached; // a request may have reached the server (an answered one surely did)
     private boolean answered; // the last request was answered (cleared by every failure)
@@ -49,7 +49,7 @@ final class Attempt {
         } else {
             holdEnd = 0;
         }
-        this.ttl = ttl;
+        this.ttlMs = Protocol.wholeMs(ttl);
         Duration wait = options.waitLimit();
         this.waitUntil = wait == null ? Long.MAX_VALUE : started + wait.toNanos();
     }
@@ -62,16 +62,10 @@ final class Attempt {
     }
 
     private Protocol.AcquireForm form(Long waitMs, long queueMs) {
-        long claim = 0;
-        if (!locks.isRefused(Protocol.ACQUIRE, "CLAIM")) {
-            claim = options.claimMs();
-            if (queueMs > 0) {
-                claim = Math.max(claim, queueMs);
-            }
-        }
+        long claim = locks.isRefused(Protocol.ACQUIRE, "CLAIM") ? 0
+                : Protocol.claimWindowMs(options.requestTimeoutValue(), queueMs);
         String meta = locks.isRefused(Protocol.ACQUIRE, "META") ? null : options.metaValue();
-        return new Protocol.AcquireForm(resource, token, Math.max(1, ttl.toMillis()), shared, permits, waitMs, queueMs,
-                claim, meta);
+        return new Protocol.AcquireForm(resource, token, ttlMs, shared, permits, waitMs, queueMs, claim, meta);
     }
 
     Lease run() {
@@ -127,7 +121,7 @@ final class Attempt {
             answer();
             long fence = fenceOf(reply);
             if (fence != 0 && !waited) {
-                return new Lease(locks, resource, token, fence, shared, ttl, options, sent, holdEnd, started);
+                return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd, started);
             }
             if (fence != 0) {
                 // Granted from the queue: claim it now (the same ACQUIRE without WAIT starts the full ttl).
@@ -153,17 +147,21 @@ final class Attempt {
     /**
      * Tickets: subscribe to the resource's channel before the first ACQUIRE ... QUEUE, then send the
      * same ACQUIRE on a hand-over to this token, on every (re)subscription, and every ticket / 3.
-     * Null: the server refused QUEUE (fall back to blocking waits).
+     * Null: the server refused QUEUE, or the channel could not be joined (fall back to blocking
+     * waits).
      */
     private Lease tickets() {
-        long ticketMs = Math.max(1, options.ticket().toMillis());
+        long ticketMs = Protocol.wholeMs(options.ticket());
         Channels channels;
+        Channels.Watch watch;
         try {
             channels = locks.transport().channels(resource);
+            watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
         } catch (RuntimeException e) {
+            // No channel (the slot map or the subscription connection failed): blocking waits, whose
+            // failures end the attempt with its outcome.
             return null;
         }
-        Channels.Watch watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
         try {
             while (true) {
                 checkInterrupted();
@@ -198,14 +196,14 @@ final class Attempt {
                 answer();
                 long fence = fenceOf(reply);
                 if (fence != 0) {
-                    return new Lease(locks, resource, token, fence, shared, ttl, options, sent, holdEnd, started);
+                    return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd, started);
                 }
                 if (left <= 0) {
                     forget(); // takes the ticket out of line
                     throw failed(NotAcquiredException.Outcome.HELD, false, null);
                 }
                 try {
-                    watch.await(Duration.ofMillis(Math.max(1, Math.min(ticketMs / 3, Math.max(left, 1)))));
+                    watch.await(Duration.ofMillis(Math.max(1, Math.min(Protocol.ticketRefreshMs(ticketMs), Math.max(left, 1)))));
                 } catch (InterruptedException e) {
                     Thread.currentThread().interrupt();
                     checkInterrupted();
@@ -243,9 +241,9 @@ final class Attempt {
         String reply = Transport.errorReply(e);
         if (reply != null) {
             ErrorClass errorClass = Protocol.errorClass(reply);
-            long bound = Protocol.upperBound(reply);
-            if (bound > 0 && maxWaitMs == 0 && reply.startsWith("ERR timeout-ms ")) {
-                maxWaitMs = bound; // a wait longer than the server allows: wait in slices of its longest
+            long longest = Protocol.longestWaitMs(reply);
+            if (longest > 0 && maxWaitMs == 0) {
+                maxWaitMs = longest; // a wait longer than the server allows: wait in slices of its longest
                 return true;
             }
             switch (errorClass) {

@@ -10,6 +10,7 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -25,6 +26,8 @@ final class Channels {
     private final boolean sharded;
     private StatefulRedisPubSubConnection<String, String> connection;
     private final Map<String, Set<Watch>> watches = new HashMap<>();
+    /** Per watched channel: completes when the server confirmed its (S)SUBSCRIBE, which every joiner waits for. */
+    private final Map<String, CompletableFuture<Void>> subscribed = new HashMap<>();
 
     /** One waiter's (or observer's) registration: woken by the messages that concern it. */
     static final class Watch {
@@ -63,14 +66,20 @@ final class Channels {
         this.sharded = sharded;
     }
 
-    /** Registers a watch on the resource's channel; returns once the server confirmed the subscription (or timeout passed). */
+    /**
+     * Registers a watch on the resource's channel; returns once the server confirmed the
+     * subscription (or timeout passed). Throws a RedisConnectionException if the connection could
+     * not be opened (the watch is then not registered). The first joiner of a channel sends the (S)SUBSCRIBE; a
+     * joiner that comes while it is pending waits for the same confirmation (a message published
+     * before it would be missed).
+     */
     Watch join(String resource, String tag, Duration timeout) {
         Watch watch = new Watch(Protocol.channelName(resource), tag);
-        boolean first;
-        StatefulRedisPubSubConnection<String, String> pubsub;
+        CompletableFuture<Void> confirmed;
         synchronized (this) {
             if (connection == null) {
-                connection = client.connectPubSub(StringCodec.UTF8, uri);
+                // Opened within the URI's connect timeout (Transport.open), whatever the joiner's timeout.
+                connection = Transport.open(client.connectPubSubAsync(StringCodec.UTF8, uri), uri);
                 connection.addListener(new RedisPubSubAdapter<>() {
                     @Override
                     public void message(String channel, String message) {
@@ -93,19 +102,28 @@ final class Channels {
                     }
                 });
             }
-            first = !watches.containsKey(watch.channel);
-            watches.computeIfAbsent(watch.channel, c -> new HashSet<>()).add(watch);
-            pubsub = connection;
-        }
-        if (first) {
-            try {
-                (sharded ? pubsub.async().ssubscribe(watch.channel) : pubsub.async().subscribe(watch.channel))
-                        .toCompletableFuture().get(timeout.toMillis(), TimeUnit.MILLISECONDS);
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            } catch (Exception e) {
-                // The watcher's own refreshes (every ticket / 3, every observe interval) cover a missed subscription.
+            if (!watches.containsKey(watch.channel)) {
+                // Sent under the lock (it does not wait): in the order of the leaves' UNSUBSCRIBEs.
+                CompletableFuture<Void> done = new CompletableFuture<>();
+                subscribed.put(watch.channel, done);
+                (sharded ? connection.async().ssubscribe(watch.channel) : connection.async().subscribe(watch.channel))
+                        .whenComplete((ignored, failure) -> {
+                            if (failure != null) {
+                                done.completeExceptionally(failure);
+                            } else {
+                                done.complete(null);
+                            }
+                        });
             }
+            watches.computeIfAbsent(watch.channel, c -> new HashSet<>()).add(watch);
+            confirmed = subscribed.get(watch.channel);
+        }
+        try {
+            confirmed.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (Exception e) {
+            // The watcher's own refreshes (every ticket / 3, every observe interval) cover a missed subscription.
         }
         return watch;
     }
@@ -127,30 +145,24 @@ final class Channels {
         }
     }
 
-    void leave(Watch watch) {
-        StatefulRedisPubSubConnection<String, String> pubsub;
-        boolean last;
-        synchronized (this) {
-            Set<Watch> registered = watches.get(watch.channel);
-            if (registered == null || !registered.remove(watch) || !registered.isEmpty()) {
-                return;
-            }
-            watches.remove(watch.channel);
-            pubsub = connection;
-            last = watches.isEmpty();
-            if (last) {
-                connection = null;
-            }
-        }
-        if (pubsub == null) {
+    /** Unregisters a watch; the last watcher of a channel unsubscribes it (in order with the joins' SUBSCRIBEs), the last of all closes the connection. */
+    synchronized void leave(Watch watch) {
+        Set<Watch> registered = watches.get(watch.channel);
+        if (registered == null || !registered.remove(watch) || !registered.isEmpty()) {
             return;
         }
-        if (last) {
-            pubsub.closeAsync();
+        watches.remove(watch.channel);
+        subscribed.remove(watch.channel);
+        if (connection == null) {
+            return;
+        }
+        if (watches.isEmpty()) {
+            connection.closeAsync();
+            connection = null;
         } else if (sharded) {
-            pubsub.async().sunsubscribe(watch.channel);
+            connection.async().sunsubscribe(watch.channel);
         } else {
-            pubsub.async().unsubscribe(watch.channel);
+            connection.async().unsubscribe(watch.channel);
         }
     }
 
@@ -160,5 +172,6 @@ final class Channels {
             connection = null;
         }
         watches.clear();
+        subscribed.clear();
     }
 }

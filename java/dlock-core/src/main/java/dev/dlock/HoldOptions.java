@@ -192,9 +192,4 @@ public final class HoldOptions {
     String metaValue() {
         return meta;
     }
-
-    /** The claim window: twice the request timeout, at least 1 s (the form caps it by the ttl). */
-    long claimMs() {
-        return Math.max(1000, 2 * requestTimeout.toMillis());
-    }
 }

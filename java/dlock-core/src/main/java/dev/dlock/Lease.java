@@ -25,13 +25,13 @@ public final class Lease implements AutoCloseable {
     private final String token;
     private final long fence;
     private final boolean shared;
-    private final Duration ttl;
+    private final long ttlMs; // as sent: whole milliseconds
     private final HoldOptions options;
     private final long granted = System.nanoTime();
     private final long holdEnd; // nanoTime; 0: none
 
     private final CompletableFuture<LeaseLostException> lost = new CompletableFuture<>();
-    private long localExpiry; // nanoTime: the answered request's send time plus the ttl
+    private long localExpiry; // nanoTime: the answered request's send time plus the ttl it carried
     private long nextRenewal;
     private boolean releasing;
     private boolean renewing;
@@ -40,19 +40,19 @@ public final class Lease implements AutoCloseable {
     private boolean releaseRan;
     private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
 
-    Lease(Locks locks, String resource, String token, long fence, boolean shared, Duration ttl, HoldOptions options,
+    Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs, HoldOptions options,
             long sent, long holdEnd, long started) {
         this.locks = locks;
         this.resource = resource;
         this.token = token;
         this.fence = fence;
         this.shared = shared;
-        this.ttl = ttl;
+        this.ttlMs = ttlMs;
         this.options = options;
         this.holdEnd = holdEnd;
         synchronized (this) {
-            this.localExpiry = sent + ttl.toNanos();
-            this.nextRenewal = sent + ttl.toNanos() / 3;
+            this.localExpiry = Protocol.localExpiry(sent, ttlMs);
+            this.nextRenewal = sent + Protocol.renewalPeriodNanos(ttlMs);
             schedule();
         }
         locks.track(this);
@@ -96,12 +96,13 @@ public final class Lease implements AutoCloseable {
     }
 
     /**
-     * The lease's length; it is renewed every third of it.
+     * The lease's length as the server was sent it (whole milliseconds); it is renewed every third
+     * of it.
      *
      * @return the ttl
      */
     public Duration ttl() {
-        return ttl;
+        return Duration.ofMillis(ttlMs);
     }
 
     /**
@@ -237,11 +238,8 @@ public final class Lease implements AutoCloseable {
 
     /** Sends one RENEW: true renewed, false refused (the lease is lost); fails when no answer came in time. */
     private CompletableFuture<Boolean> renewAsync() {
-        long ttlMs = ttl.toMillis();
-        if (holdEnd != 0) {
-            ttlMs = Math.min(ttlMs, (holdEnd - System.nanoTime()) / 1_000_000); // never past the max hold
-        }
-        long renewMs = Math.max(1, ttlMs);
+        long renewMs = holdEnd == 0 ? ttlMs // never past the max hold:
+                : Math.min(ttlMs, Protocol.wholeMs(Duration.ofNanos(holdEnd - System.nanoTime())));
         long sent = System.nanoTime();
         long timeoutNanos = Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent));
         List<String> args = Protocol.renewArgs(resource, token, renewMs, locks.fenceArg(Protocol.RENEW, fence));
@@ -249,14 +247,14 @@ public final class Lease implements AutoCloseable {
             if (failure == null && reply instanceof Long n) {
                 if (n == 1) {
                     synchronized (this) {
-                        localExpiry = sent + Duration.ofMillis(renewMs).toNanos();
-                        nextRenewal = System.nanoTime() + ttl.toNanos() / 3;
+                        localExpiry = Protocol.localExpiry(sent, renewMs);
+                        nextRenewal = System.nanoTime() + Protocol.renewalPeriodNanos(ttlMs);
                     }
                     return true;
                 }
                 locks.metrics().renewalFailed("refused");
-                Locks.LOG.log(System.Logger.Level.WARNING, "dlock: renewal failed resource={0} owner={1} fence={2} reason=refused",
-                        resource, token, Long.toUnsignedString(fence));
+                Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", resource, "owner", token,
+                        "fence", Long.toUnsignedString(fence), "reason", "refused");
                 boolean quiet;
                 synchronized (this) {
                     quiet = releasing; // a RENEW in flight as the release ran may be refused: not a loss
@@ -270,10 +268,10 @@ public final class Lease implements AutoCloseable {
                 return false; // FENCE refused by an older server: the next RENEW goes without it at once
             }
             locks.metrics().renewalFailed("error");
-            Locks.LOG.log(System.Logger.Level.WARNING, "dlock: renewal failed resource={0} owner={1} fence={2} reason=error error={3}",
-                    resource, token, Long.toUnsignedString(fence), String.valueOf(failure != null ? Transport.unwrap(failure) : reply));
+            Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                    "reason", "error", "error", failure != null ? Transport.unwrap(failure) : reply);
             synchronized (this) {
-                nextRenewal = System.nanoTime() + ttl.toNanos() / 10;
+                nextRenewal = System.nanoTime() + Protocol.renewalRetryNanos(ttlMs);
             }
             if (failure != null) {
                 throw new java.util.concurrent.CompletionException(failure);
@@ -316,8 +314,8 @@ public final class Lease implements AutoCloseable {
             }
         }
         locks.metrics().leaseLost(reason);
-        Locks.LOG.log(System.Logger.Level.WARNING, "dlock: lease lost resource={0} owner={1} fence={2} reason={3}",
-                resource, token, Long.toUnsignedString(fence), reason.wireName());
+        Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                "reason", reason.wireName());
         if (reason != LossReason.ENDED) {
             // A lease the server still holds passes on at once instead of at its ttl.
             lossRelease = locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
@@ -359,8 +357,8 @@ public final class Lease implements AutoCloseable {
             }
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
             locks.metrics().releaseFailed();
-            Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} error={3}",
-                    resource, token, Long.toUnsignedString(fence), String.valueOf(Transport.unwrap(e)));
+            Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                    "error", Transport.unwrap(e));
             if (System.nanoTime() - localExpiryNanos() >= 0) {
                 lose(LossReason.UNREACHABLE);
                 throw lossError();
@@ -369,14 +367,13 @@ public final class Lease implements AutoCloseable {
         }
         locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
         if (Long.valueOf(1).equals(reply)) {
-            Locks.LOG.log(System.Logger.Level.INFO, "dlock: lease released resource={0} owner={1} fence={2}",
-                    resource, token, Long.toUnsignedString(fence));
+            Locks.log(Protocol.LogLine.LEASE_RELEASED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence));
             return;
         }
         // Gone before the work ended: the end of the work was not protected.
         locks.metrics().releaseFailed();
-        Locks.LOG.log(System.Logger.Level.WARNING, "dlock: release failed resource={0} owner={1} fence={2} reason=ended",
-                resource, token, Long.toUnsignedString(fence));
+        Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                "reason", "ended");
         lose(LossReason.ENDED);
         throw lossError();
     }

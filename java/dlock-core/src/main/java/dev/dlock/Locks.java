@@ -380,8 +380,7 @@ public final class Locks implements AutoCloseable {
             String reply = Transport.errorReply(e);
             if (reply != null && Protocol.errorClass(reply) == ErrorClass.STALE) {
                 metrics.staleWrite();
-                LOG.log(System.Logger.Level.WARNING, "dlock: stale operation rejected resource={0} fence={1} reason={2}",
-                        resource, Long.toUnsignedString(fence), reply);
+                log(Protocol.LogLine.STALE_REJECTED, "resource", resource, "fence", Long.toUnsignedString(fence), "reason", reply);
                 throw new StaleFenceException(resource, fence, reply);
             }
             throw failure(e);
@@ -491,6 +490,13 @@ public final class Locks implements AutoCloseable {
         return metrics;
     }
 
+    /** Writes one of the contract's log lines with its fields (key, value, ...). */
+    static void log(Protocol.LogLine line, Object... keysAndValues) {
+        if (LOG.isLoggable(line.level)) {
+            LOG.log(line.level, line.format(keysAndValues));
+        }
+    }
+
     static String newToken() {
         byte[] bytes = new byte[16];
         RANDOM.nextBytes(bytes);
@@ -504,8 +510,8 @@ public final class Locks implements AutoCloseable {
         Attempt attempt = new Attempt(this, resource, shared, permits, options);
         Lease lease = attempt.run();
         metrics.acquired(Duration.ofNanos(System.nanoTime() - attempt.started));
-        LOG.log(System.Logger.Level.INFO, "dlock: lease acquired resource={0} owner={1} fence={2} mode={3}",
-                resource, lease.token(), Long.toUnsignedString(lease.fence()), shared ? "shared" : "exclusive");
+        log(Protocol.LogLine.LEASE_ACQUIRED, "resource", resource, "owner", lease.token(),
+                "fence", Long.toUnsignedString(lease.fence()), "mode", shared ? "shared" : "exclusive");
         return lease;
     }
 
@@ -530,7 +536,7 @@ public final class Locks implements AutoCloseable {
     /** Whether the failure refused an option of args that can be left out; it is then remembered. */
     boolean dropRefused(List<String> args, Throwable failure) {
         Optional<String> option = Protocol.unsupportedOption(Transport.errorReply(failure));
-        if (option.isEmpty() || !List.of("CLAIM", "META", "FENCE", "QUEUE").contains(option.get())) {
+        if (option.isEmpty() || !Protocol.droppable(option.get())) {
             return false;
         }
         return refused.add(args.get(0) + " " + option.get());

@@ -1,6 +1,7 @@
 package dev.dlock;
 
 import java.math.BigInteger;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -319,6 +320,95 @@ public final class Protocol {
             return Long.parseLong(digits);
         } catch (NumberFormatException e) {
             return -1;
+        }
+    }
+
+    // ---- The client's rules (docs/protocol.md, sections 2, 3, 9 and 13), each written once here ----
+
+    /** The options an older module may refuse that the client can leave out (QUEUE: it then waits by blocking). */
+    static final List<String> DROPPABLE_OPTIONS = List.of("CLAIM", "META", "FENCE", "QUEUE");
+
+    /** Whether a refused option may be left out for the rest of the Locks' life. */
+    static boolean droppable(String option) {
+        return DROPPABLE_OPTIONS.contains(option);
+    }
+
+    /**
+     * A length as the server is sent it: whole milliseconds, rounded down (the local view of a lease
+     * is never longer than the server's), at least 1.
+     */
+    static long wholeMs(Duration length) {
+        return Math.max(1, length.toMillis());
+    }
+
+    /**
+     * The claim window sent with a WAIT or a ticket: twice the request timeout, at least 1 s, and
+     * with a ticket at least the ticket's length ({@code ticketMs}, 0 for a wait). The argument
+     * vector caps it by the ttl ({@link AcquireForm#args()}).
+     */
+    static long claimWindowMs(Duration requestTimeout, long ticketMs) {
+        return Math.max(Math.max(1000, 2 * requestTimeout.toMillis()), ticketMs);
+    }
+
+    /**
+     * The conservative local expiry of a lease: the send time (nanoTime) of the ACQUIRE or RENEW that
+     * was answered plus the ttl it carried, in whole milliseconds as sent.
+     */
+    static long localExpiry(long sentNanos, long ttlMs) {
+        return sentNanos + ttlMs * 1_000_000;
+    }
+
+    /** A held lease is renewed every third of its ttl. */
+    static long renewalPeriodNanos(long ttlMs) {
+        return ttlMs * 1_000_000 / 3;
+    }
+
+    /** After a renewal that got no answer, it is tried again every tenth of the ttl until the local expiry. */
+    static long renewalRetryNanos(long ttlMs) {
+        return ttlMs * 1_000_000 / 10;
+    }
+
+    /** A ticket is sent again at least every third of its length, whatever the channel says. */
+    static long ticketRefreshMs(long ticketMs) {
+        return Math.max(1, ticketMs / 3);
+    }
+
+    /**
+     * The server's longest WAIT, when the reply refused a longer one ({@code ERR timeout-ms must be
+     * between 0 and N}): the client then waits in slices of it. -1 for any other reply.
+     */
+    static long longestWaitMs(String reply) {
+        if (reply == null || !reply.startsWith("ERR timeout-ms ")) {
+            return -1;
+        }
+        long bound = upperBound(reply);
+        return bound > 0 ? bound : -1;
+    }
+
+    /** The log lines (their text and level), the same in every client; the fields follow as key=value. */
+    enum LogLine {
+        LEASE_ACQUIRED("dlock: lease acquired", System.Logger.Level.INFO),
+        RENEWAL_FAILED("dlock: renewal failed", System.Logger.Level.WARNING),
+        LEASE_RELEASED("dlock: lease released", System.Logger.Level.INFO),
+        RELEASE_FAILED("dlock: release failed", System.Logger.Level.WARNING),
+        LEASE_LOST("dlock: lease lost", System.Logger.Level.WARNING),
+        STALE_REJECTED("dlock: stale operation rejected", System.Logger.Level.WARNING);
+
+        final String text;
+        final System.Logger.Level level;
+
+        LogLine(String text, System.Logger.Level level) {
+            this.text = text;
+            this.level = level;
+        }
+
+        /** The line with its fields: {@code format("resource", r, "fence", f)} gives "... resource=r fence=f". */
+        String format(Object... keysAndValues) {
+            StringBuilder line = new StringBuilder(text);
+            for (int i = 0; i + 1 < keysAndValues.length; i += 2) {
+                line.append(' ').append(keysAndValues[i]).append('=').append(keysAndValues[i + 1]);
+            }
+            return line.toString();
         }
     }
 

@@ -157,7 +157,7 @@ final class Transport implements AutoCloseable {
         String address = words[words.length - 1];
         int colon = address.lastIndexOf(':');
         RedisURI target = withCredentials(address.substring(0, colon), Integer.parseInt(address.substring(colon + 1)));
-        StatefulRedisConnection<String, String> connection = once.connect(StringCodec.UTF8, target);
+        StatefulRedisConnection<String, String> connection = open(once.connectAsync(StringCodec.UTF8, target), target);
         try {
             connection.async().asking();
             return await(connection.async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
@@ -174,7 +174,7 @@ final class Transport implements AutoCloseable {
             if (connection != null) {
                 connection.closeAsync();
             }
-            connection = once.connect(StringCodec.UTF8, at);
+            connection = open(once.connectAsync(StringCodec.UTF8, at), at);
             onceConnections.put(key, connection);
         }
         return connection;
@@ -203,10 +203,11 @@ final class Transport implements AutoCloseable {
     /**
      * Sends args on a connection opened for it to the resource's primary, closed after the reply
      * or the timeout (a server drops a blocked waiter whose connection closes). The connection's
-     * own command timeout is above ours.
+     * own command timeout is above ours; it opens within the URI's connect timeout ({@link #open}),
+     * and {@code timeout} counts from then.
      */
     Object alone(String resource, List<String> args, Duration timeout) throws Exception {
-        StatefulRedisConnection<String, String> connection = connectTo(resource, timeout);
+        StatefulRedisConnection<String, String> connection = connectTo(resource);
         try {
             connection.setTimeout(timeout.plusSeconds(1));
             CompletableFuture<Object> reply = connection.async()
@@ -218,11 +219,48 @@ final class Transport implements AutoCloseable {
         }
     }
 
-    private StatefulRedisConnection<String, String> connectTo(String resource, Duration timeout) {
+    private StatefulRedisConnection<String, String> connectTo(String resource) {
         if (cluster == null) {
-            return single.connect(StringCodec.UTF8, uri);
+            return open(single.connectAsync(StringCodec.UTF8, uri), uri);
         }
-        return nodes.connect(StringCodec.UTF8, nodeUri(resource));
+        RedisURI at = nodeUri(resource);
+        return open(nodes.connectAsync(StringCodec.UTF8, at), at);
+    }
+
+    /**
+     * Waits for a connection of dlock's own (a wait's, a release's, a fenced write's, the channels')
+     * to open, at most the connect timeout of {@code at}: its RedisURI's timeout, which also bounds
+     * Lettuce's handshake on it. Never the request timeout: a request's time starts once its
+     * connection is open. A connection that opens after the deadline is closed.
+     *
+     * @throws RedisConnectionException if it did not open in time (nothing was sent on it)
+     */
+    static <C extends io.lettuce.core.api.StatefulConnection<?, ?>> C open(java.util.concurrent.CompletionStage<C> opening,
+            RedisURI at) {
+        CompletableFuture<C> future = opening.toCompletableFuture();
+        Duration timeout = connectTimeout(at);
+        try {
+            return future.get(timeout.toNanos(), TimeUnit.NANOSECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            future.thenAccept(io.lettuce.core.api.StatefulConnection::closeAsync);
+            throw new RedisConnectionException("dlock: interrupted while connecting to " + at.getHost() + ":" + at.getPort(), e);
+        } catch (TimeoutException e) {
+            future.thenAccept(io.lettuce.core.api.StatefulConnection::closeAsync);
+            throw new RedisConnectionException("dlock: no connection to " + at.getHost() + ":" + at.getPort() + " within "
+                    + timeout.toMillis() + " ms (the RedisURI's timeout)");
+        } catch (ExecutionException e) {
+            Throwable cause = unwrap(e);
+            if (cause instanceof RedisConnectionException connection) {
+                throw connection;
+            }
+            throw new RedisConnectionException("dlock: cannot connect to " + at.getHost() + ":" + at.getPort() + ": " + cause, cause);
+        }
+    }
+
+    /** The time a connection of dlock's own to {@code at} may take to open: its RedisURI's timeout. */
+    static Duration connectTimeout(RedisURI at) {
+        return at.getTimeout();
     }
 
     /** The URI of the primary serving the resource's slot, with the seed's credentials and TLS. */

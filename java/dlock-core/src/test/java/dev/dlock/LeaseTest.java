@@ -56,6 +56,18 @@ class LeaseTest {
     }
 
     @Test
+    void aTtlIsSentAndCountedInWholeMilliseconds() {
+        // 900.999999 ms goes to the server as 900: the local expiry counts the 900 the server counts,
+        // never the fraction it does not know of.
+        try (Lease lease = locks.hold("whole-ms", SHORT.ttl(Duration.ofNanos(900_999_999)))) {
+            long returned = System.nanoTime();
+            assertEquals(Duration.ofMillis(900), lease.ttl());
+            assertTrue(lease.localExpiryNanos() - returned <= 900_000_000L, "the local expiry is past the server's");
+            assertTrue(locks.info("whole-ms").orElseThrow().ttlMs() <= 900);
+        }
+    }
+
+    @Test
     void renewalsKeepALeaseAlivePastItsTtl() throws Exception {
         try (Lease lease = locks.hold("renewed", SHORT)) {
             Thread.sleep(2_000); // more than twice the ttl

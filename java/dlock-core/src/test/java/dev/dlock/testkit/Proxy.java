@@ -19,6 +19,7 @@ public final class Proxy implements AutoCloseable {
     private final ServerSocket listener;
     private final int target;
     private final AtomicBoolean dropNextReply = new AtomicBoolean();
+    private volatile long holdNewMillis; // new connections forward nothing for this long
     private final List<Socket> sockets = new CopyOnWriteArrayList<>();
 
     public Proxy(int target) throws IOException {
@@ -38,6 +39,14 @@ public final class Proxy implements AutoCloseable {
         dropNextReply.set(true);
     }
 
+    /**
+     * Connections opened from now on forward nothing, either way, for {@code hold} (a server slow
+     * to answer a new connection; a long hold: one that never answers). Open ones are unaffected.
+     */
+    public void holdNewConnections(java.time.Duration hold) {
+        holdNewMillis = hold.toMillis();
+    }
+
     private void accept() {
         while (!listener.isClosed()) {
             try {
@@ -45,17 +54,23 @@ public final class Proxy implements AutoCloseable {
                 Socket server = new Socket(InetAddress.getLoopbackAddress(), target);
                 sockets.add(client);
                 sockets.add(server);
-                pump(client, server, false);
-                pump(server, client, true);
+                long hold = holdNewMillis;
+                pump(client, server, false, hold);
+                pump(server, client, true, hold);
             } catch (IOException e) {
                 return;
             }
         }
     }
 
-    private void pump(Socket from, Socket to, boolean replies) {
+    private void pump(Socket from, Socket to, boolean replies, long holdMillis) {
         Thread thread = new Thread(() -> {
             byte[] buffer = new byte[16384];
+            try {
+                Thread.sleep(holdMillis);
+            } catch (InterruptedException e) {
+                return;
+            }
             try (InputStream in = from.getInputStream(); OutputStream out = to.getOutputStream()) {
                 int n;
                 while ((n = in.read(buffer)) > 0) {
