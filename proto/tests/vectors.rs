@@ -38,6 +38,13 @@ fn messages_published_and_who_they_wake() {
             channel::message(text(vector, "event"), int(vector, "fence").expect("fence"), holder);
         assert_eq!(String::from_utf8_lossy(&message), text(vector, "message"), "{vector}");
     }
+    for vector in list(&messages["revoked"]) {
+        let parsed = channel::revoked(text(vector, "message"));
+        match vector["fence"].as_u64() {
+            Some(fence) => assert_eq!(parsed, Some((fence, text(vector, "reason"))), "{vector}"),
+            None => assert_eq!(parsed, None, "{vector}"),
+        }
+    }
     for vector in list(&messages["wakes"]) {
         let mine = vector["tag"].as_str();
         assert_eq!(
