@@ -20,8 +20,11 @@ use crate::core::{Lease, Lock, Now};
 use crate::{metrics, state};
 
 /// The module type of every lock key (`TYPE key` answers `dlocklock`).
+/// The name of the lock values' data type (`TYPE` answers it; `SCAN … TYPE` filters by it).
+pub const LOCK_TYPE_NAME: &str = "dlocklock";
+
 pub static LOCK_TYPE: RedisType = RedisType::new(
-    "dlocklock",
+    LOCK_TYPE_NAME,
     ENCODING_VERSION,
     raw::RedisModuleTypeMethods {
         version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,

@@ -30,7 +30,7 @@ pub mod waiters;
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
 use crate::commands::{
-    acquire, endlease, fencecheck, fenced, guarded, info, release, renew, revoke, setfence,
+    acquire, endlease, fencecheck, fenced, guarded, info, list, release, renew, revoke, setfence,
     setlease,
 };
 use crate::core::args::DEFAULT_MAX_TTL_MS;
@@ -87,6 +87,7 @@ redis_module! {
         [revoke::META.name, |ctx, args| guarded(ctx, args, revoke::run), revoke::META.flags, 1, 1, 1, ""],
         [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
+        [list::META.name, |ctx, args| guarded(ctx, args, list::run), list::META.flags, 0, 0, 0, ""],
         [fenced::META.name, |ctx, args| guarded(ctx, args, fenced::run), fenced::META.flags, 1, 1, 1, ""],
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
         [endlease::META.name, |ctx, args| guarded(ctx, args, endlease::run), endlease::META.flags, 1, 1, 1, ""],

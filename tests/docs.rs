@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 
 use dlock_testkit::*;
 
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "dlock.acquire",
     "dlock.renew",
     "dlock.release",
     "dlock.revoke",
     "dlock.fencecheck",
     "dlock.info",
+    "dlock.list",
     "dlock.fenced",
     "dlock.setlease",
     "dlock.endlease",

@@ -9,6 +9,9 @@ pub const MAX_META_LEN: usize = 1_024;
 /// Longest accepted revocation reason (`DLOCK.REVOKE … REASON`), in bytes.
 pub const MAX_REASON_LEN: usize = 256;
 
+/// Largest `COUNT` of `DLOCK.LIST` (each call does about that much work).
+pub const MAX_LIST_COUNT: usize = 10_000;
+
 /// Largest `LIMIT` of a shared request.
 pub const MAX_LIMIT: u32 = 1_000_000;
 

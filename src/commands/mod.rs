@@ -5,6 +5,7 @@ pub mod endlease;
 pub mod fencecheck;
 pub mod fenced;
 pub mod info;
+pub mod list;
 pub mod release;
 pub mod renew;
 pub mod revoke;
@@ -136,13 +137,14 @@ impl ArgMeta {
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 10] = [
+pub const ALL: [&CommandMeta; 11] = [
     &acquire::META,
     &renew::META,
     &release::META,
     &revoke::META,
     &fencecheck::META,
     &info::META,
+    &list::META,
     &fenced::META,
     &setlease::META,
     &endlease::META,
@@ -211,6 +213,12 @@ pub fn internal_only(ctx: &Context, name: &'static str) -> Result<(), DlockError
 
 /// Replies with field/value pairs: a map under RESP3, a flat array under RESP2.
 pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult {
+    write_fields(ctx, fields);
+    Ok(redis_module::RedisValue::NoReply)
+}
+
+/// Writes field/value pairs into the reply being built (an element of an array, or the reply).
+pub fn write_fields(ctx: &Context, fields: &[(&str, FieldValue)]) {
     raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
     for (name, value) in fields {
         ctx.reply(Ok(redis_module::RedisValue::StringBuffer(name.as_bytes().to_vec())));
@@ -227,7 +235,6 @@ pub fn reply_fields(ctx: &Context, fields: &[(&str, FieldValue)]) -> RedisResult
             FieldValue::Value(value) => value.clone(),
         }));
     }
-    Ok(redis_module::RedisValue::NoReply)
 }
 
 /// A value in a field/value reply.

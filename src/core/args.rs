@@ -6,7 +6,7 @@
 //! `+`, no spaces, no leading zeros.
 
 use super::DlockError;
-pub use super::limits::{MAX_LIMIT, MAX_META_LEN, MAX_REASON_LEN, MAX_TOKEN_LEN};
+pub use super::limits::{MAX_LIMIT, MAX_LIST_COUNT, MAX_META_LEN, MAX_REASON_LEN, MAX_TOKEN_LEN};
 use super::mode::Mode;
 
 /// Default of `dlock.max-ttl-ms`, the upper bound of `ttl-ms` and `timeout-ms`: one day.
@@ -210,6 +210,69 @@ pub fn revoke<'a>(args: &[&'a [u8]]) -> Result<RevokeArgs<'a>, DlockError> {
         }
     }
     Ok(revoke)
+}
+
+/// Which locks `DLOCK.LIST` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListFilter {
+    /// Every lock.
+    All,
+    /// Locks with a live lease.
+    Held,
+    /// Locks with someone in line (blocked clients or tickets).
+    Waiting,
+}
+
+/// The arguments of LIST after the cursor.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ListArgs<'a> {
+    /// `MATCH pattern`, as SCAN takes it.
+    pub pattern: Option<&'a [u8]>,
+    /// `COUNT count`: how much of the keyspace one call looks at (SCAN's hint), 1 to
+    /// [`MAX_LIST_COUNT`]; 10 when not given.
+    pub count: usize,
+    /// `HELD` or `WAITING`.
+    pub filter: ListFilter,
+}
+
+/// Parses the arguments of LIST after the cursor: `[MATCH pattern] [COUNT count]
+/// [HELD | WAITING]`, in any order, each at most once.
+pub fn list<'a>(args: &[&'a [u8]]) -> Result<ListArgs<'a>, DlockError> {
+    let mut list = ListArgs { pattern: None, count: 10, filter: ListFilter::All };
+    let (mut count_seen, mut filter_seen) = (false, false);
+    let mut rest = args.iter();
+    while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"MATCH") {
+            if list.pattern.is_some() {
+                return Err(DlockError::RepeatedOption("MATCH"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("MATCH", "pattern"))?;
+            list.pattern = Some(value);
+        } else if option.eq_ignore_ascii_case(b"COUNT") {
+            if std::mem::replace(&mut count_seen, true) {
+                return Err(DlockError::RepeatedOption("COUNT"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("COUNT", "count"))?;
+            list.count = parse_int(value)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| (1..=MAX_LIST_COUNT).contains(n))
+                .ok_or(DlockError::BadCount { max: MAX_LIST_COUNT })?;
+        } else if option.eq_ignore_ascii_case(b"HELD") || option.eq_ignore_ascii_case(b"WAITING") {
+            let held = option.eq_ignore_ascii_case(b"HELD");
+            let filter = if held { ListFilter::Held } else { ListFilter::Waiting };
+            if std::mem::replace(&mut filter_seen, true) {
+                return Err(if list.filter == filter {
+                    DlockError::RepeatedOption(if held { "HELD" } else { "WAITING" })
+                } else {
+                    DlockError::ConflictingOptions("HELD", "WAITING")
+                });
+            }
+            list.filter = filter;
+        } else {
+            return Err(DlockError::UnknownOption(printable(option)));
+        }
+    }
+    Ok(list)
 }
 
 /// Parses the arguments of FENCECHECK after the resource: `fence`.

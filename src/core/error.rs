@@ -64,6 +64,8 @@ pub enum DlockError {
     ModeConflict { held: &'static str, asked: &'static str },
     /// A `REASON` of `DLOCK.REVOKE` that is empty or longer than `max` bytes.
     BadReason { max: usize },
+    /// A `COUNT` of `DLOCK.LIST` outside 1 to `max`.
+    BadCount { max: usize },
 }
 
 impl fmt::Display for DlockError {
@@ -128,6 +130,9 @@ impl fmt::Display for DlockError {
             Self::BadLimit { max } => {
                 write!(f, "ERR LIMIT must be an integer between 1 and {max}")
             }
+            Self::BadCount { max } => {
+                write!(f, "ERR COUNT must be an integer between 1 and {max}")
+            }
             Self::BadReason { max } => {
                 write!(f, "ERR REASON must be between 1 and {max} bytes long")
             }
@@ -186,6 +191,7 @@ mod tests {
             (DlockError::BadLimit { max: 1_000_000 }, "LIMIT"),
             (DlockError::BadMeta { max: 1_024 }, "META"),
             (DlockError::BadReason { max: 256 }, "REASON"),
+            (DlockError::BadCount { max: 10_000 }, "COUNT"),
             (DlockError::OptionNeeds("LIMIT", "SHARED"), "LIMIT needs SHARED"),
         ];
         assert_eq!(
@@ -260,6 +266,7 @@ mod tests {
             DlockError::BadLimit { max: super::super::limits::MAX_LIMIT },
             DlockError::BadMeta { max: super::super::limits::MAX_META_LEN },
             DlockError::BadReason { max: super::super::limits::MAX_REASON_LEN },
+            DlockError::BadCount { max: super::super::limits::MAX_LIST_COUNT },
             DlockError::OptionNeeds("LIMIT", "SHARED"),
             DlockError::SlotMoving,
             DlockError::ModeConflict { held: "shared", asked: "exclusive" },
@@ -292,6 +299,7 @@ mod tests {
                 | DlockError::BadLimit { .. }
                 | DlockError::BadMeta { .. }
                 | DlockError::BadReason { .. }
+                | DlockError::BadCount { .. }
                 | DlockError::OptionNeeds(..)
                 | DlockError::SlotMoving
                 | DlockError::ModeConflict { .. } => {}
