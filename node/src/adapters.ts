@@ -8,8 +8,14 @@
 // the caller's client: it goes on a duplicate whose settings cannot cut it (no socket timeout
 // below the wait, a command timeout above it, no re-sending after a reconnect).
 
+import { performance } from "node:perf_hooks";
+import { setTimeout as sleepFor } from "node:timers/promises";
+
 import { RequestTimeoutError } from "./errors.js";
 import { keySlot } from "./protocol.js";
+
+/** Between two looks for a slot map that a refresh did not bring. */
+const LOCATE_PAUSE = 20;
 
 /** A connection of the client's own to one server: for one blocking wait, or a lone RELEASE. */
 export interface Connection {
@@ -44,8 +50,13 @@ export interface Transport {
    * (ioredis) is set above what the connection will wait for.
    */
   open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection>;
-  /** The address of the primary serving resource now ("" on a single server). */
+  /** The address of the primary serving resource now ("" on a single server, or not known yet). */
   nodeOf(resource: string): string;
+  /**
+   * The address of the primary serving resource, once known: a cluster client that has not
+   * learned its slot map yet (still connecting) is waited for, at most timeoutMs ("" then).
+   */
+  locate(resource: string, timeoutMs: number): Promise<string>;
   /** A subscriber on the primary serving resource. */
   subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber>;
 }
@@ -114,7 +125,9 @@ interface IoredisLike {
 
 interface IoredisClusterLike {
   isCluster: true;
+  status: string;
   slots: string[][];
+  connect(): Promise<void>;
   nodes(role?: string): IoredisLike[];
   sendCommand(command: unknown): Promise<unknown>;
   refreshSlotsCache(callback?: (error?: Error | null) => void): void;
@@ -261,6 +274,9 @@ class IoredisSingle implements Transport {
   nodeOf(): string {
     return "";
   }
+  locate(): Promise<string> {
+    return Promise.resolve("");
+  }
   subscriber(_resource: string, events: SubscriberEvents): Promise<Subscriber> {
     return Promise.resolve(new IoredisSubscriber(this.client.duplicate(subscriberOptions()), false, events));
   }
@@ -291,24 +307,46 @@ class IoredisCluster implements Transport {
     const [name, ...rest] = args;
     return within(this.keyed(name ?? "", rest), timeoutMs);
   }
-  private master(resource: string): IoredisLike {
-    const key = this.nodeOf(resource);
+  /** The connection of the primary serving resource (its slot map awaited, at most timeoutMs). */
+  private async master(resource: string, timeoutMs: number): Promise<IoredisLike> {
+    const key = await this.locate(resource, timeoutMs);
     const masters = this.client.nodes("master");
     const found = masters.find((node) => `${node.options.host ?? ""}:${String(node.options.port)}` === key);
-    if (found === undefined) {
+    if (key === "" || found === undefined) {
       this.client.refreshSlotsCache();
       throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
     }
     return found;
   }
-  open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
-    return ioredisOpen(this.master(resource), connectTimeoutMs, commandTimeoutMs);
+  async open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
+    return ioredisOpen(await this.master(resource, connectTimeoutMs), connectTimeoutMs, commandTimeoutMs);
   }
   nodeOf(resource: string): string {
     return this.client.slots[keySlot(resource)]?.[0] ?? "";
   }
-  subscriber(resource: string, events: SubscriberEvents): Promise<Subscriber> {
-    return Promise.resolve(new IoredisSubscriber(this.master(resource).duplicate(subscriberOptions()), true, events));
+  async locate(resource: string, timeoutMs: number): Promise<string> {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      const known = this.nodeOf(resource);
+      const left = deadline - performance.now();
+      if (known !== "" || left <= 0) return known;
+      // A Cluster made a moment ago (or lazily) learns its slot map in the background: start it
+      // and wait for the refresh (one in flight is joined), then look again.
+      if (this.client.status === "wait") this.client.connect().catch(quiet);
+      await within(
+        new Promise<void>((resolve) => {
+          this.client.refreshSlotsCache(() => {
+            resolve();
+          });
+        }),
+        left,
+      ).catch(quiet);
+      if (this.nodeOf(resource) === "") await sleepFor(Math.min(LOCATE_PAUSE, Math.max(0, deadline - performance.now())));
+    }
+  }
+  async subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
+    const master = await this.master(resource, timeoutMs);
+    return new IoredisSubscriber(master.duplicate(subscriberOptions()), true, events);
   }
 }
 
@@ -400,6 +438,9 @@ class NodeRedisSingle implements Transport {
   nodeOf(): string {
     return "";
   }
+  locate(): Promise<string> {
+    return Promise.resolve("");
+  }
   subscriber(_resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
     return nodeRedisSubscriber(this.client, false, events, timeoutMs);
   }
@@ -425,6 +466,10 @@ class NodeRedisCluster implements Transport {
   nodeOf(resource: string): string {
     const master = this.client.slots[keySlot(resource)]?.master;
     return master === undefined ? "" : `${master.host}:${String(master.port)}`;
+  }
+  locate(resource: string): Promise<string> {
+    // A node-redis cluster is given connected: its slot map is known.
+    return Promise.resolve(this.nodeOf(resource));
   }
   async subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
     return nodeRedisSubscriber(await this.master(resource), true, events, timeoutMs);

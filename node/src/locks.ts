@@ -222,7 +222,7 @@ export class Locks {
     let last: Leader | null = null;
     try {
       while (signal?.aborted !== true) {
-        if (watch === null || watch.node !== this.transport.nodeOf(name)) {
+        if (watch === null || watch.broken || watch.node !== this.transport.nodeOf(name)) {
           if (watch !== null) this.channels.leave(watch);
           watch = await this.channels.join(name, null);
         }
@@ -497,8 +497,9 @@ class Attempt {
         if (this.aborted()) throw await this.withdraw(queued, this.signal?.reason);
         if (queued && this.left() <= 0) throw await this.withdraw(queued, undefined);
         const serving = this.locks.via.nodeOf(this.resource);
-        if (watch === null || watch.node !== serving) {
-          // Subscribed before the first ticket, and again where the resource moved.
+        if (watch === null || watch.broken || watch.node !== serving) {
+          // Subscribed before the first ticket, and again where the resource moved (or where
+          // the subscription failed).
           if (watch !== null) channels.leave(watch);
           watch = await channels.join(this.resource, tokenTag(this.token));
         }
