@@ -154,9 +154,11 @@ export class Channels {
     node.watches.delete(watch.channel);
     if (node.watches.size === 0) {
       this.nodes.delete(watch.node);
-      node.subscriber.then((subscriber) => {
-        subscriber.close();
-      }, () => undefined);
+      node.subscriber
+        .then((subscriber) => {
+          subscriber.close();
+        })
+        .catch(() => undefined);
       return;
     }
     node.subscriber.then((subscriber) => subscriber.unsubscribe(watch.channel)).catch(() => undefined);
@@ -164,9 +166,11 @@ export class Channels {
 
   close(): void {
     for (const node of this.nodes.values()) {
-      node.subscriber.then((subscriber) => {
-        subscriber.close();
-      }, () => undefined);
+      node.subscriber
+        .then((subscriber) => {
+          subscriber.close();
+        })
+        .catch(() => undefined);
     }
     this.nodes.clear();
   }
