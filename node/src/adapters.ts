@@ -4,18 +4,35 @@
 // createCluster) are recognised by shape: neither is imported here, both are peer dependencies.
 //
 // What dlock asks of the caller's client: short requests only (ACQUIRE without WAIT, RENEW,
-// RELEASE, FENCED, FENCECHECK, INFO), each bounded by the request timeout. A WAIT never goes on
-// the caller's client: it goes on a duplicate whose settings cannot cut it (no socket timeout
-// below the wait, a command timeout above it, no re-sending after a reconnect).
+// RELEASE, FENCECHECK, INFO), each bounded by the request timeout. A WAIT never goes on the
+// caller's client: it goes on a duplicate whose settings cannot cut it (no socket timeout below
+// the wait, a command timeout above it, no re-sending after a reconnect). Nor does a FENCED:
+// ioredis sends an unanswered command again after a reconnect, and node-redis sends what it
+// queued while disconnected once connected again, either of which could run a fenced write twice
+// or long after the caller was told it failed. It goes on a duplicate of dlock's own that sends
+// each command at most once (sendOnce).
+
+import { performance } from "node:perf_hooks";
+import { setTimeout as sleepFor } from "node:timers/promises";
 
 import { RequestTimeoutError } from "./errors.js";
 import { keySlot } from "./protocol.js";
 
-/** A connection of the client's own to one server: for one blocking wait, or a lone RELEASE. */
+/** Between two looks for a slot map that a refresh did not bring. */
+const LOCATE_PAUSE = 20;
+
+/**
+ * A connection of dlock's own to one server: for one blocking wait, a lone RELEASE, or the fenced
+ * writes. It is never opened again once closed, and never sends a command twice.
+ */
 export interface Connection {
   send(args: readonly string[], timeoutMs: number): Promise<unknown>;
   /** Disconnects at once (a wait in the server ends with it). */
   close(): void;
+  /** Closed: by close(), by the server or by the network. */
+  readonly closed: boolean;
+  /** Lets the process exit while the connection is open and idle. */
+  unref(): void;
 }
 
 /** What a subscriber tells its owner. */
@@ -44,10 +61,25 @@ export interface Transport {
    * (ioredis) is set above what the connection will wait for.
    */
   open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection>;
-  /** The address of the primary serving resource now ("" on a single server). */
+  /** The address of the primary serving resource now ("" on a single server, or not known yet). */
   nodeOf(resource: string): string;
+  /**
+   * The address of the primary serving resource, once known: a cluster client that has not
+   * learned its slot map yet (still connecting) is waited for, at most timeoutMs ("" then).
+   */
+  locate(resource: string, timeoutMs: number): Promise<string>;
   /** A subscriber on the primary serving resource. */
   subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber>;
+  /**
+   * Sends args at most once, to the primary serving resource, on a connection of dlock's own
+   * (one per server, kept open) that never sends a command again after a reconnection and queues
+   * nothing while disconnected: a dropped connection fails the request (its outcome unknown) and
+   * is opened again for the next. In a cluster, MOVED (nothing ran) is followed and ASK is
+   * followed with ASKING, at most 5 times. For DLOCK.FENCED.
+   */
+  sendOnce(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown>;
+  /** Closes the connections of sendOnce. */
+  close(): void;
 }
 
 /** An ioredis `Redis` or `Cluster`, or a node-redis client or cluster. */
@@ -89,6 +121,122 @@ export function within<T>(promise: Promise<T>, timeoutMs: number): Promise<T> {
   });
 }
 
+/** "host:port" (the last colon splits: an IPv6 host keeps its own). */
+function hostPort(address: string): { host: string; port: number } {
+  const colon = address.lastIndexOf(":");
+  return { host: address.slice(0, colon), port: Number(address.slice(colon + 1)) };
+}
+
+/** What a redirect names: the server to ask, and whether it is an ASK (one command only). */
+function redirectOf(error: unknown): { address: string; ask: boolean } | null {
+  const text = replyText(error);
+  if (text === null) return null;
+  const words = text.split(" ");
+  if ((words[0] !== "MOVED" && words[0] !== "ASK") || words.length < 3) return null;
+  return { address: words[2] ?? "", ask: words[0] === "ASK" };
+}
+
+const MAX_REDIRECTS = 5;
+
+/**
+ * The connections of sendOnce: one per server ("" on a single server), opened when first needed,
+ * idle ones not keeping the process alive, opened again after one was closed. A connection whose
+ * request got no answer (a timeout, a drop) is closed: a reply that comes later answers nobody,
+ * and nothing waits behind it.
+ */
+class AtMostOnce {
+  private readonly connections = new Map<string, Promise<Connection>>();
+  constructor(private readonly connectTo: (address: string, timeoutMs: number) => Promise<Connection>) {}
+
+  /** Sends args once on address's connection; a redirect reply is thrown to the caller. */
+  async send(address: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    const deadline = performance.now() + timeoutMs;
+    let made = this.connections.get(address);
+    if (made !== undefined) {
+      const open = await made.catch(() => null);
+      if (open === null || open.closed) {
+        if (this.connections.get(address) === made) this.connections.delete(address);
+        made = undefined;
+      }
+    }
+    if (made === undefined) {
+      made = this.connectTo(address, Math.max(1, deadline - performance.now())).then((connection) => {
+        connection.unref();
+        return connection;
+      });
+      this.connections.set(address, made);
+      const mine = made;
+      // A connection that never opened: nothing was sent; the next request tries again.
+      mine.catch(() => {
+        if (this.connections.get(address) === mine) this.connections.delete(address);
+      });
+    }
+    const connection = await made;
+    try {
+      return await connection.send(args, Math.max(1, deadline - performance.now()));
+    } catch (error) {
+      if (replyText(error) === null) {
+        connection.close();
+        if (this.connections.get(address) === made) this.connections.delete(address);
+      }
+      throw error;
+    }
+  }
+
+  /** ASKING, then args, on a connection opened for them alone (an ASK names one command). */
+  async asking(address: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    const deadline = performance.now() + timeoutMs;
+    const connection = await this.connectTo(address, timeoutMs);
+    try {
+      const asked = connection.send(["ASKING"], timeoutMs);
+      const reply = connection.send(args, Math.max(1, deadline - performance.now()));
+      await asked;
+      return await reply;
+    } finally {
+      connection.close();
+    }
+  }
+
+  close(): void {
+    for (const made of this.connections.values()) {
+      made.then(
+        (connection) => {
+          connection.close();
+        },
+        () => undefined,
+      );
+    }
+    this.connections.clear();
+  }
+}
+
+/**
+ * sendOnce in a cluster: to the primary serving resource, following MOVED (nothing ran there) to
+ * the server it names and ASK with ASKING, at most 5 times; refresh asks the caller's client to
+ * read the slot map again after a MOVED.
+ */
+async function sendOnceInCluster(
+  once: AtMostOnce,
+  address: string,
+  args: readonly string[],
+  timeoutMs: number,
+  refresh: () => void,
+): Promise<unknown> {
+  const deadline = performance.now() + timeoutMs;
+  for (let redirects = 0; ; redirects++) {
+    const left = Math.max(1, deadline - performance.now());
+    try {
+      return await once.send(address, args, left);
+    } catch (error) {
+      const redirect = redirectOf(error);
+      if (redirect === null || redirects >= MAX_REDIRECTS) throw error;
+      if (redirect.ask) return once.asking(redirect.address, args, left);
+      refresh();
+      address = redirect.address;
+    }
+  }
+}
+
 // The shapes of the two clients this file touches, as little of them as it needs.
 
 interface IoredisOptions {
@@ -100,6 +248,7 @@ interface IoredisLike {
   isCluster: boolean;
   options: IoredisOptions;
   status: string;
+  stream?: { unref?(): void };
   call(...args: string[]): Promise<unknown>;
   sendCommand(command: unknown): Promise<unknown>;
   duplicate(options?: object): IoredisLike;
@@ -114,7 +263,9 @@ interface IoredisLike {
 
 interface IoredisClusterLike {
   isCluster: true;
+  status: string;
   slots: string[][];
+  connect(): Promise<void>;
   nodes(role?: string): IoredisLike[];
   sendCommand(command: unknown): Promise<unknown>;
   refreshSlotsCache(callback?: (error?: Error | null) => void): void;
@@ -124,10 +275,12 @@ type CommandClass = new (name: string, args: string[], options: object) => { arg
 
 interface NodeRedisClientLike {
   options?: { socket?: object };
+  isOpen: boolean;
   sendCommand(args: string[]): Promise<unknown>;
   duplicate(overrides?: object): NodeRedisClientLike;
   connect(): Promise<unknown>;
   destroy(): void;
+  unref(): void;
   on(event: string, listener: (...args: unknown[]) => void): unknown;
   subscribe(channel: string, listener: (message: string, channel: string) => void): Promise<void>;
   unsubscribe(channel: string): Promise<void>;
@@ -138,6 +291,7 @@ interface NodeRedisClientLike {
 interface NodeRedisClusterLike {
   slots: ({ master: { host: string; port: number } } | undefined)[];
   masters: unknown[];
+  nodeByAddress: Map<string, unknown>;
   sendCommand(firstKey: string, isReadonly: boolean, args: string[]): Promise<unknown>;
   nodeClient(node: unknown): Promise<NodeRedisClientLike> | NodeRedisClientLike;
 }
@@ -177,8 +331,13 @@ function ioredisOwn(commandTimeoutMs: number): object {
   };
 }
 
-async function ioredisOpen(base: IoredisLike, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
-  const connection = base.duplicate(ioredisOwn(commandTimeoutMs));
+async function ioredisOpen(
+  base: IoredisLike,
+  connectTimeoutMs: number,
+  commandTimeoutMs: number,
+  at?: { host: string; port: number },
+): Promise<Connection> {
+  const connection = base.duplicate({ ...ioredisOwn(commandTimeoutMs), ...(at ?? {}) });
   connection.on("error", quiet);
   try {
     await within(
@@ -208,6 +367,12 @@ async function ioredisOpen(base: IoredisLike, connectTimeoutMs: number, commandT
     send: (args, timeoutMs) => within(connection.call(...args), timeoutMs),
     close: () => {
       connection.disconnect();
+    },
+    get closed() {
+      return connection.status === "end" || connection.status === "close";
+    },
+    unref: () => {
+      connection.stream?.unref?.();
     },
   };
 }
@@ -251,7 +416,16 @@ function subscriberOptions(): object {
 class IoredisSingle implements Transport {
   readonly kind = "ioredis";
   readonly cluster = false;
-  constructor(private readonly client: IoredisLike) {}
+  private readonly once: AtMostOnce;
+  constructor(private readonly client: IoredisLike) {
+    this.once = new AtMostOnce((_address, timeoutMs) => ioredisOpen(this.client, timeoutMs, timeoutMs));
+  }
+  sendOnce(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    return this.once.send("", args, timeoutMs);
+  }
+  close(): void {
+    this.once.close();
+  }
   send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
     return within(this.client.call(...args), timeoutMs);
   }
@@ -260,6 +434,9 @@ class IoredisSingle implements Transport {
   }
   nodeOf(): string {
     return "";
+  }
+  locate(): Promise<string> {
+    return Promise.resolve("");
   }
   subscriber(_resource: string, events: SubscriberEvents): Promise<Subscriber> {
     return Promise.resolve(new IoredisSubscriber(this.client.duplicate(subscriberOptions()), false, events));
@@ -270,7 +447,32 @@ class IoredisCluster implements Transport {
   readonly kind = "ioredis";
   readonly cluster = true;
   private command: CommandClass | null = null;
-  constructor(private readonly client: IoredisClusterLike) {}
+  private readonly once: AtMostOnce;
+  constructor(private readonly client: IoredisClusterLike) {
+    this.once = new AtMostOnce((address, timeoutMs) => {
+      const nodes = this.client.nodes("all");
+      const node = nodes.find((n) => `${n.options.host ?? ""}:${String(n.options.port)}` === address);
+      const base = node ?? nodes[0];
+      if (base === undefined) {
+        return Promise.reject(Object.assign(new Error(`dlock: no server known at "${address}"`), { code: "ECONNREFUSED" }));
+      }
+      // A server the caller's client does not know yet (a redirect's): its settings, that address.
+      return ioredisOpen(base, timeoutMs, timeoutMs, node === undefined ? hostPort(address) : undefined);
+    });
+  }
+  async sendOnce(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    const deadline = performance.now() + timeoutMs;
+    const address = await this.locate(resource, timeoutMs);
+    if (address === "") {
+      throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
+    }
+    return sendOnceInCluster(this.once, address, args, Math.max(1, deadline - performance.now()), () => {
+      this.client.refreshSlotsCache();
+    });
+  }
+  close(): void {
+    this.once.close();
+  }
 
   // ioredis routes a command by the keys its own command table names; dlock's commands are not
   // in it. A Command whose getKeys() answers the resource (every dlock command's first argument)
@@ -291,37 +493,62 @@ class IoredisCluster implements Transport {
     const [name, ...rest] = args;
     return within(this.keyed(name ?? "", rest), timeoutMs);
   }
-  private master(resource: string): IoredisLike {
-    const key = this.nodeOf(resource);
+  /** The connection of the primary serving resource (its slot map awaited, at most timeoutMs). */
+  private async master(resource: string, timeoutMs: number): Promise<IoredisLike> {
+    const key = await this.locate(resource, timeoutMs);
     const masters = this.client.nodes("master");
     const found = masters.find((node) => `${node.options.host ?? ""}:${String(node.options.port)}` === key);
-    if (found === undefined) {
+    if (key === "" || found === undefined) {
       this.client.refreshSlotsCache();
       throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
     }
     return found;
   }
-  open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
-    return ioredisOpen(this.master(resource), connectTimeoutMs, commandTimeoutMs);
+  async open(resource: string, connectTimeoutMs: number, commandTimeoutMs: number): Promise<Connection> {
+    return ioredisOpen(await this.master(resource, connectTimeoutMs), connectTimeoutMs, commandTimeoutMs);
   }
   nodeOf(resource: string): string {
     return this.client.slots[keySlot(resource)]?.[0] ?? "";
   }
-  subscriber(resource: string, events: SubscriberEvents): Promise<Subscriber> {
-    return Promise.resolve(new IoredisSubscriber(this.master(resource).duplicate(subscriberOptions()), true, events));
+  async locate(resource: string, timeoutMs: number): Promise<string> {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      const known = this.nodeOf(resource);
+      const left = deadline - performance.now();
+      if (known !== "" || left <= 0) return known;
+      // A Cluster made a moment ago (or lazily) learns its slot map in the background: start it
+      // and wait for the refresh (one in flight is joined), then look again.
+      if (this.client.status === "wait") this.client.connect().catch(quiet);
+      await within(
+        new Promise<void>((resolve) => {
+          this.client.refreshSlotsCache(() => {
+            resolve();
+          });
+        }),
+        left,
+      ).catch(quiet);
+      if (this.nodeOf(resource) === "") await sleepFor(Math.min(LOCATE_PAUSE, Math.max(0, deadline - performance.now())));
+    }
+  }
+  async subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
+    const master = await this.master(resource, timeoutMs);
+    return new IoredisSubscriber(master.duplicate(subscriberOptions()), true, events);
   }
 }
 
-/** node-redis settings of dlock's own connections: no socket timeout, no reconnects. */
-function nodeRedisOwn(base: NodeRedisClientLike): object {
+/**
+ * node-redis settings of dlock's own connections: no socket timeout, no reconnects, nothing
+ * queued while not connected; at (host, port) when given.
+ */
+function nodeRedisOwn(base: NodeRedisClientLike, at?: { host: string; port: number }): object {
   return {
-    socket: { ...(base.options?.socket ?? {}), socketTimeout: undefined, reconnectStrategy: false },
-    disableOfflineQueue: false,
+    socket: { ...(base.options?.socket ?? {}), ...(at ?? {}), socketTimeout: undefined, reconnectStrategy: false },
+    disableOfflineQueue: true,
   };
 }
 
-async function nodeRedisOpen(base: NodeRedisClientLike, connectTimeoutMs: number): Promise<Connection> {
-  const connection = base.duplicate(nodeRedisOwn(base));
+async function nodeRedisOpen(base: NodeRedisClientLike, connectTimeoutMs: number, at?: { host: string; port: number }): Promise<Connection> {
+  const connection = base.duplicate(nodeRedisOwn(base, at));
   connection.on("error", quiet);
   try {
     await within(connection.connect(), connectTimeoutMs);
@@ -332,7 +559,13 @@ async function nodeRedisOpen(base: NodeRedisClientLike, connectTimeoutMs: number
   return {
     send: (args, timeoutMs) => within(connection.sendCommand([...args]), timeoutMs),
     close: () => {
-      connection.destroy();
+      if (connection.isOpen) connection.destroy();
+    },
+    get closed() {
+      return !connection.isOpen;
+    },
+    unref: () => {
+      connection.unref();
     },
   };
 }
@@ -390,7 +623,16 @@ async function nodeRedisSubscriber(
 class NodeRedisSingle implements Transport {
   readonly kind = "node-redis";
   readonly cluster = false;
-  constructor(private readonly client: NodeRedisClientLike) {}
+  private readonly once: AtMostOnce;
+  constructor(private readonly client: NodeRedisClientLike) {
+    this.once = new AtMostOnce((_address, timeoutMs) => nodeRedisOpen(this.client, timeoutMs));
+  }
+  sendOnce(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    return this.once.send("", args, timeoutMs);
+  }
+  close(): void {
+    this.once.close();
+  }
   send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
     return within(this.client.sendCommand([...args]), timeoutMs);
   }
@@ -400,6 +642,9 @@ class NodeRedisSingle implements Transport {
   nodeOf(): string {
     return "";
   }
+  locate(): Promise<string> {
+    return Promise.resolve("");
+  }
   subscriber(_resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
     return nodeRedisSubscriber(this.client, false, events, timeoutMs);
   }
@@ -408,7 +653,29 @@ class NodeRedisSingle implements Transport {
 class NodeRedisCluster implements Transport {
   readonly kind = "node-redis";
   readonly cluster = true;
-  constructor(private readonly client: NodeRedisClusterLike) {}
+  private readonly once: AtMostOnce;
+  constructor(private readonly client: NodeRedisClusterLike) {
+    this.once = new AtMostOnce(async (address, timeoutMs) => {
+      const node = this.client.nodeByAddress.get(address);
+      const base = node ?? this.client.masters[0];
+      if (base === undefined) {
+        throw Object.assign(new Error(`dlock: no server known at "${address}"`), { code: "ECONNREFUSED" });
+      }
+      // A server the caller's client does not know yet (a redirect's): its settings, that address.
+      return nodeRedisOpen(await this.client.nodeClient(base), timeoutMs, node === undefined ? hostPort(address) : undefined);
+    });
+  }
+  async sendOnce(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+    const address = this.nodeOf(resource);
+    if (address === "") {
+      throw Object.assign(new Error(`dlock: no primary known for "${resource}"`), { code: "ECONNREFUSED" });
+    }
+    // node-redis reads its slot map again on its own when it meets a MOVED.
+    return sendOnceInCluster(this.once, address, args, timeoutMs, () => undefined);
+  }
+  close(): void {
+    this.once.close();
+  }
   send(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
     return within(this.client.sendCommand(resource, false, [...args]), timeoutMs);
   }
@@ -425,6 +692,10 @@ class NodeRedisCluster implements Transport {
   nodeOf(resource: string): string {
     const master = this.client.slots[keySlot(resource)]?.master;
     return master === undefined ? "" : `${master.host}:${String(master.port)}`;
+  }
+  locate(resource: string): Promise<string> {
+    // A node-redis cluster is given connected: its slot map is known.
+    return Promise.resolve(this.nodeOf(resource));
   }
   async subscriber(resource: string, events: SubscriberEvents, timeoutMs: number): Promise<Subscriber> {
     return nodeRedisSubscriber(await this.master(resource), true, events, timeoutMs);

@@ -3,6 +3,8 @@
 // its ACQUIRE again (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
 // grant.
 
+import { performance } from "node:perf_hooks";
+
 import type { Subscriber, Transport } from "./adapters.js";
 import { channelName, wakes } from "./protocol.js";
 
@@ -10,12 +12,26 @@ import { channelName, wakes } from "./protocol.js";
 export class Watch {
   private woken = false;
   private wakeUp: (() => void) | null = null;
+  private failed = false;
   constructor(
     readonly channel: string,
     /** null: an observer, woken by every message. */
     readonly tag: string | null,
     readonly node: string,
   ) {}
+
+  /**
+   * Its subscription could not be made (no subscriber on the server, or no confirmation): the
+   * watcher joins again before its next wait; meanwhile its own refreshes cover it.
+   */
+  get broken(): boolean {
+    return this.failed;
+  }
+
+  /** @internal */
+  fail(): void {
+    this.failed = true;
+  }
 
   /** A message that concerns this watch came, or the channel was (re)subscribed. */
   wake(): void {
@@ -62,31 +78,42 @@ export class Channels {
   ) {}
 
   /**
-   * Registers a watch on resource's channel, on the server serving it now, and resolves once the
-   * subscription is confirmed (or the timeout passed: the watcher's own refreshes cover that).
+   * Registers a watch on resource's channel, on the server serving it (a cluster client still
+   * learning its slot map is waited for), and resolves once the subscription is confirmed, or
+   * failed, or the timeout passed: the watcher's own refreshes cover the last two (a failed one
+   * marks the watch broken, to be joined again).
    */
   async join(resource: string, tag: string | null): Promise<Watch> {
-    const address = this.transport.nodeOf(resource);
+    const started = performance.now();
+    const address = await this.transport.locate(resource, this.timeoutMs);
+    const left = (): number => Math.max(1, this.timeoutMs - (performance.now() - started));
     const channel = channelName(resource);
     const watch = new Watch(channel, tag, address);
     let node = this.nodes.get(address);
     if (node === undefined) {
       const made: Node = {
         watches: new Map(),
-        subscriber: this.transport.subscriber(
-          resource,
-          {
-            message: (on, message) => {
-              for (const w of made.watches.get(on) ?? []) if (wakes(message, w.tag)) w.wake();
+        // Deferred so that a transport that throws at once rejects instead.
+        subscriber: Promise.resolve().then(() =>
+          this.transport.subscriber(
+            resource,
+            {
+              message: (on, message) => {
+                for (const w of made.watches.get(on) ?? []) if (wakes(message, w.tag)) w.wake();
+              },
+              subscribed: (on) => {
+                for (const w of made.watches.get(on) ?? []) w.wake();
+              },
             },
-            subscribed: (on) => {
-              for (const w of made.watches.get(on) ?? []) w.wake();
-            },
-          },
-          this.timeoutMs,
+            left(),
+          ),
         ),
       };
-      made.subscriber.catch(() => undefined);
+      made.subscriber.catch(() => {
+        // No subscriber on that server: its watches are broken, the next join makes a new one.
+        if (this.nodes.get(address) === made) this.nodes.delete(address);
+        for (const watchers of made.watches.values()) for (const w of watchers) w.fail();
+      });
       node = made;
       this.nodes.set(address, node);
     }
@@ -98,11 +125,22 @@ export class Channels {
     }
     watchers.add(watch);
     if (first) {
+      const on = node;
+      const set = watchers;
       const subscribed = node.subscriber.then((subscriber) => subscriber.subscribe(channel));
+      subscribed.catch(() => {
+        // Not subscribed: whoever joins the channel next subscribes it again.
+        if (on.watches.get(channel) === set) on.watches.delete(channel);
+        for (const w of set) w.fail();
+      });
+      let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         subscribed.catch(() => undefined),
-        new Promise((resolve) => setTimeout(resolve, this.timeoutMs)),
+        new Promise((resolve) => {
+          timer = setTimeout(resolve, left());
+        }),
       ]);
+      clearTimeout(timer);
     }
     return watch;
   }
@@ -110,15 +148,17 @@ export class Channels {
   leave(watch: Watch): void {
     const node = this.nodes.get(watch.node);
     const watchers = node?.watches.get(watch.channel);
-    if (node === undefined || watchers === undefined) return;
+    if (node === undefined || watchers === undefined || !watchers.has(watch)) return;
     watchers.delete(watch);
     if (watchers.size > 0) return;
     node.watches.delete(watch.channel);
     if (node.watches.size === 0) {
       this.nodes.delete(watch.node);
-      node.subscriber.then((subscriber) => {
-        subscriber.close();
-      }, () => undefined);
+      node.subscriber
+        .then((subscriber) => {
+          subscriber.close();
+        })
+        .catch(() => undefined);
       return;
     }
     node.subscriber.then((subscriber) => subscriber.unsubscribe(watch.channel)).catch(() => undefined);
@@ -126,9 +166,11 @@ export class Channels {
 
   close(): void {
     for (const node of this.nodes.values()) {
-      node.subscriber.then((subscriber) => {
-        subscriber.close();
-      }, () => undefined);
+      node.subscriber
+        .then((subscriber) => {
+          subscriber.close();
+        })
+        .catch(() => undefined);
     }
     this.nodes.clear();
   }

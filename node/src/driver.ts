@@ -174,9 +174,11 @@ class Driver {
       }
       case "observe": {
         const name = req.name ?? "";
-        void (async () => {
+        (async () => {
           for await (const leader of this.locks.observe(name)) write({ event: "leader", name, leader });
-        })();
+        })().catch((error: unknown) => {
+          console.error(`dlock-conformance-driver: observing "${name}" ended:`, error);
+        });
         return {};
       }
       default:
@@ -238,14 +240,19 @@ async function main(): Promise<void> {
       console.error(`dlock-conformance-driver: no id: ${line}`);
       continue;
     }
-    const served: Promise<void> = driver.handle(req).then(
-      (ok) => {
-        write({ id, ok });
-      },
-      (error: unknown) => {
-        write({ id, error: describe(error) });
-      },
-    );
+    const served: Promise<void> = driver
+      .handle(req)
+      .then(
+        (ok) => {
+          write({ id, ok });
+        },
+        (error: unknown) => {
+          write({ id, error: describe(error) });
+        },
+      )
+      .catch((error: unknown) => {
+        console.error(`dlock-conformance-driver: could not answer request ${String(id)}:`, error);
+      });
     inFlight.add(served);
     void served.finally(() => inFlight.delete(served));
   }
@@ -254,4 +261,7 @@ async function main(): Promise<void> {
   process.exit(0);
 }
 
-void main();
+main().catch((error: unknown) => {
+  console.error("dlock-conformance-driver:", error);
+  process.exit(2);
+});

@@ -97,7 +97,10 @@ export class Lease extends EventEmitter {
     if (this.holdEnd !== null) due = Math.min(due, this.holdEnd - MAX_HOLD_ROUNDING);
     this.timer = setTimeout(() => {
       this.timer = null;
-      void this.tick();
+      // Nothing awaits the renewer: whatever it throws (a `lost` listener's error) is emitted.
+      this.tick().catch((error: unknown) => {
+        this.report(error);
+      });
     }, Math.max(0, due - performance.now()));
   }
 
@@ -127,7 +130,16 @@ export class Lease extends EventEmitter {
     this.emit("lost", lost);
     if (this.releasing === null) {
       // A best-effort RELEASE with FENCE: a lease the server still holds passes on at once.
-      this.releasing = this.sendRelease().then(() => ({ lost, notReleased: null }));
+      // Nobody may await it: its failure is logged, counted and emitted here, never rejected.
+      this.releasing = this.sendRelease().then(
+        () => ({ lost, notReleased: null }),
+        (error: unknown) => {
+          this.set.metrics.releaseFailed?.();
+          this.log("warn", "dlock: release failed", { error: String(error) });
+          this.report(error);
+          return { lost, notReleased: null };
+        },
+      );
     }
   }
 
@@ -168,7 +180,7 @@ export class Lease extends EventEmitter {
       this.set.metrics.renewalFailed?.("error");
       this.log("warn", "dlock: renewal failed", { reason: "error", error: String(error) });
       this.nextRenewal = performance.now() + this.ttl / 10;
-      if (this.listenerCount("error") > 0) this.emit("error", error);
+      this.report(error);
       throw error;
     }
   }
@@ -205,7 +217,7 @@ export class Lease extends EventEmitter {
     } catch (error) {
       this.set.metrics.releaseFailed?.();
       this.log("warn", "dlock: release failed", { error: String(error) });
-      if (this.listenerCount("error") > 0) this.emit("error", error);
+      this.report(error);
       if (performance.now() >= this.localExpiry) {
         this.lose("unreachable");
         return { lost: this.lostError, notReleased: null };
@@ -245,6 +257,11 @@ export class Lease extends EventEmitter {
   /** Whether this lease's fence still holds the resource on the server. */
   fenceCheck(): Promise<boolean> {
     return this.locks.fenceCheck(this.resource, this.fence);
+  }
+
+  /** Emits error, only when someone listens (an `error` event without a listener throws). */
+  private report(error: unknown): void {
+    if (this.listenerCount("error") > 0) this.emit("error", error);
   }
 
   private log(level: "info" | "warn", message: string, fields: Record<string, unknown>): void {

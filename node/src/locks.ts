@@ -92,10 +92,14 @@ export class Locks {
     this.set = defaults(options);
   }
 
-  /** Closes dlock's own subscribers (the caller's client stays open). */
+  /**
+   * Closes dlock's own subscribers and the connections of its fenced writes (the caller's client
+   * stays open). Idle, they do not keep the process alive.
+   */
   close(): void {
     this.channelsMade?.close();
     this.channelsMade = null;
+    this.transport.close();
   }
 
   /** @internal */
@@ -154,11 +158,13 @@ export class Locks {
    * Runs command in the server only while fence holds resource (DLOCK.FENCED), atomically, and
    * returns its reply. A stale fence rejects with StaleError: nothing ran. In Redis Cluster every
    * key of command must share the resource's slot (a hash tag), else ServerError cross_slot.
-   * Never retried: a retried write after a lost reply could run twice.
+   * Sent at most once, on a connection of dlock's own that never sends a command again after a
+   * reconnection (not on the caller's client, which would): a write whose reply was lost may
+   * have run, and is never run twice. Such a failure rejects with the connection's error.
    */
   async fenced(resource: string, fence: number, command: readonly string[]): Promise<unknown> {
     try {
-      return await this.transport.send(resource, fencedArgs(resource, fence, command), this.set.requestTimeout);
+      return await this.transport.sendOnce(resource, fencedArgs(resource, fence, command), this.set.requestTimeout);
     } catch (error) {
       const text = replyText(error);
       if (text === null) throw error;
@@ -222,7 +228,7 @@ export class Locks {
     let last: Leader | null = null;
     try {
       while (signal?.aborted !== true) {
-        if (watch === null || watch.node !== this.transport.nodeOf(name)) {
+        if (watch === null || watch.broken || watch.node !== this.transport.nodeOf(name)) {
           if (watch !== null) this.channels.leave(watch);
           watch = await this.channels.join(name, null);
         }
@@ -497,8 +503,9 @@ class Attempt {
         if (this.aborted()) throw await this.withdraw(queued, this.signal?.reason);
         if (queued && this.left() <= 0) throw await this.withdraw(queued, undefined);
         const serving = this.locks.via.nodeOf(this.resource);
-        if (watch === null || watch.node !== serving) {
-          // Subscribed before the first ticket, and again where the resource moved.
+        if (watch === null || watch.broken || watch.node !== serving) {
+          // Subscribed before the first ticket, and again where the resource moved (or where
+          // the subscription failed).
           if (watch !== null) channels.leave(watch);
           watch = await channels.join(this.resource, tokenTag(this.token));
         }

@@ -4,7 +4,7 @@
 
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, chownSync } from "node:fs";
-import { createServer, connect } from "node:net";
+import { createServer, connect, type Server as NetServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -150,6 +150,79 @@ export class Server {
     client.on("error", () => undefined);
     await client.connect();
     return client;
+  }
+}
+
+/**
+ * A TCP proxy in front of a server, to break the links of the clients that connect through it:
+ * `dropNextReply` swallows the next thing the server sends (a reply: the command ran) and closes
+ * that link; `cut` closes every link and stops listening (connections are refused) until `heal`.
+ */
+export class Proxy {
+  private readonly links = new Set<Socket>();
+  private dropping = false;
+  private listeningOn = 0;
+  private constructor(private readonly server: NetServer) {}
+  static async start(target: number): Promise<Proxy> {
+    const made: { proxy: Proxy | null } = { proxy: null };
+    const server = createServer((client) => {
+      const proxy = made.proxy;
+      if (proxy === null) {
+        client.destroy();
+        return;
+      }
+      const upstream = connect(target, "127.0.0.1");
+      const close = (): void => {
+        client.destroy();
+        upstream.destroy();
+        proxy.links.delete(client);
+        proxy.links.delete(upstream);
+      };
+      proxy.links.add(client);
+      proxy.links.add(upstream);
+      client.on("data", (chunk) => upstream.write(chunk));
+      upstream.on("data", (chunk) => {
+        if (proxy.dropping) {
+          proxy.dropping = false;
+          close();
+          return;
+        }
+        client.write(chunk);
+      });
+      for (const socket of [client, upstream]) {
+        socket.on("close", close);
+        socket.on("error", close);
+      }
+    });
+    made.proxy = new Proxy(server);
+    await new Promise<void>((done) => server.listen(0, "127.0.0.1", done));
+    const address = server.address();
+    made.proxy.listeningOn = typeof address === "object" && address !== null ? address.port : 0;
+    return made.proxy;
+  }
+  get port(): number {
+    return this.listeningOn;
+  }
+  dropNextReply(): void {
+    this.dropping = true;
+  }
+  cut(): void {
+    if (this.server.listening) this.server.close();
+    for (const socket of this.links) socket.destroy();
+    this.links.clear();
+  }
+  /** Listens again, on the same port. */
+  heal(): Promise<void> {
+    return new Promise((done, fail) => {
+      this.server.once("error", fail);
+      this.server.listen(this.listeningOn, "127.0.0.1", () => {
+        this.server.off("error", fail);
+        done();
+      });
+    });
+  }
+  stop(): void {
+    this.cut();
   }
 }
 

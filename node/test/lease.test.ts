@@ -208,6 +208,35 @@ for (const [kind, make] of Object.entries(clients)) {
       assert.equal(lost.reason, "max_hold");
     });
 
+    test("a loss whose release fails (the client closed) leaves no unhandled rejection: the failure is emitted and counted", async () => {
+      const unhandled: unknown[] = [];
+      const onUnhandled = (reason: unknown): void => {
+        unhandled.push(reason);
+      };
+      process.on("unhandledRejection", onUnhandled);
+      const own = await make(server);
+      let releaseFailures = 0;
+      const ownLocks = new Locks(own.redis, { requestTimeout: 200, metrics: { releaseFailed: () => releaseFailures++ } });
+      try {
+        const lease = await ownLocks.hold("r12", { ttl: 600 });
+        const errors: unknown[] = [];
+        lease.on("error", (error: unknown) => errors.push(error));
+        const lost = new Promise<LeaseLostError>((resolve) => lease.once("lost", resolve));
+        // Every request from now on fails at once: the renewals, then the RELEASE after the loss.
+        await own.close();
+        assert.equal((await lost).reason, "unreachable");
+        // Nobody awaits the release the loss sent: its failure must not be an unhandled rejection.
+        await sleep(200);
+        assert.deepEqual(unhandled, []);
+        assert.equal(releaseFailures, 1);
+        assert.ok(errors.length >= 2, `${String(errors.length)} error events`); // renewals and the release
+        await assert.rejects(lease.release(), (error) => error instanceof LeaseLostError && error.reason === "unreachable");
+      } finally {
+        process.off("unhandledRejection", onUnhandled);
+        ownLocks.close();
+      }
+    });
+
     test("a mode conflict is a server error with its class", async () => {
       await client.admin("DLOCK.ACQUIRE", "r11", "t", "5000");
       await assert.rejects(locks.fenced("r11", 1, ["NOSUCHCOMMAND"]), (error) => error instanceof StaleError || error instanceof ServerError);
