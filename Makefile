@@ -74,7 +74,7 @@ unit: ## Unit and property tests of the pure core only (no Redis needed)
 integration: deps ## Integration tests against real redis-server processes
 	cargo test --tests
 
-bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=section,… from throughput versions cycles handover memory waiters waiter-memory shared scale storm ticketstorm lateness crowd)
+bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=section,… from throughput versions cycles handover memory waiters waiter-memory shared scale storm ticketstorm lateness crowd list)
 	cargo build --release --workspace
 	BENCH_V1_MODULE=$$(bash scripts/v1-module.sh) \
 	BENCH_LATENESS_SERVERS="redis-server $$(bash scripts/redis74.sh) $$(bash scripts/valkey.sh)" \

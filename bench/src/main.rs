@@ -21,6 +21,7 @@ mod cycles;
 mod handover;
 mod harness;
 mod lateness;
+mod list;
 mod memory;
 mod report;
 mod scale;
@@ -35,7 +36,7 @@ use harness::Result;
 use report::Report;
 
 /// Every section, in the order a full run takes them.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "throughput",
     "versions",
     "cycles",
@@ -48,6 +49,7 @@ const SECTIONS: [&str; 13] = [
     "ticketstorm",
     "lateness",
     "crowd",
+    "list",
     // The memory half of `waiters`, only when named.
     "waiter-memory",
 ];
@@ -60,7 +62,7 @@ fn main() -> Result<()> {
     // BENCH_ONLY=a,b,… runs those sections in that order (one server, as a full run would).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let chosen: Vec<&str> = if only.is_empty() {
-        SECTIONS[..12].to_vec()
+        SECTIONS[..13].to_vec()
     } else {
         only.split(',').map(str::trim).collect()
     };
@@ -87,6 +89,7 @@ fn main() -> Result<()> {
             "storm" => storm::run(&server, &mut report, storm_leases)?,
             "lateness" => lateness::run(&mut report, harness::module_path())?,
             "crowd" => crowd::run(&server, &mut report, env_or("BENCH_CROWD", 100_000))?,
+            "list" => list::run(&server, &mut report, env_or("BENCH_LIST_LOCKS", 1_000_000))?,
             _ => storm::run_tickets(&server, &mut report, storm_tickets)?,
         }
     }
