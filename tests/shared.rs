@@ -379,20 +379,24 @@ fn a_crowd_of_readers_is_granted_over_several_turns_and_keeps_its_place() {
     assert_eq!(field(&mut con, "crowd", "mode").as_deref(), Some("shared"));
 }
 
+/// `readers` shared leases of `resource`, each for `ttl_ms`, granted in one pipeline.
+fn crowd_of_readers(con: &mut redis::Connection, resource: &str, readers: usize, ttl_ms: u64) {
+    let mut pipe = redis::pipe();
+    for i in 0..readers {
+        pipe.cmd("DLOCK.ACQUIRE").arg(resource).arg(format!("reader-{i}")).arg(ttl_ms);
+        pipe.arg("SHARED").ignore();
+    }
+    let _: () = pipe.query(con).expect("readers");
+}
+
 /// 1,200 readers' leases end together (a write pause outlasts them all) with no one waiting:
-/// the key stays until the last slice
-/// has ended its leases (deleting it once the first slice left nothing live ended the other
+/// the key stays until the last slice has ended its leases (deleting it once the first slice left nothing live ended the other
 /// 688 unannounced and uncounted, and freed them in one step), and the replica drops it too.
 #[test]
 fn a_crowd_of_shared_leases_ending_together_with_no_one_waiting_ends_every_lease() {
     let (primary, replica) = primary_and_replica_with(&[], &[]);
     let mut con = primary.client();
-    let mut pipe = redis::pipe();
-    for i in 0..1_200 {
-        pipe.cmd("DLOCK.ACQUIRE").arg("ending").arg(format!("reader-{i}")).arg(300);
-        pipe.arg("SHARED").ignore();
-    }
-    let _: () = pipe.query(&mut con).expect("readers");
+    crowd_of_readers(&mut con, "ending", 1_200, 300);
     let _: () =
         redis::cmd("CLIENT").arg("PAUSE").arg(600).arg("WRITE").query(&mut con).expect("PAUSE");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -415,12 +419,7 @@ fn a_crowd_of_shared_leases_ending_together_with_no_one_waiting_ends_every_lease
 fn a_crowd_of_shared_leases_ending_together_ends_in_slices_before_the_writer_behind_it() {
     let (primary, replica) = primary_and_replica_with(&[], &[]);
     let mut con = primary.client();
-    let mut pipe = redis::pipe();
-    for i in 0..1_200 {
-        pipe.cmd("DLOCK.ACQUIRE").arg("ending").arg(format!("reader-{i}")).arg(400);
-        pipe.arg("SHARED").ignore();
-    }
-    let _: () = pipe.query(&mut con).expect("readers");
+    crowd_of_readers(&mut con, "ending", 1_200, 400);
     assert_eq!(field(&mut con, "ending", "holders").as_deref(), Some("1200"));
     let mut writer = send_wait_for(&primary, "ending", "writer", 60_000, 10_000, &[]);
     let granted: Option<i64> =
