@@ -17,7 +17,9 @@
 //!   right after its fence), matches within ±1500 ms of the printed one.
 //! - **Elapsed time.** A `(2.00s)` line (redis-cli prints one after a command that took 0.5 s or
 //!   more) requires the command to have taken at least that long, less 50 ms; nothing else.
-//! - Everything else matches exactly, formatted as redis-cli 7 prints it (`INFO` as raw text; blank
+//! - Everything else matches exactly, formatted as redis-cli 7 prints it in a terminal (`INFO` as
+//!   raw text; `the_replay_prints_replies_exactly_as_redis_cli_does` holds the formatting to the real
+//!   `redis-cli --no-raw`, in RESP2 and RESP3; blank
 //!   lines are ignored everywhere).
 //!
 //! Two-client transcripts: a line indented by 20 spaces or more belongs to client 2 (the column's
@@ -314,17 +316,23 @@ fn format_aggregate(
         if let Some(value) = value {
             out.pop();
             out.push_str(" => ");
+            // redis-cli 7 prints a value that takes one line on the key's line, and starts one
+            // that takes more (an aggregate of several entries, or of one that is itself
+            // several) on a line of its own.
+            let inline = format_value(value, &inner);
             out.push_str(&match value {
-                redis::Value::Array(items) | redis::Value::Set(items) if !items.is_empty() => {
+                redis::Value::Array(items) | redis::Value::Set(items)
+                    if inline.trim_end().contains('\n') =>
+                {
                     let sep = if matches!(value, redis::Value::Set(_)) { '~' } else { ')' };
                     let entries = items.iter().map(|v| (v, None)).collect();
                     format!("\n{}", format_aggregate(entries, sep, &inner, true))
                 }
-                redis::Value::Map(pairs) if !pairs.is_empty() => {
+                redis::Value::Map(pairs) if inline.trim_end().contains('\n') => {
                     let entries = pairs.iter().map(|(k, v)| (k, Some(v))).collect();
                     format!("\n{}", format_aggregate(entries, '#', &inner, true))
                 }
-                other => format_value(other, &inner),
+                _ => inline,
             });
         }
     }
@@ -774,6 +782,100 @@ fn every_page_with_a_transcript_is_replayed() {
             "{page}: PAGES and the pages! list must name exactly the pages with transcripts"
         );
     }
+}
+
+/// The replay prints a reply as redis-cli prints it in a terminal: for replies of every shape the
+/// docs show (nil, integers, strings, errors, nested arrays, RESP3 maps with array values), in
+/// RESP2 and RESP3, the replay's formatting equals real `redis-cli --no-raw` output (times masked:
+/// they move between the two calls).
+#[test]
+fn the_replay_prints_replies_exactly_as_redis_cli_does() {
+    let server = Server::start();
+    let mut con = server.client();
+    let fence = dlock_testkit::acquire(&mut con, "job", "worker-a", 600_000).expect("granted");
+    for token in ["t-1", "t-2"] {
+        let _: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+            .arg("job")
+            .arg(token)
+            .arg(60_000)
+            .arg("QUEUE")
+            .arg(60_000)
+            .query(&mut con)
+            .expect("ticket");
+    }
+    for reader in ["r1", "r2"] {
+        let _: i64 = redis::cmd("DLOCK.ACQUIRE")
+            .arg("doc")
+            .arg(reader)
+            .arg(600_000)
+            .arg("SHARED")
+            .arg("META")
+            .arg("host \"a\"")
+            .query(&mut con)
+            .expect("reader");
+    }
+    let fence = fence.to_string();
+    let commands: [&[&str]; 11] = [
+        &["DLOCK.INFO", "job"],
+        &["DLOCK.INFO", "doc"],
+        &["DLOCK.INFO", "nothing"],
+        &["DLOCK.FENCECHECK", "job", &fence],
+        &["DLOCK.LIST", "0", "COUNT", "100"],
+        &["DLOCK.ACQUIRE", "job"],
+        &["CONFIG", "GET", "dlock.max-*"],
+        &["COMMAND", "DOCS", "dlock.revoke"],
+        &["COMMAND", "DOCS", "dlock.acquire"],
+        &["COMMAND", "INFO", "dlock.fenced"],
+        &["DLOCK.LIST", "0", "MATCH", "none*"],
+    ];
+    // The times (a ttl or a hold time: the field's value, in RESP2 on the line after its name,
+    // and a shared lease's ttl) are the only numbers that move between two calls.
+    let mask = |lines: Vec<String>| -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut previous = String::new();
+        for line in lines.into_iter().filter(|line| !line.trim().is_empty()) {
+            let timed = is_time_label(&previous)
+                || is_lease_ttl(&previous, &line)
+                || line.contains("\"ttl-ms\" =>")
+                || line.contains("\"held-ms\" =>");
+            let shown = if timed {
+                line.trim_end_matches(|c: char| c.is_ascii_digit()).to_owned() + "<time>"
+            } else {
+                line.clone()
+            };
+            out.push(shown);
+            previous = line;
+        }
+        out
+    };
+    let mut failures = Vec::new();
+    for resp3 in [false, true] {
+        let mut con = if resp3 { server.client_resp3() } else { server.client() };
+        for args in commands {
+            let mut cmd = redis::Cmd::new();
+            for arg in args {
+                cmd.arg(*arg);
+            }
+            let ours = mask(format_reply(&cmd.query::<redis::Value>(&mut con)));
+            let mut cli = std::process::Command::new("redis-cli");
+            cli.args(["--no-raw", "-p", &server.port.to_string()]);
+            if resp3 {
+                cli.arg("-3");
+            }
+            let output = cli.args(args).output().expect("redis-cli runs");
+            let printed = String::from_utf8_lossy(&output.stdout);
+            let theirs = mask(printed.lines().map(|line| line.trim_end().to_owned()).collect());
+            if ours != theirs {
+                failures.push(format!(
+                    "{} {args:?}:\nredis-cli:\n{}\nreplay:\n{}",
+                    if resp3 { "RESP3" } else { "RESP2" },
+                    theirs.join("\n"),
+                    ours.join("\n")
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 #[test]
