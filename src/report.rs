@@ -29,14 +29,23 @@ unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_repor
     let Some(fields) = metrics::fields_now(waiting as u64, index_entries as u64) else { return };
     // SAFETY: ctx is the INFO context of this call; names are NUL-terminated ASCII.
     unsafe {
-        let (Some(add_section), Some(add_field)) =
-            (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong)
-        else {
+        let (Some(add_section), Some(add_field), Some(add_text)) = (
+            raw::RedisModule_InfoAddSection,
+            raw::RedisModule_InfoAddFieldULongLong,
+            raw::RedisModule_InfoAddFieldCString,
+        ) else {
             return;
         };
         if add_section(ctx, c"".as_ptr()) != raw::REDISMODULE_OK as i32 {
             return; // the caller asked for other sections
         }
+        // The crate's version (Cargo.toml): what the clients print beside theirs.
+        let version = concat!(env!("CARGO_PKG_VERSION"), "\0");
+        add_text(
+            ctx,
+            c"version".as_ptr(),
+            version.as_ptr().cast::<std::os::raw::c_char>().cast_mut(),
+        );
         for (name, value) in fields {
             if let Ok(name) = CString::new(name) {
                 add_field(ctx, name.as_ptr(), value);

@@ -5,15 +5,6 @@ use std::time::{Duration, Instant};
 
 use dlock_testkit::*;
 
-/// `INFO dlock` as (field without the `dlock_` prefix, value).
-fn dlock_info(con: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
-    let text: String = redis::cmd("INFO").arg("dlock").query(con).expect("INFO dlock");
-    text.lines()
-        .filter_map(|line| line.strip_prefix("dlock_")?.split_once(':'))
-        .map(|(name, value)| (name.to_owned(), value.trim().parse().expect("integer field")))
-        .collect()
-}
-
 #[test]
 fn counters_move_exactly_as_a_scripted_sequence_predicts_and_resetstat_clears_them() {
     let server = Server::start();
@@ -60,14 +51,14 @@ fn counters_move_exactly_as_a_scripted_sequence_predicts_and_resetstat_clears_th
     assert!(eventually(Duration::from_secs(5), || info_field(&mut con, "job", "waiters")
         .as_deref()
         == Some("1")));
-    assert_eq!(dlock_info(&mut con)["waiters"], 1);
-    assert_eq!(dlock_info(&mut con)["lock_keys"], 1);
+    assert_eq!(dlock_counters(&mut con)["waiters"], 1);
+    assert_eq!(dlock_counters(&mut con)["lock_keys"], 1);
     assert_eq!(release(&mut con, "job", "b"), 0); // not owner
     assert_eq!(release(&mut con, "job", "a"), 1); // released, handed to d
     assert!(granted.join().expect("waiter").expect("reply").is_some());
     assert!(eventually(Duration::from_secs(5), || !exists(&mut con, "job"))); // d's lease expires
 
-    let stats = dlock_info(&mut con);
+    let stats = dlock_counters(&mut con);
     let expected = [
         ("acquire_granted", 1),
         ("acquire_reacquired", 1),
@@ -93,7 +84,7 @@ fn counters_move_exactly_as_a_scripted_sequence_predicts_and_resetstat_clears_th
         assert_eq!(stats[name], value, "{name}");
     }
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut con).expect("RESETSTAT");
-    let stats = dlock_info(&mut con);
+    let stats = dlock_counters(&mut con);
     // index_entries is a gauge of the expiry index (stale entries of renewed leases wait for
     // their old deadlines): RESETSTAT does not touch it.
     let counters = stats.iter().filter(|(name, _)| name.as_str() != "index_entries");
@@ -110,7 +101,7 @@ fn hold_time_percentiles_are_sane_for_known_hold_times() {
         sleep(Duration::from_millis(*hold_ms));
         assert_eq!(release(&mut con, &resource, "w"), 1);
     }
-    let stats = dlock_info(&mut con);
+    let stats = dlock_counters(&mut con);
     let (p50, p95, p99, max) = (
         stats["hold_time_us_p50"],
         stats["hold_time_us_p95"],
@@ -210,7 +201,7 @@ fn max_hold_ms_refuses_the_renewal_that_would_outlast_it() {
     assert_eq!(renew(&mut con, "job", "stuck-worker", 800), 1, "well within the limit");
     sleep((granted_at + Duration::from_millis(700)).saturating_duration_since(Instant::now()));
     assert_eq!(renew(&mut con, "job", "stuck-worker", 400), 0, "700 + 400 ms would pass 1000 ms");
-    assert_eq!(dlock_info(&mut con)["renew_refused_max_hold"], 1);
+    assert_eq!(dlock_counters(&mut con)["renew_refused_max_hold"], 1);
     for bad in ["-1", "abc", "99999999999999"] {
         let refused =
             redis::cmd("CONFIG").arg("SET").arg("dlock.max-hold-ms").arg(bad).query::<()>(&mut con);
@@ -321,7 +312,7 @@ fn every_wait_ends_in_exactly_one_counter_even_when_its_key_is_reloaded_away() {
     let answer: Option<i64> =
         redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("nil");
     assert_eq!(answer, None, "the reload ended the wait");
-    let stats = dlock_info(&mut con);
+    let stats = dlock_counters(&mut con);
     let ended = stats["waits_granted"] + stats["waits_timed_out"] + stats["waits_abandoned"];
     assert_eq!((stats["waits_started"], ended), (1, 1), "{stats:?}");
 }
@@ -356,7 +347,7 @@ fn every_refused_renew_and_release_is_counted_even_on_a_missing_key() {
         .query(&mut con)
         .expect("RENEW FENCE");
     assert_eq!(fenced_renew, 0, "no key, with FENCE");
-    let stats = dlock_info(&mut con);
+    let stats = dlock_counters(&mut con);
     assert_eq!(stats["release_not_owner"], 3, "{stats:?}");
     assert_eq!(stats["renew_refused"], 3, "{stats:?}");
     assert_eq!((stats["release_ok"], stats["renew_ok"]), (0, 0), "{stats:?}");
