@@ -7,7 +7,7 @@ PORT     ?= 6379
 export TEST_STARTED := $(shell date +%s)
 SERVER   ?= redis
 
-.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-java test-node conformance fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-java test-node conformance dist fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ chaos: deps ## Fault injection: the always, failover and cluster profiles for CH
 	DLOCK_SERVER=$$(bash scripts/server.sh $(SERVER)) CHAOS_BUILD=release bash scripts/chaos.sh
 	DLOCK_SERVER=$$(bash scripts/server.sh $(SERVER)) CHAOS_BUILD=release bash scripts/chaos-cluster.sh
 	DLOCK_SERVER=$$(bash scripts/server.sh $(SERVER)) MIRROR_BATCHES=$${MIRROR_BATCHES:-60} cargo test --release --test mirror -- --nocapture
+
+dist: ## Release artifacts in target/dist/: a tarball (module, dlock.conf, redis.conf.example, docs, SHA256SUMS) and a Debian package (/usr/lib/redis/modules/libdlock.so, /etc/redis/dlock.conf)
+	bash scripts/dist.sh
 
 fuzz: ## Fuzz every target for FUZZ_SECONDS each (default 60)
 	bash scripts/fuzz.sh $${FUZZ_SECONDS:-60}
