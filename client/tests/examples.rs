@@ -4,6 +4,9 @@
 #[path = "../examples/election.rs"]
 #[allow(dead_code)] // the example's `main`
 mod election;
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)]
+mod quickstart;
 #[path = "../examples/rwlock.rs"]
 #[allow(dead_code)]
 mod rwlock;
@@ -47,4 +50,31 @@ async fn the_election_example_has_one_leader_at_a_time_each_with_a_larger_fence(
     later.sort_unstable();
     assert_eq!(later, ["node-2:7000", "node-3:7000"], "{seen:?}");
     assert!(leaders.windows(2).all(|pair| pair[0].1 < pair[1].1), "epochs increase: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_start_runs_and_the_readme_prints_it_as_it_is() {
+    let server = Server::start();
+    let written = quickstart::run_demo(&server.url()).await.expect("the quick start ran");
+    assert!(written.starts_with("invoice 123 written under fence "), "{written}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(root.join("examples/quickstart.rs")).expect("example");
+    let region = source
+        .split("    // README:begin\n")
+        .nth(1)
+        .and_then(|rest| rest.split("    // README:end\n").next())
+        .expect("the README region");
+    let dedented: Vec<&str> =
+        region.lines().map(|line| line.strip_prefix("    ").unwrap_or(line)).collect();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let block = format!("```rust\n{}\n```", dedented.join("\n"));
+    assert!(readme.contains(&block), "client/README.md prints examples/quickstart.rs as it is");
+    // The top-level README prints it too, inside a list item (two spaces more).
+    let indented: Vec<String> = dedented
+        .iter()
+        .map(|line| if line.is_empty() { String::new() } else { format!("  {line}") })
+        .collect();
+    let top = std::fs::read_to_string(root.join("../README.md")).expect("README");
+    let block = format!("  ```rust\n{}\n  ```", indented.join("\n"));
+    assert!(top.contains(&block), "README.md prints examples/quickstart.rs as it is");
 }
