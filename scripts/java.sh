@@ -62,7 +62,10 @@ need_servers() {
 
 case "${1:-test}" in
   download)
-    mvn_quiet dependency:resolve dependency:resolve-plugins
+    # dlock-conformance depends on dlock-core, which a fresh machine's local repository does not
+    # hold (the reactor builds it): its own dependencies come with the first build.
+    mvn_quiet -pl dlock-core dependency:resolve dependency:resolve-plugins
+    mvn_quiet -pl dlock-conformance dependency:resolve-plugins
     ;;
   test)
     DLOCK_MODULE=$(find_module)
