@@ -1,7 +1,8 @@
 package dlock
 
 // The resources' channels: one pub/sub connection per server, shared by every ticket waiter,
-// observer and held lease of that server, open while anyone watches there. The server publishes
+// observer and held lease of that server, open while anyone watches there and channelIdleClose
+// after (a loop of holds reuses it instead of connecting for each). The server publishes
 // every change of ownership of a resource on ChannelName(resource) (in Redis Cluster a shard
 // channel, SSUBSCRIBE on the primary of the resource's slot). A message only wakes: whoever waits
 // re-sends its ACQUIRE (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
@@ -28,6 +29,10 @@ import (
 // channelHealthEvery: a pub/sub connection silent this long is pinged; silent as long again,
 // its channels are routed again (a node that stopped answering).
 const channelHealthEvery = 3 * time.Second
+
+// channelIdleClose: a pub/sub connection with no channel left is closed after this long, unless
+// a channel is subscribed there again meanwhile.
+const channelIdleClose = 30 * time.Second
 
 // Pauses between the attempts to find where a channel goes: rerouteRetry, doubled up to
 // maxRerouteRetry while no owner answers.
@@ -87,6 +92,7 @@ type pubsubConn struct {
 	// yet: that confirmation is the answer to dlock's own request, not the server dropping the
 	// channel. Guarded by channels.mu.
 	leaving map[string]int
+	idle    *time.Timer // closes it once no channel is left (guarded by channels.mu)
 }
 
 func newChannels(r *router, sharded bool) *channels {
@@ -234,21 +240,43 @@ func (p *pubsubConn) unleave(channel string) bool {
 	return true
 }
 
-// release takes channel off n's pub/sub connection, and closes it when no channel is left there.
-// Called with c.mu held; the returned func does the sending, without it.
+// release takes channel off n's pub/sub connection, which closes channelIdleClose after no
+// channel is left there. Called with c.mu held; the returned func does the sending, without it.
 func (c *channels) release(n *node, channel string) func() {
 	conn, ok := c.conns[n]
 	if !ok {
 		return func() {}
 	}
+	if !c.usedOn(n) {
+		if conn.idle != nil {
+			conn.idle.Stop()
+		}
+		conn.idle = time.AfterFunc(channelIdleClose, func() { c.closeIdle(n, conn) })
+	}
+	timeout := c.router.timeout
+	return func() { c.sync(n, channel, timeout) }
+}
+
+// usedOn: whether a channel is subscribed on n (or on its way there). Called with c.mu held.
+func (c *channels) usedOn(n *node) bool {
 	for _, sub := range c.subs {
 		if sub.node == n {
-			timeout := c.router.timeout
-			return func() { c.sync(n, channel, timeout) }
+			return true
 		}
 	}
+	return false
+}
+
+// closeIdle closes n's pub/sub connection conn if still no channel is subscribed there.
+func (c *channels) closeIdle(n *node, conn *pubsubConn) {
+	c.mu.Lock()
+	if c.conns[n] != conn || c.usedOn(n) {
+		c.mu.Unlock()
+		return
+	}
 	delete(c.conns, n)
-	return func() { _ = conn.pubsub.Close() } // ends read
+	c.mu.Unlock()
+	_ = conn.pubsub.Close() // ends read
 }
 
 func (c *channels) leave(w *watch) {
@@ -451,6 +479,11 @@ func (c *channels) close() {
 	c.closed = true
 	conns := c.conns
 	c.conns = map[*node]*pubsubConn{}
+	for _, conn := range conns {
+		if conn.idle != nil {
+			conn.idle.Stop()
+		}
+	}
 	c.mu.Unlock()
 	for _, conn := range conns {
 		_ = conn.pubsub.Close()

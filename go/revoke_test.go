@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,26 @@ func awaitSubscribers(t *testing.T, rdb *redis.Client, channel string, sharded b
 			t.Fatalf("%s: %d subscribers, not %d", channel, subscribers(t, rdb, channel, sharded), want)
 		}
 	}
+}
+
+// connectionsReceived is how many connections the server accepted so far.
+func connectionsReceived(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	text, err := rdb.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\r\n") {
+		if value, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+			n, err := strconv.Atoi(value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("INFO stats has no total_connections_received")
+	return 0
 }
 
 // revocationsSeen counts the losses and releases the metrics hook is told of.
@@ -119,7 +140,11 @@ func TestARevokedHolderLosesItsLeaseAtOnceWithTheOperatorsReason(t *testing.T) {
 
 	const rounds = 20
 	latencies := make([]time.Duration, 0, rounds)
+	connections := 0
 	for i := 0; i < rounds; i++ {
+		if i == 1 {
+			connections = connectionsReceived(t, operator)
+		}
 		// ttl 30 s: before the first renewal (10 s) only the channel can tell the holder.
 		lease, err := locks.Hold(ctx, resource, dlock.TTL(30*time.Second))
 		if err != nil {
@@ -142,6 +167,10 @@ func TestARevokedHolderLosesItsLeaseAtOnceWithTheOperatorsReason(t *testing.T) {
 		revokedAs(t, lease.Release(ctx), lease, reason)
 		// The lease ended: the channel is left (nobody else listens there).
 		awaitSubscribers(t, operator, channel, false, 0)
+	}
+	// One pub/sub connection served every lease: none was opened after the first round.
+	if opened := connectionsReceived(t, operator) - connections; opened != 0 {
+		t.Fatalf("%d connections opened for %d leases after the first", opened, rounds-1)
 	}
 	slices.Sort(latencies)
 	t.Logf("from the REVOKE reply to the loss, %d revocations: median %v, max %v (negative: the loss came first)",
