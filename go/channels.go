@@ -1,11 +1,14 @@
 package dlock
 
-// The resources' channels: one pub/sub connection per server, shared by every ticket waiter and
-// observer of that server, open while anyone watches there. The server publishes every change
-// of ownership of a resource on ChannelName(resource) (in Redis Cluster a shard channel,
-// SSUBSCRIBE on the primary of the resource's slot). A message only wakes: whoever waits
+// The resources' channels: one pub/sub connection per server, shared by every ticket waiter,
+// observer and held lease of that server, open while anyone watches there and channelIdleClose
+// after (a loop of holds reuses it instead of connecting for each). The server publishes
+// every change of ownership of a resource on ChannelName(resource) (in Redis Cluster a shard
+// channel, SSUBSCRIBE on the primary of the resource's slot). A message only wakes: whoever waits
 // re-sends its ACQUIRE (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
-// grant.
+// grant. The one message that does more is a revocation (revoked <fence> <reason>): the held
+// lease with that fence is lost at once (docs/protocol.md, section 4); a lost one is caught by
+// the lease's next renewal.
 //
 // In a Cluster a channel follows its slot. When the server drops a subscription (the slot moved
 // away: it sends sunsubscribe), when the pub/sub connection to a node fails, or when a request
@@ -27,6 +30,10 @@ import (
 // its channels are routed again (a node that stopped answering).
 const channelHealthEvery = 3 * time.Second
 
+// channelIdleClose: a pub/sub connection with no channel left is closed after this long, unless
+// a channel is subscribed there again meanwhile.
+const channelIdleClose = 30 * time.Second
+
 // Pauses between the attempts to find where a channel goes: rerouteRetry, doubled up to
 // maxRerouteRetry while no owner answers.
 const (
@@ -34,16 +41,23 @@ const (
 	maxRerouteRetry = time.Second
 )
 
-// watch is one waiter's (or observer's) registration on a channel. wake gets a signal on every
-// message that concerns it (an observer, tag "": every message; a ticket waiter: a hand-over to
-// its token) and on every (re)subscription (messages may have been missed).
+// watch is one waiter's, observer's or held lease's registration on a channel. wake gets a
+// signal on every message that concerns it (an observer, tag "": every message; a ticket waiter:
+// a hand-over to its token) and on every (re)subscription (messages may have been missed). A
+// held lease's watch has no wake; revoked is called (outside the channels' lock, on the reader's
+// goroutine) with the reason of a revocation of its fence.
 type watch struct {
 	channel string
 	tag     string
 	wake    chan struct{}
+	fence   uint64
+	revoked func(reason string)
 }
 
 func (w *watch) signal() {
+	if w.wake == nil {
+		return
+	}
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -66,61 +80,96 @@ type channels struct {
 
 	mu     sync.Mutex
 	subs   map[string]*subscription // by channel name
-	conns  map[*node]*redis.PubSub
+	conns  map[*node]*pubsubConn
 	closed bool
+}
+
+// pubsubConn is one node's pub/sub connection.
+type pubsubConn struct {
+	pubsub  *redis.PubSub
+	sending sync.Mutex // one (un)subscription sent at a time (see sync)
+	// leaving counts, per channel, the unsubscriptions sent whose confirmation has not come
+	// yet: that confirmation is the answer to dlock's own request, not the server dropping the
+	// channel. Guarded by channels.mu.
+	leaving map[string]int
+	idle    *time.Timer // closes it once no channel is left (guarded by channels.mu)
 }
 
 func newChannels(r *router, sharded bool) *channels {
 	return &channels{router: r, sharded: sharded,
-		subs: map[string]*subscription{}, conns: map[*node]*redis.PubSub{}}
+		subs: map[string]*subscription{}, conns: map[*node]*pubsubConn{}}
 }
 
-// join registers a watch on resource's channel and returns once the server confirmed the
-// subscription (or timeout passed: the watcher's own refreshes cover that).
-func (c *channels) join(ctx context.Context, resource, tag string, timeout time.Duration) *watch {
-	w := &watch{channel: ChannelName(resource), tag: tag, wake: make(chan struct{}, 1)}
+// add registers w on resource's channel; created: the channel had no watcher (it is to be
+// routed and subscribed).
+func (c *channels) add(resource string, w *watch) (sub *subscription, created bool) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	sub, ok := c.subs[w.channel]
 	if !ok {
 		sub = &subscription{resource: resource, watches: map[*watch]struct{}{}, ready: make(chan struct{})}
 		c.subs[w.channel] = sub
 	}
 	sub.watches[w] = struct{}{}
-	ready := sub.ready
-	c.mu.Unlock()
-	if !ok {
-		pick, cancel := context.WithTimeout(ctx, timeout)
-		n, err := c.router.forResource(pick, resource)
-		cancel()
-		c.mu.Lock()
-		switch {
-		case c.subs[w.channel] != sub || sub.node != nil || c.closed:
-		case err != nil:
-			c.reroute(w.channel, sub, false)
-		default:
-			sub.node = n
-			pubsub := c.open(n)
-			c.mu.Unlock()
-			c.subscribe(pubsub, w.channel, timeout)
-			c.mu.Lock()
-		}
-		c.mu.Unlock()
+	return sub, !ok
+}
+
+// join registers a watch on resource's channel and returns once the server confirmed the
+// subscription (or timeout passed: the watcher's own refreshes cover that).
+func (c *channels) join(ctx context.Context, resource, tag string, timeout time.Duration) *watch {
+	w := &watch{channel: ChannelName(resource), tag: tag, wake: make(chan struct{}, 1)}
+	sub, created := c.add(resource, w)
+	if created {
+		c.route(ctx, w.channel, sub, timeout)
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
-	case <-ready:
+	case <-sub.ready:
 	case <-timer.C:
 	case <-ctx.Done():
 	}
 	return w
 }
 
-// open is n's pub/sub connection, made (without a channel yet, nothing sent) if needed. Called
+// hold registers a held lease's watch on resource's channel and returns at once: a channel
+// not subscribed yet is routed and subscribed on a goroutine of its own (a revocation that
+// races it is caught by the lease's next renewal). revoked is called with the reason of a
+// revocation of fence.
+func (c *channels) hold(resource string, fence uint64, revoked func(reason string)) *watch {
+	w := &watch{channel: ChannelName(resource), fence: fence, revoked: revoked}
+	if sub, created := c.add(resource, w); created {
+		go c.route(context.Background(), w.channel, sub, c.router.timeout)
+	}
+	return w
+}
+
+// route subscribes a channel that just got its first watcher on the node of its resource's
+// slot, or starts looking for that node.
+func (c *channels) route(ctx context.Context, channel string, sub *subscription, timeout time.Duration) {
+	pick, cancel := context.WithTimeout(ctx, timeout)
+	n, err := c.router.forResource(pick, sub.resource)
+	cancel()
+	c.mu.Lock()
+	switch {
+	case c.subs[channel] != sub || sub.node != nil || c.closed:
+		c.mu.Unlock()
+	case err != nil:
+		c.reroute(channel, sub, false)
+		c.mu.Unlock()
+	default:
+		sub.node = n
+		c.open(n)
+		c.mu.Unlock()
+		c.sync(n, channel, timeout)
+	}
+}
+
+// open makes n's pub/sub connection (without a channel yet, nothing sent) if needed. Called
 // with c.mu held.
-func (c *channels) open(n *node) *redis.PubSub {
-	if pubsub, ok := c.conns[n]; ok {
-		return pubsub
+func (c *channels) open(n *node) {
+	if _, ok := c.conns[n]; ok {
+		return
 	}
 	var pubsub *redis.PubSub
 	if c.sharded {
@@ -128,47 +177,106 @@ func (c *channels) open(n *node) *redis.PubSub {
 	} else {
 		pubsub = n.cmd.Subscribe(context.Background())
 	}
-	c.conns[n] = pubsub
+	c.conns[n] = &pubsubConn{pubsub: pubsub, leaving: map[string]int{}}
 	go c.read(n, pubsub)
-	return pubsub
 }
 
-// subscribe sends SSUBSCRIBE (SUBSCRIBE on a single server) for channel on pubsub. An error
-// means a broken connection: go-redis makes it again and subscribes everything, or read sees
-// the failure and routes the channel again.
-func (c *channels) subscribe(pubsub *redis.PubSub, channel string, timeout time.Duration) {
+// sync sends SSUBSCRIBE (SUBSCRIBE on a single server) for channel on n's connection, or its
+// unsubscription, whichever matches what is wanted when it is sent: the channel subscribed on
+// n while it has watchers. Joins, leaves and reroutes each call it after changing what is
+// wanted; its sends on one connection go one at a time, each deciding as it goes, so the last
+// one leaves the connection as wanted whatever order they came in. An error means a broken
+// connection: go-redis makes it again and subscribes what it tracks, or read sees the failure
+// and routes the channels again.
+func (c *channels) sync(n *node, channel string, timeout time.Duration) {
+	c.mu.Lock()
+	conn := c.conns[n]
+	c.mu.Unlock()
+	if conn == nil {
+		return // closed, and every channel with it
+	}
+	conn.sending.Lock()
+	defer conn.sending.Unlock()
+	c.mu.Lock()
+	sub := c.subs[channel]
+	wanted := sub != nil && sub.node == n
+	if c.conns[n] != conn {
+		c.mu.Unlock()
+		return
+	}
+	if !wanted {
+		conn.leaving[channel]++
+	}
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if c.sharded {
-		_ = pubsub.SSubscribe(ctx, channel)
-	} else {
-		_ = pubsub.Subscribe(ctx, channel)
+	var err error
+	switch {
+	case wanted && c.sharded:
+		err = conn.pubsub.SSubscribe(ctx, channel)
+	case wanted:
+		err = conn.pubsub.Subscribe(ctx, channel)
+	case c.sharded:
+		err = conn.pubsub.SUnsubscribe(ctx, channel)
+	default:
+		err = conn.pubsub.Unsubscribe(ctx, channel)
+	}
+	if err != nil && !wanted {
+		c.mu.Lock()
+		conn.unleave(channel)
+		c.mu.Unlock()
 	}
 }
 
-// release takes channel off n's pub/sub connection, and closes it when no channel is left there.
-// Called with c.mu held; the returned func does the sending, without it.
+// unleave counts one unsubscription of channel as answered (or never sent): true if there was
+// one. Called with channels.mu held.
+func (p *pubsubConn) unleave(channel string) bool {
+	if p.leaving[channel] == 0 {
+		return false
+	}
+	if p.leaving[channel]--; p.leaving[channel] == 0 {
+		delete(p.leaving, channel)
+	}
+	return true
+}
+
+// release takes channel off n's pub/sub connection, which closes channelIdleClose after no
+// channel is left there. Called with c.mu held; the returned func does the sending, without it.
 func (c *channels) release(n *node, channel string) func() {
-	pubsub, ok := c.conns[n]
+	conn, ok := c.conns[n]
 	if !ok {
 		return func() {}
 	}
+	if !c.usedOn(n) {
+		if conn.idle != nil {
+			conn.idle.Stop()
+		}
+		conn.idle = time.AfterFunc(channelIdleClose, func() { c.closeIdle(n, conn) })
+	}
+	timeout := c.router.timeout
+	return func() { c.sync(n, channel, timeout) }
+}
+
+// usedOn: whether a channel is subscribed on n (or on its way there). Called with c.mu held.
+func (c *channels) usedOn(n *node) bool {
 	for _, sub := range c.subs {
 		if sub.node == n {
-			timeout := c.router.timeout
-			return func() {
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				defer cancel()
-				if c.sharded {
-					_ = pubsub.SUnsubscribe(ctx, channel)
-				} else {
-					_ = pubsub.Unsubscribe(ctx, channel)
-				}
-			}
+			return true
 		}
 	}
+	return false
+}
+
+// closeIdle closes n's pub/sub connection conn if still no channel is subscribed there.
+func (c *channels) closeIdle(n *node, conn *pubsubConn) {
+	c.mu.Lock()
+	if c.conns[n] != conn || c.usedOn(n) {
+		c.mu.Unlock()
+		return
+	}
 	delete(c.conns, n)
-	return func() { _ = pubsub.Close() } // ends read
+	c.mu.Unlock()
+	_ = conn.pubsub.Close() // ends read
 }
 
 func (c *channels) leave(w *watch) {
@@ -211,7 +319,13 @@ func (c *channels) read(n *node, pubsub *redis.PubSub) {
 		}
 		if err != nil {
 			// No answer to the ping, or a broken connection (go-redis connects again at the
-			// next receive): the channels here may belong elsewhere now.
+			// next receive, with the channels it still has): the channels here may belong
+			// elsewhere now, and no answer comes to an unsubscription sent on it.
+			c.mu.Lock()
+			if conn := c.conns[n]; conn != nil && conn.pubsub == pubsub {
+				clear(conn.leaving)
+			}
+			c.mu.Unlock()
 			if !failing {
 				failing = true
 				c.nodeFailed(n)
@@ -226,13 +340,18 @@ func (c *channels) read(n *node, pubsub *redis.PubSub) {
 }
 
 func (c *channels) dispatch(n *node, event any) {
+	var revoked []func()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch message := event.(type) {
 	case *redis.Subscription:
+		if message.Kind == "unsubscribe" || message.Kind == "sunsubscribe" {
+			if conn := c.conns[n]; conn != nil && conn.unleave(message.Channel) {
+				break // the answer to dlock's own unsubscription
+			}
+		}
 		sub, ok := c.subs[message.Channel]
 		if !ok || sub.node != n {
-			return // a channel that left, or moved elsewhere
+			break // a channel that left, or moved elsewhere
 		}
 		switch message.Kind {
 		case "subscribe", "ssubscribe":
@@ -251,14 +370,31 @@ func (c *channels) dispatch(n *node, event any) {
 		}
 	case *redis.Message:
 		sub, ok := c.subs[message.Channel]
-		if !ok || sub.node != n {
-			return
+		if !ok {
+			break
+		}
+		// A revocation names its lease's fence, which is news wherever it comes from (a node the
+		// channel is leaving served the resource until then).
+		if fence, reason, ok := revokedMessage(message.Payload); ok {
+			for w := range sub.watches {
+				if w.revoked != nil && w.fence == fence {
+					lose := w.revoked
+					revoked = append(revoked, func() { lose(reason) })
+				}
+			}
+		}
+		if sub.node != n {
+			break
 		}
 		for w := range sub.watches {
 			if wakes(message.Payload, w.tag) {
 				w.signal()
 			}
 		}
+	}
+	c.mu.Unlock()
+	for _, lose := range revoked {
+		lose()
 	}
 }
 
@@ -330,10 +466,10 @@ func (c *channels) rerouteLoop(channel string, sub *subscription) {
 		if old != nil && old != owner {
 			leaveOld = c.release(old, channel)
 		}
-		pubsub := c.open(owner)
+		c.open(owner)
 		c.mu.Unlock()
 		leaveOld()
-		c.subscribe(pubsub, channel, c.router.timeout)
+		c.sync(owner, channel, c.router.timeout)
 		return
 	}
 }
@@ -342,9 +478,14 @@ func (c *channels) close() {
 	c.mu.Lock()
 	c.closed = true
 	conns := c.conns
-	c.conns = map[*node]*redis.PubSub{}
+	c.conns = map[*node]*pubsubConn{}
+	for _, conn := range conns {
+		if conn.idle != nil {
+			conn.idle.Stop()
+		}
+	}
 	c.mu.Unlock()
-	for _, pubsub := range conns {
-		_ = pubsub.Close()
+	for _, conn := range conns {
+		_ = conn.pubsub.Close()
 	}
 }

@@ -239,3 +239,38 @@ func TestInAClusterSubscriptionsFollowTheirSlotToItsNewNode(t *testing.T) {
 		}
 	}
 }
+
+// In a Cluster the holder listens on its resource's shard channel (SSUBSCRIBE on the slot's
+// primary), and keeps listening there after the slot moved to another primary.
+func TestInAClusterARevokedHolderHearsItOnItsShardChannelWhereverTheSlotIs(t *testing.T) {
+	t.Parallel()
+	cluster := testkit.StartCluster(t)
+	locks := newLocks(t, cluster.Client(t))
+	ctx := context.Background()
+	const resource = "invoice:{11}"
+	channel := dlock.ChannelName(resource)
+
+	for _, move := range []bool{false, true} {
+		lease, err := locks.Hold(ctx, resource, dlock.TTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner := cluster.Owner(t, resource)
+		awaitSubscribers(t, owner.Client(t), channel, true, 1)
+		if move {
+			// The old primary drops the shard channel's subscribers; the holder subscribes
+			// again on the new one.
+			owner = otherNode(cluster, owner)
+			cluster.MoveSlot(t, resource, owner)
+			awaitSubscribers(t, owner.Client(t), channel, true, 1)
+		}
+		reason := "incident " + strconv.FormatBool(move)
+		if n, err := owner.Client(t).Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {
+			t.Fatalf("DLOCK.REVOKE: %d, %v", n, err)
+		}
+		<-lease.Done()
+		revokedAs(t, lease.Err(), lease, reason)
+		revokedAs(t, lease.Release(ctx), lease, reason)
+		awaitSubscribers(t, owner.Client(t), channel, true, 0)
+	}
+}

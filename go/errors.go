@@ -106,11 +106,18 @@ func (e *AcquireError) Is(target error) bool {
 type LeaseLostError struct {
 	Resource string
 	Fence    uint64
-	// Reason: ReasonRenewalRefused, ReasonUnreachable, ReasonMaxHold or ReasonEnded.
+	// Reason: ReasonRenewalRefused, ReasonUnreachable, ReasonMaxHold, ReasonEnded or
+	// ReasonRevoked.
 	Reason string
+	// Detail: with ReasonRevoked, the reason the operator gave DLOCK.REVOKE (empty if none);
+	// empty for the other reasons.
+	Detail string
 }
 
 func (e *LeaseLostError) Error() string {
+	if e.Detail != "" {
+		return fmt.Sprintf("dlock: lease on %q (fence %d) lost: %s: %s", e.Resource, e.Fence, e.Reason, e.Detail)
+	}
 	return fmt.Sprintf("dlock: lease on %q (fence %d) lost: %s", e.Resource, e.Fence, e.Reason)
 }
 

@@ -13,8 +13,9 @@ import (
 const maxHoldRounding = 2 * time.Millisecond
 
 // Lease is a granted lease: its token owns the resource with Fence until the server's deadline,
-// kept alive by renewals (every ttl/3, with FENCE) until Release or the loss. Context is
-// cancelled when the lease is lost or released; Err says why.
+// kept alive by renewals (every ttl/3, with FENCE) until Release or the loss. An operator's
+// DLOCK.REVOKE of its fence, heard on the resource's channel, loses it at once (ReasonRevoked).
+// Context is cancelled when the lease is lost or released; Err says why.
 type Lease struct {
 	locks    *Locks
 	resource string
@@ -41,6 +42,11 @@ type Lease struct {
 	stop     chan struct{} // closed by Release: the renewer exits
 	finished chan struct{} // closed by the renewer when it exits
 	once     sync.Once
+
+	// The lease's watch on its resource's channel, where a revocation of its fence is heard,
+	// from the grant until the lease ends.
+	watch *watch
+	leave sync.Once
 }
 
 func newLease(ctx context.Context, l *Locks, resource, token string, fence uint64, m mode, ttl time.Duration, set settings, sent time.Time, holdEnd time.Time) *Lease {
@@ -53,6 +59,9 @@ func newLease(ctx context.Context, l *Locks, resource, token string, fence uint6
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
 	lease.ctx, lease.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	// Listening for a revocation starts now, without waiting for the subscription's
+	// confirmation (docs/protocol.md, section 4): one that races it is caught by the renewal.
+	lease.watch = l.router.channels.hold(resource, fence, lease.revoke)
 	done := l.router.use()
 	go func() {
 		defer done()
@@ -125,19 +134,34 @@ func (l *Lease) lost() error {
 }
 
 // lose marks the lease lost (once): cancels its context, logs, counts.
-func (l *Lease) lose(reason string) bool {
+func (l *Lease) lose(reason string) bool { return l.loseWith(reason, "") }
+
+// loseWith is lose with a detail (a revocation's reason).
+func (l *Lease) loseWith(reason, detail string) bool {
 	l.mu.Lock()
 	if l.ended != nil {
 		l.mu.Unlock()
 		return false
 	}
-	lost := &LeaseLostError{Resource: l.resource, Fence: l.fence, Reason: reason}
+	lost := &LeaseLostError{Resource: l.resource, Fence: l.fence, Reason: reason, Detail: detail}
 	l.ended = lost
 	l.mu.Unlock()
 	l.cancel(lost)
 	l.metrics.LeaseLost(reason)
-	logLease(l.log, slog.LevelWarn, logLost, l.resource, l.token, l.fence, slog.String("reason", reason))
+	attrs := []slog.Attr{slog.String("reason", reason)}
+	if detail != "" {
+		attrs = append(attrs, slog.String("detail", detail))
+	}
+	logLease(l.log, slog.LevelWarn, logLost, l.resource, l.token, l.fence, attrs...)
 	return true
+}
+
+// revoke: the channel said that an operator revoked this lease (DLOCK.REVOKE), for reason.
+func (l *Lease) revoke(reason string) { l.loseWith(ReasonRevoked, reason) }
+
+// leaveChannel stops listening for a revocation, once the lease ended.
+func (l *Lease) leaveChannel() {
+	l.leave.Do(func() { l.locks.router.channels.leave(l.watch) })
 }
 
 // renew runs until Release or the loss: a RENEW every ttl/3, retried every ttl/10 after a
@@ -162,6 +186,7 @@ func (l *Lease) renew() {
 		case <-l.ctx.Done():
 			timer.Stop()
 			l.forgetAfterLoss()
+			l.leaveChannel()
 			return
 		case <-l.locks.router.primaryMoved():
 			// Sentinel named another primary: renew there now, while the lease it replicated
@@ -247,8 +272,13 @@ func (l *Lease) Renew(ctx context.Context) (bool, error) {
 }
 
 // forgetAfterLoss: a best-effort RELEASE with FENCE after a loss (a lease the server still
-// holds passes on at once instead of at its ttl).
+// holds passes on at once instead of at its ttl); none after a revocation, which ended the
+// lease on the server.
 func (l *Lease) forgetAfterLoss() {
+	if lost, ok := l.lost().(*LeaseLostError); ok && lost.Reason == ReasonRevoked {
+		l.metrics.Held(time.Since(l.granted))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.set.release())
 	defer cancel()
 	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func(addr string) []any {
@@ -269,6 +299,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.mu.Unlock()
 		close(l.stop)
 		<-l.finished
+		defer l.leaveChannel() // after the RELEASE: a revocation until then is still heard
 		if lost := l.lost(); lost != nil {
 			l.released = lost
 			return

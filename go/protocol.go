@@ -113,6 +113,22 @@ func wakes(message, tag string) bool {
 	return true
 }
 
+// revokedMessage reads a channel message that a DLOCK.REVOKE published: "revoked <fence>" and,
+// when the operator gave one, " <reason>" (the rest of the message, spaces included). ok is
+// false for any other message.
+func revokedMessage(message string) (fence uint64, reason string, ok bool) {
+	rest, ok := strings.CutPrefix(message, "revoked ")
+	if !ok {
+		return 0, "", false
+	}
+	digits, reason, _ := strings.Cut(rest, " ")
+	fence, err := strconv.ParseUint(digits, 10, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	return fence, reason, true
+}
+
 // KeySlot is the Redis Cluster slot of key: CRC16/XMODEM of its hash tag (the text between the
 // first "{" and the next "}", if not empty) or of the whole key, modulo 16384.
 func KeySlot(key string) int {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -416,6 +417,33 @@ func mustUint(t *testing.T, n json.Number) uint64 {
 func show(value any) string {
 	data, _ := json.Marshal(value)
 	return string(data)
+}
+
+func TestRevokedMessagesAreReadAsTheVectors(t *testing.T) {
+	var vectors struct {
+		Revoked []struct {
+			Message string
+			Fence   *json.Number // null: not a revocation
+			Reason  string
+		}
+	}
+	loadVectors(t, "messages.json", &vectors)
+	if len(vectors.Revoked) == 0 {
+		t.Fatal("no revoked vectors")
+	}
+	for _, v := range vectors.Revoked {
+		fence, reason, ok := revokedMessage(v.Message)
+		if v.Fence == nil {
+			if ok {
+				t.Errorf("%q read as a revocation of %d (%q)", v.Message, fence, reason)
+			}
+			continue
+		}
+		if !ok || v.Fence.String() != strconv.FormatUint(fence, 10) || reason != v.Reason {
+			t.Errorf("%q read as %v, fence %d, reason %q; want fence %s, reason %q",
+				v.Message, ok, fence, reason, v.Fence, v.Reason)
+		}
+	}
 }
 
 func bytesReader(data []byte) *bytes.Reader { return bytes.NewReader(data) }

@@ -1,43 +1,74 @@
 package dev.dlock;
 
 import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisConnectionException;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.codec.StringCodec;
 import io.lettuce.core.pubsub.RedisPubSubAdapter;
 import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
+import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.function.Consumer;
 
 /**
- * The resources' channels of one server: one pub/sub connection shared by every ticket waiter and
- * observer there, open while anyone watches (SSUBSCRIBE in a cluster, SUBSCRIBE on a single
- * server). A message only wakes: whoever waits re-sends its ACQUIRE (or reads DLOCK.INFO again),
- * so a lost message costs one refresh, never a grant. Lettuce re-subscribes after a reconnection;
- * every (re)subscription wakes the channel's watchers, since messages may have been missed.
+ * The resources' channels of one server: one pub/sub connection shared by every ticket waiter,
+ * observer and held lease there (SSUBSCRIBE in a cluster, SUBSCRIBE on a single server), open while
+ * anyone watches and {@link #IDLE_CLOSE} after (a loop of holds reuses it instead of connecting
+ * for each). A message only wakes: whoever waits re-sends its ACQUIRE (or reads DLOCK.INFO again),
+ * so a lost message costs one refresh, never a grant. The one message that does more is a
+ * revocation ({@code revoked <fence> <reason>}): the held lease with that fence is lost at once
+ * ({@code docs/protocol.md}, section 4; one that is missed is caught by the lease's next renewal).
+ * Lettuce re-subscribes after a reconnection; every (re)subscription wakes the channel's watchers,
+ * since messages may have been missed.
  */
 final class Channels {
+    /** How long the connection stays open once nobody watches. */
+    static final Duration IDLE_CLOSE = Duration.ofSeconds(30);
+
     private final RedisClient client;
     private final RedisURI uri;
     private final boolean sharded;
-    private StatefulRedisPubSubConnection<String, String> connection;
+    private StatefulRedisPubSubConnection<String, String> connection; // open, or null
+    private CompletableFuture<StatefulRedisPubSubConnection<String, String>> opening; // being opened, or null
+    private Future<?> idleClose;
     private final Map<String, Set<Watch>> watches = new HashMap<>();
-    /** Per watched channel: completes when the server confirmed its (S)SUBSCRIBE, which every joiner waits for. */
+    /**
+     * Per watched channel: completes when the server confirmed its (S)SUBSCRIBE, which every joiner
+     * waits for; fails if the connection could not be opened.
+     */
     private final Map<String, CompletableFuture<Void>> subscribed = new HashMap<>();
 
-    /** One waiter's (or observer's) registration: woken by the messages that concern it. */
+    /**
+     * One registration: a waiter's or observer's, woken by the messages that concern it, or a held
+     * lease's, told of a revocation of its fence.
+     */
     static final class Watch {
         final String channel;
-        final String tag; // null: an observer
+        final String tag; // null: an observer (or a lease, which is never woken)
+        final long fence; // a lease's
+        final Consumer<String> revoked; // a lease's: called with the revocation's reason; null for others
         private boolean woken;
 
         Watch(String channel, String tag) {
+            this(channel, tag, 0, null);
+        }
+
+        Watch(String channel, String tag, long fence, Consumer<String> revoked) {
             this.channel = channel;
             this.tag = tag;
+            this.fence = fence;
+            this.revoked = revoked;
         }
 
         synchronized void signal() {
@@ -69,54 +100,23 @@ final class Channels {
     /**
      * Registers a watch on the resource's channel; returns once the server confirmed the
      * subscription (or timeout passed). Throws a RedisConnectionException if the connection could
-     * not be opened (the watch is then not registered). The first joiner of a channel sends the (S)SUBSCRIBE; a
-     * joiner that comes while it is pending waits for the same confirmation (a message published
-     * before it would be missed).
+     * not be opened within the URI's connect timeout (the watch is then not registered). The first
+     * joiner of a channel sends the (S)SUBSCRIBE; a joiner that comes while it is pending waits for
+     * the same confirmation (a message published before it would be missed).
      */
     Watch join(String resource, String tag, Duration timeout) {
         Watch watch = new Watch(Protocol.channelName(resource), tag);
+        CompletableFuture<?> open;
         CompletableFuture<Void> confirmed;
         synchronized (this) {
-            if (connection == null) {
-                // Opened within the URI's connect timeout (Transport.open), whatever the joiner's timeout.
-                connection = Transport.open(client.connectPubSubAsync(StringCodec.UTF8, uri), uri);
-                connection.addListener(new RedisPubSubAdapter<>() {
-                    @Override
-                    public void message(String channel, String message) {
-                        deliver(channel, message);
-                    }
-
-                    @Override
-                    public void smessage(String channel, String message) {
-                        deliver(channel, message);
-                    }
-
-                    @Override
-                    public void subscribed(String channel, long count) {
-                        deliver(channel, null);
-                    }
-
-                    @Override
-                    public void ssubscribed(String channel, long count) {
-                        deliver(channel, null);
-                    }
-                });
-            }
-            if (!watches.containsKey(watch.channel)) {
-                // Sent under the lock (it does not wait): in the order of the leaves' UNSUBSCRIBEs.
-                CompletableFuture<Void> done = new CompletableFuture<>();
-                subscribed.put(watch.channel, done);
-                (sharded ? connection.async().ssubscribe(watch.channel) : connection.async().subscribe(watch.channel))
-                        .whenComplete((ignored, failure) -> {
-                            if (failure != null) {
-                                done.completeExceptionally(failure);
-                            } else {
-                                done.complete(null);
-                            }
-                        });
-            }
-            watches.computeIfAbsent(watch.channel, c -> new HashSet<>()).add(watch);
+            open = register(watch);
             confirmed = subscribed.get(watch.channel);
+        }
+        try {
+            awaitOpen(open);
+        } catch (RedisConnectionException e) {
+            leave(watch);
+            throw e;
         }
         try {
             confirmed.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
@@ -126,6 +126,127 @@ final class Channels {
             // The watcher's own refreshes (every ticket / 3, every observe interval) cover a missed subscription.
         }
         return watch;
+    }
+
+    /**
+     * Registers a held lease's watch on the resource's channel and returns at once, without waiting
+     * for the connection or the subscription (a revocation that races them is caught by the lease's
+     * next renewal). {@code revoked} is called with the reason of a revocation of {@code fence}, on
+     * Lettuce's I/O thread.
+     */
+    synchronized Watch hold(String resource, long fence, Consumer<String> revoked) {
+        Watch watch = new Watch(Protocol.channelName(resource), null, fence, revoked);
+        register(watch);
+        return watch;
+    }
+
+    /**
+     * Adds the watch; the first of its channel sends the (S)SUBSCRIBE, or opens the connection,
+     * which subscribes every watched channel once open. Returns what opens the connection.
+     */
+    private CompletableFuture<?> register(Watch watch) {
+        if (idleClose != null) {
+            idleClose.cancel(false);
+            idleClose = null;
+        }
+        Set<Watch> registered = watches.get(watch.channel);
+        if (registered == null) {
+            registered = new HashSet<>();
+            watches.put(watch.channel, registered);
+            subscribed.put(watch.channel, new CompletableFuture<>());
+            if (connection != null) {
+                subscribe(watch.channel); // under the lock: in order with the leaves' UNSUBSCRIBEs
+            }
+        }
+        registered.add(watch);
+        if (connection != null) {
+            return CompletableFuture.completedFuture(connection);
+        }
+        if (opening != null) {
+            return opening;
+        }
+        CompletableFuture<StatefulRedisPubSubConnection<String, String>> connecting =
+                client.connectPubSubAsync(StringCodec.UTF8, uri).toCompletableFuture();
+        opening = connecting;
+        connecting.whenComplete((opened, failure) -> opened(connecting, opened, failure)); // may run now
+        return connecting;
+    }
+
+    /** Waits for the connection at most the URI's connect timeout (Transport.open's rule). */
+    private void awaitOpen(CompletableFuture<?> open) {
+        Duration limit = Transport.connectTimeout(uri);
+        try {
+            open.get(limit.toNanos(), TimeUnit.NANOSECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new RedisConnectionException("dlock: interrupted while connecting to " + uri.getHost() + ":" + uri.getPort(), e);
+        } catch (TimeoutException e) {
+            throw new RedisConnectionException("dlock: no connection to " + uri.getHost() + ":" + uri.getPort() + " within "
+                    + limit.toMillis() + " ms (the RedisURI's timeout)");
+        } catch (ExecutionException e) {
+            Throwable cause = Transport.unwrap(e);
+            if (cause instanceof RedisConnectionException failure) {
+                throw failure;
+            }
+            throw new RedisConnectionException("dlock: cannot connect to " + uri.getHost() + ":" + uri.getPort() + ": " + cause, cause);
+        }
+    }
+
+    /** The connection opened (or failed): every channel watched now is subscribed on it. */
+    private synchronized void opened(CompletableFuture<StatefulRedisPubSubConnection<String, String>> connecting,
+            StatefulRedisPubSubConnection<String, String> opened, Throwable failure) {
+        if (opening != connecting) {
+            if (opened != null) {
+                opened.closeAsync(); // closed meanwhile
+            }
+            return;
+        }
+        opening = null;
+        if (failure != null) {
+            // Their watchers' refreshes (or renewals) cover it; the next joiner opens a connection again.
+            subscribed.values().forEach(pending -> pending.completeExceptionally(failure));
+            subscribed.replaceAll((channel, pending) -> new CompletableFuture<>());
+            return;
+        }
+        connection = opened;
+        opened.addListener(new RedisPubSubAdapter<>() {
+            @Override
+            public void message(String channel, String message) {
+                deliver(channel, message);
+            }
+
+            @Override
+            public void smessage(String channel, String message) {
+                deliver(channel, message);
+            }
+
+            @Override
+            public void subscribed(String channel, long count) {
+                deliver(channel, null);
+            }
+
+            @Override
+            public void ssubscribed(String channel, long count) {
+                deliver(channel, null);
+            }
+        });
+        watches.keySet().forEach(this::subscribe);
+        if (watches.isEmpty()) {
+            closeWhenIdle();
+        }
+    }
+
+    /** Sends the (S)SUBSCRIBE of channel (it does not wait); called with the lock held. */
+    private void subscribe(String channel) {
+        CompletableFuture<Void> done = subscribed.get(channel);
+        (sharded ? connection.async().ssubscribe(channel) : connection.async().subscribe(channel))
+                .whenComplete((ignored, failure) -> {
+                    if (failure != null) {
+                        done.completeExceptionally(failure);
+                    } else {
+                        done.complete(null);
+                    }
+                });
     }
 
     /** message null: a (re)subscription, which wakes every watcher of the channel. */
@@ -138,14 +259,23 @@ final class Channels {
             }
             targets = new HashSet<>(registered);
         }
+        Optional<Protocol.Revocation> revocation = message == null ? Optional.empty() : Protocol.revocation(message);
+        List<Runnable> losses = new ArrayList<>();
         for (Watch watch : targets) {
-            if (message == null || Protocol.wakes(message, watch.tag)) {
+            if (watch.revoked != null) {
+                revocation.filter(r -> r.fence() == watch.fence)
+                        .ifPresent(r -> losses.add(() -> watch.revoked.accept(r.reason())));
+            } else if (message == null || Protocol.wakes(message, watch.tag)) {
                 watch.signal();
             }
         }
+        losses.forEach(Runnable::run);
     }
 
-    /** Unregisters a watch; the last watcher of a channel unsubscribes it (in order with the joins' SUBSCRIBEs), the last of all closes the connection. */
+    /**
+     * Unregisters a watch; the last watcher of a channel unsubscribes it (in order with the joins'
+     * SUBSCRIBEs); once nobody watches, the connection closes after {@link #IDLE_CLOSE}.
+     */
     synchronized void leave(Watch watch) {
         Set<Watch> registered = watches.get(watch.channel);
         if (registered == null || !registered.remove(watch) || !registered.isEmpty()) {
@@ -153,24 +283,49 @@ final class Channels {
         }
         watches.remove(watch.channel);
         subscribed.remove(watch.channel);
-        if (connection == null) {
-            return;
+        if (connection != null) {
+            if (sharded) {
+                connection.async().sunsubscribe(watch.channel);
+            } else {
+                connection.async().unsubscribe(watch.channel);
+            }
+            if (watches.isEmpty()) {
+                closeWhenIdle();
+            }
         }
-        if (watches.isEmpty()) {
+    }
+
+    /** Closes the connection after IDLE_CLOSE unless someone watches again meanwhile; called with the lock held. */
+    private void closeWhenIdle() {
+        if (idleClose != null) {
+            idleClose.cancel(false);
+        }
+        try {
+            idleClose = client.getResources().eventExecutorGroup().schedule(() -> {
+                synchronized (this) {
+                    if (watches.isEmpty() && connection != null) {
+                        connection.closeAsync();
+                        connection = null;
+                    }
+                }
+            }, IDLE_CLOSE.toMillis(), TimeUnit.MILLISECONDS);
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            // The client is shutting down, and its connections with it.
             connection.closeAsync();
             connection = null;
-        } else if (sharded) {
-            connection.async().sunsubscribe(watch.channel);
-        } else {
-            connection.async().unsubscribe(watch.channel);
         }
     }
 
     synchronized void close() {
+        if (idleClose != null) {
+            idleClose.cancel(false);
+            idleClose = null;
+        }
         if (connection != null) {
             connection.closeAsync();
             connection = null;
         }
+        opening = null; // closed once it opens
         watches.clear();
         subscribed.clear();
     }

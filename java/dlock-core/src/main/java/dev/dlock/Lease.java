@@ -39,6 +39,8 @@ public final class Lease implements AutoCloseable {
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
     private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
+    private Channels channels; // where the lease listens for a revocation until it ends; null: nowhere
+    private Channels.Watch watch;
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs, HoldOptions options,
             long sent, long holdEnd, long started) {
@@ -56,6 +58,54 @@ public final class Lease implements AutoCloseable {
             schedule();
         }
         locks.track(this);
+        listen();
+    }
+
+    /**
+     * Listens on the resource's channel for a revocation of this lease's fence, without waiting for
+     * the subscription ({@code docs/protocol.md}, section 4): one that races it is caught by the
+     * next renewal.
+     */
+    private void listen() {
+        Channels on;
+        Channels.Watch joined;
+        try {
+            on = locks.transport().channels(resource);
+            joined = on.hold(resource, fence, this::revoked);
+        } catch (RuntimeException e) {
+            return; // no node known for the slot: the renewals alone tell of a loss
+        }
+        boolean ended;
+        synchronized (this) {
+            ended = releaseRan || lost.isDone();
+            if (!ended) {
+                channels = on;
+                watch = joined;
+            }
+        }
+        if (ended) {
+            on.leave(joined);
+        }
+    }
+
+    /** The channel said an operator revoked this lease ({@code DLOCK.REVOKE}), for reason. */
+    private void revoked(String reason) {
+        lose(LossReason.REVOKED, reason);
+    }
+
+    /** Stops listening on the channel, once the lease ended. */
+    private void stopListening() {
+        Channels on;
+        Channels.Watch joined;
+        synchronized (this) {
+            on = channels;
+            joined = watch;
+            channels = null;
+            watch = null;
+        }
+        if (on != null) {
+            on.leave(joined);
+        }
     }
 
     /**
@@ -301,9 +351,16 @@ public final class Lease implements AutoCloseable {
         }
     }
 
-    /** Marks the lease lost (once): completes whenLost, logs, counts, and releases it with FENCE at once (best effort). */
+    /**
+     * Marks the lease lost (once): completes whenLost, logs, counts, and releases it with FENCE at
+     * once (best effort; not after a revocation or a release that found it gone: it is gone).
+     */
     boolean lose(LossReason reason) {
-        LeaseLostException loss = new LeaseLostException(resource, fence, reason);
+        return lose(reason, "");
+    }
+
+    private boolean lose(LossReason reason, String detail) {
+        LeaseLostException loss = new LeaseLostException(resource, fence, reason, detail);
         if (!lost.complete(loss)) {
             return false;
         }
@@ -313,10 +370,24 @@ public final class Lease implements AutoCloseable {
                 timer.cancel(false);
             }
         }
+        stopListening();
         locks.metrics().leaseLost(reason);
-        Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
-                "reason", reason.wireName());
-        if (reason != LossReason.ENDED) {
+        if (detail.isEmpty()) {
+            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                    "reason", reason.wireName());
+        } else {
+            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+                    "reason", reason.wireName(), "detail", detail);
+        }
+        if (reason == LossReason.REVOKED) {
+            boolean releaseCounts;
+            synchronized (this) {
+                releaseCounts = releaseRan; // a release under way counts the hold
+            }
+            if (!releaseCounts) {
+                locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
+            }
+        } else if (reason != LossReason.ENDED) {
             // A lease the server still holds passes on at once instead of at its ttl.
             lossRelease = locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
                     options.releaseTimeoutValue());
@@ -344,6 +415,14 @@ public final class Lease implements AutoCloseable {
                 timer.cancel(false);
             }
         }
+        try {
+            releaseOnce();
+        } finally {
+            stopListening(); // after the RELEASE: a revocation until then is still heard
+        }
+    }
+
+    private void releaseOnce() {
         if (lost.isDone()) {
             throw lossError();
         }

@@ -7,6 +7,7 @@ public class LeaseLostException extends DlockException {
     private final String resource;
     private final long fence;
     private final LossReason reason;
+    private final String detail;
 
     /**
      * A lost lease.
@@ -16,10 +17,24 @@ public class LeaseLostException extends DlockException {
      * @param reason why it was lost
      */
     public LeaseLostException(String resource, long fence, LossReason reason) {
-        super("dlock: lease on \"" + resource + "\" (fence " + Long.toUnsignedString(fence) + ") lost: " + reason.wireName());
+        this(resource, fence, reason, "");
+    }
+
+    /**
+     * A lost lease, with what the server said of it.
+     *
+     * @param resource the lock's key
+     * @param fence the lease's fence
+     * @param reason why it was lost
+     * @param detail with {@link LossReason#REVOKED}, the reason the operator gave; empty (or null) for none
+     */
+    public LeaseLostException(String resource, long fence, LossReason reason, String detail) {
+        super("dlock: lease on \"" + resource + "\" (fence " + Long.toUnsignedString(fence) + ") lost: " + reason.wireName()
+                + (detail == null || detail.isEmpty() ? "" : ": " + detail));
         this.resource = resource;
         this.fence = fence;
         this.reason = reason;
+        this.detail = detail == null ? "" : detail;
     }
 
     /**
@@ -32,6 +47,7 @@ public class LeaseLostException extends DlockException {
         this.resource = first.resource;
         this.fence = first.fence;
         this.reason = first.reason;
+        this.detail = first.detail;
     }
 
     /**
@@ -59,5 +75,15 @@ public class LeaseLostException extends DlockException {
      */
     public LossReason reason() {
         return reason;
+    }
+
+    /**
+     * What the server said of the loss: with {@link LossReason#REVOKED}, the reason the operator
+     * gave {@code DLOCK.REVOKE} (empty if none); empty for every other reason.
+     *
+     * @return the detail, never null
+     */
+    public String detail() {
+        return detail;
     }
 }

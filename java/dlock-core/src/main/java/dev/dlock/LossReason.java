@@ -12,7 +12,10 @@ public enum LossReason {
     MAX_HOLD,
     /** The server says the lease ended before a renewal noticed (a release found it gone). */
     ENDED,
-    /** Reserved: a revocation with a published reason (a later server version). */
+    /**
+     * An operator's {@code DLOCK.REVOKE} ended the lease: heard on the resource's channel, its reason
+     * is the exception's {@link LeaseLostException#detail()}.
+     */
     REVOKED;
 
     /**

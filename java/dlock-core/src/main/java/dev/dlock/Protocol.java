@@ -90,6 +90,42 @@ public final class Protocol {
     }
 
     /**
+     * What a {@code revoked} channel message says: the revoked lease's fence and the reason the
+     * operator gave {@code DLOCK.REVOKE}.
+     *
+     * @param fence the revoked lease's fence (an unsigned 64-bit number)
+     * @param reason the rest of the message after the fence and its space, spaces included; empty
+     *     when no reason was given
+     */
+    public record Revocation(long fence, String reason) {}
+
+    /**
+     * Reads a channel message that {@code DLOCK.REVOKE} published: {@code revoked <fence>} and,
+     * when the operator gave one, a space and the reason.
+     *
+     * @param message the published message
+     * @return the revocation, or empty for any other message
+     */
+    public static Optional<Revocation> revocation(String message) {
+        String prefix = "revoked ";
+        if (!message.startsWith(prefix)) {
+            return Optional.empty();
+        }
+        int space = message.indexOf(' ', prefix.length());
+        String digits = space < 0 ? message.substring(prefix.length()) : message.substring(prefix.length(), space);
+        if (digits.isEmpty() || !digits.chars().allMatch(c -> c >= '0' && c <= '9')) {
+            return Optional.empty();
+        }
+        long fence;
+        try {
+            fence = Long.parseUnsignedLong(digits);
+        } catch (NumberFormatException e) {
+            return Optional.empty(); // past 2^64 - 1
+        }
+        return Optional.of(new Revocation(fence, space < 0 ? "" : message.substring(space + 1)));
+    }
+
+    /**
      * The Redis Cluster slot of a key: CRC16/XMODEM of its hash tag (the text between the first
      * "{" and the next "}", if not empty) or of the whole key, modulo 16384.
      *

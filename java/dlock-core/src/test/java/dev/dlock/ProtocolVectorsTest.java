@@ -61,6 +61,23 @@ class ProtocolVectorsTest {
     }
 
     @Test
+    void revokedMessagesGiveTheirFenceAndReason() throws IOException {
+        int n = 0;
+        for (JsonNode v : vectors("messages").get("revoked")) {
+            Optional<Protocol.Revocation> revocation = Protocol.revocation(v.get("message").asText());
+            if (v.get("fence").isNull()) {
+                assertFalse(revocation.isPresent(), v.toString());
+            } else {
+                Protocol.Revocation read = revocation.orElseThrow(() -> new AssertionError("not read: " + v));
+                assertEquals(v.get("fence").bigIntegerValue(), new BigInteger(Long.toUnsignedString(read.fence())), v.toString());
+                assertEquals(v.get("reason").asText(), read.reason(), v.toString());
+            }
+            n++;
+        }
+        assertTrue(n > 5);
+    }
+
+    @Test
     void keySlots() throws IOException {
         for (JsonNode v : vectors("slots")) {
             assertEquals(v.get("slot").asInt(), Protocol.keySlot(v.get("key").asText()), v.toString());
