@@ -46,6 +46,8 @@ export interface SubscriberEvents {
 export interface Subscriber {
   subscribe(channel: string): Promise<void>;
   unsubscribe(channel: string): Promise<void>;
+  /** Idle (no channel): lets the process exit while it stays open; busy again: keeps it alive. */
+  idle(idle: boolean): void;
   close(): void;
 }
 
@@ -248,7 +250,7 @@ interface IoredisLike {
   isCluster: boolean;
   options: IoredisOptions;
   status: string;
-  stream?: { unref?(): void };
+  stream?: { unref?(): void; ref?(): void };
   call(...args: string[]): Promise<unknown>;
   sendCommand(command: unknown): Promise<unknown>;
   duplicate(options?: object): IoredisLike;
@@ -281,6 +283,7 @@ interface NodeRedisClientLike {
   connect(): Promise<unknown>;
   destroy(): void;
   unref(): void;
+  ref(): void;
   on(event: string, listener: (...args: unknown[]) => void): unknown;
   subscribe(channel: string, listener: (message: string, channel: string) => void): Promise<void>;
   unsubscribe(channel: string): Promise<void>;
@@ -403,6 +406,10 @@ class IoredisSubscriber implements Subscriber {
   async unsubscribe(channel: string): Promise<void> {
     this.channels.delete(channel);
     await (this.sharded ? this.connection.sunsubscribe(channel) : this.connection.unsubscribe(channel));
+  }
+  idle(idle: boolean): void {
+    if (idle) this.connection.stream?.unref?.();
+    else this.connection.stream?.ref?.();
   }
   close(): void {
     this.connection.disconnect();
@@ -597,6 +604,10 @@ class NodeRedisSubscriber implements Subscriber {
   async unsubscribe(channel: string): Promise<void> {
     this.channels.delete(channel);
     await (this.sharded ? this.connection.sUnsubscribe(channel) : this.connection.unsubscribe(channel));
+  }
+  idle(idle: boolean): void {
+    if (idle) this.connection.unref();
+    else this.connection.ref();
   }
   close(): void {
     this.connection.destroy();

@@ -1,24 +1,57 @@
-// The resources' channels: one subscriber per server, shared by every ticket waiter and
-// observer of that server, open while anyone watches. A message only wakes: whoever waits sends
-// its ACQUIRE again (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
-// grant.
+// The resources' channels: one subscriber per server, shared by every ticket waiter, observer
+// and lease holder of that server, open while anyone watches. For waiters and observers a
+// message only wakes: whoever waits sends its ACQUIRE again (or reads DLOCK.INFO again), so a
+// lost message costs one refresh, never a grant. A holder hears every message itself (a
+// `revoked` one with its fence ends its lease); one it misses is caught by its next renewal.
 
 import { performance } from "node:perf_hooks";
 
 import type { Subscriber, Transport } from "./adapters.js";
 import { channelName, wakes } from "./protocol.js";
 
-/** One waiter's (or observer's) registration on a channel. */
+/** One waiter's (observer's, holder's) registration on a channel. */
 export class Watch {
   private woken = false;
   private wakeUp: (() => void) | null = null;
   private failed = false;
+  private addressOf: string;
+  private ended = false;
   constructor(
     readonly channel: string,
     /** null: an observer, woken by every message. */
     readonly tag: string | null,
-    readonly node: string,
-  ) {}
+    node: string,
+    /** A holder's: told every message of the channel, instead of being woken. */
+    private readonly heard: ((message: string) => void) | null = null,
+  ) {
+    this.addressOf = node;
+  }
+
+  /** The server it is (or will be) subscribed on ("" on a single server). */
+  get node(): string {
+    return this.addressOf;
+  }
+
+  /** @internal Where a watch registered before its server was known is subscribed. */
+  locatedAt(node: string): void {
+    this.addressOf = node;
+  }
+
+  /** @internal Left: nothing is registered for it any more. */
+  get hasLeft(): boolean {
+    return this.ended;
+  }
+
+  /** @internal */
+  leave(): void {
+    this.ended = true;
+  }
+
+  /** @internal A message on its channel. */
+  hear(message: string): void {
+    if (this.heard !== null) this.heard(message);
+    else if (wakes(message, this.tag)) this.wake();
+  }
 
   /**
    * Its subscription could not be made (no subscriber on the server, or no confirmation): the
@@ -65,9 +98,17 @@ export class Watch {
   }
 }
 
+/**
+ * A subscriber left without channels stays open this long (not keeping the process alive), so
+ * that a lease taken right after the last one ended does not open a new connection.
+ */
+const IDLE_CLOSE = 2_000;
+
 interface Node {
   subscriber: Promise<Subscriber>;
   watches: Map<string, Set<Watch>>;
+  /** Closes the subscriber once idle that long; null while someone watches. */
+  idle: NodeJS.Timeout | null;
 }
 
 export class Channels {
@@ -87,19 +128,68 @@ export class Channels {
     const started = performance.now();
     const address = await this.transport.locate(resource, this.timeoutMs);
     const left = (): number => Math.max(1, this.timeoutMs - (performance.now() - started));
-    const channel = channelName(resource);
-    const watch = new Watch(channel, tag, address);
+    const watch = new Watch(channelName(resource), tag, address);
+    const subscribed = this.add(resource, watch, left);
+    if (subscribed !== null) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        subscribed,
+        new Promise((resolve) => {
+          timer = setTimeout(resolve, left());
+        }),
+      ]);
+      clearTimeout(timer);
+    }
+    return watch;
+  }
+
+  /**
+   * A holder's watch on resource's channel: heard is told every message. Returns at once; the
+   * subscription is made in the background, never awaited (a message sent before it is
+   * confirmed is missed: the holder's renewals cover that). A failed one marks the watch broken.
+   */
+  listen(resource: string, heard: (message: string) => void): Watch {
+    const started = performance.now();
+    const left = (): number => Math.max(1, this.timeoutMs - (performance.now() - started));
+    const known = this.transport.nodeOf(resource);
+    const watch = new Watch(channelName(resource), null, known, heard);
+    if (known !== "" || !this.transport.cluster) {
+      void this.add(resource, watch, left);
+      return watch;
+    }
+    // A cluster client that does not know the slot's primary yet: subscribe once it does.
+    this.transport
+      .locate(resource, this.timeoutMs)
+      .then((address) => {
+        if (watch.hasLeft) return;
+        watch.locatedAt(address);
+        void this.add(resource, watch, left);
+      })
+      .catch(() => {
+        watch.fail();
+      });
+    return watch;
+  }
+
+  /**
+   * Adds watch to its channel on its server, making the server's subscriber if needed; the
+   * channel's subscription (settled: never rejects) when this watch is its first, else null.
+   */
+  private add(resource: string, watch: Watch, left: () => number): Promise<void> | null {
+    const { channel, node: address } = watch;
     let node = this.nodes.get(address);
     if (node === undefined) {
       const made: Node = {
         watches: new Map(),
+        idle: null,
         // Deferred so that a transport that throws at once rejects instead.
         subscriber: Promise.resolve().then(() =>
           this.transport.subscriber(
             resource,
             {
               message: (on, message) => {
-                for (const w of made.watches.get(on) ?? []) if (wakes(message, w.tag)) w.wake();
+                // A copy: a holder told of its loss leaves the channel meanwhile.
+                for (const w of [...(made.watches.get(on) ?? [])]) w.hear(message);
               },
               subscribed: (on) => {
                 for (const w of made.watches.get(on) ?? []) w.wake();
@@ -116,6 +206,14 @@ export class Channels {
       });
       node = made;
       this.nodes.set(address, node);
+    } else if (node.idle !== null) {
+      clearTimeout(node.idle);
+      node.idle = null;
+      node.subscriber
+        .then((subscriber) => {
+          subscriber.idle(false);
+        })
+        .catch(() => undefined);
     }
     let watchers = node.watches.get(channel);
     const first = watchers === undefined;
@@ -124,48 +222,51 @@ export class Channels {
       node.watches.set(channel, watchers);
     }
     watchers.add(watch);
-    if (first) {
-      const on = node;
-      const set = watchers;
-      const subscribed = node.subscriber.then((subscriber) => subscriber.subscribe(channel));
-      subscribed.catch(() => {
+    if (!first) return null;
+    const on = node;
+    const set = watchers;
+    return node.subscriber
+      .then((subscriber) => subscriber.subscribe(channel))
+      .catch(() => {
         // Not subscribed: whoever joins the channel next subscribes it again.
         if (on.watches.get(channel) === set) on.watches.delete(channel);
         for (const w of set) w.fail();
       });
-      let timer: NodeJS.Timeout | undefined;
-      await Promise.race([
-        subscribed.catch(() => undefined),
-        new Promise((resolve) => {
-          timer = setTimeout(resolve, left());
-        }),
-      ]);
-      clearTimeout(timer);
-    }
-    return watch;
   }
 
   leave(watch: Watch): void {
+    watch.leave();
     const node = this.nodes.get(watch.node);
     const watchers = node?.watches.get(watch.channel);
     if (node === undefined || watchers === undefined || !watchers.has(watch)) return;
     watchers.delete(watch);
     if (watchers.size > 0) return;
     node.watches.delete(watch.channel);
-    if (node.watches.size === 0) {
-      this.nodes.delete(watch.node);
+    node.subscriber.then((subscriber) => subscriber.unsubscribe(watch.channel)).catch(() => undefined);
+    if (node.watches.size > 0) return;
+    // Nobody watches on that server: the subscriber idles a while, then closes.
+    const address = watch.node;
+    node.subscriber
+      .then((subscriber) => {
+        if (node.idle !== null) subscriber.idle(true);
+      })
+      .catch(() => undefined);
+    node.idle = setTimeout(() => {
+      node.idle = null;
+      if (this.nodes.get(address) !== node || node.watches.size > 0) return;
+      this.nodes.delete(address);
       node.subscriber
         .then((subscriber) => {
           subscriber.close();
         })
         .catch(() => undefined);
-      return;
-    }
-    node.subscriber.then((subscriber) => subscriber.unsubscribe(watch.channel)).catch(() => undefined);
+    }, IDLE_CLOSE);
+    node.idle.unref();
   }
 
   close(): void {
     for (const node of this.nodes.values()) {
+      if (node.idle !== null) clearTimeout(node.idle);
       node.subscriber
         .then((subscriber) => {
           subscriber.close();

@@ -72,11 +72,17 @@ export class LeaseLostError extends DlockError {
   readonly resource: string;
   readonly fence: number;
   readonly reason: LossReason;
-  constructor(resource: string, fence: number, reason: LossReason) {
-    super("ERR_DLOCK_LEASE_LOST", `dlock: lease on "${resource}" (fence ${String(fence)}) lost: ${reason}`);
+  /** What the loss's source said: for `revoked`, the operator's REASON; "" when nothing was said. */
+  readonly detail: string;
+  constructor(resource: string, fence: number, reason: LossReason, detail = "") {
+    super(
+      "ERR_DLOCK_LEASE_LOST",
+      `dlock: lease on "${resource}" (fence ${String(fence)}) lost: ${reason}${detail === "" ? "" : ` (${detail})`}`,
+    );
     this.resource = resource;
     this.fence = fence;
     this.reason = reason;
+    this.detail = detail;
   }
 }
 

@@ -1,13 +1,15 @@
 // A granted lease: its token owns the resource with `fence` until the server's deadline, kept
 // alive by renewals (every ttl/3, with FENCE) until release() or the loss. The renewer is a timer
-// of this lease: it lives and dies with it.
+// of this lease: it lives and dies with it. While held, the lease listens on its resource's
+// channel: an operator's DLOCK.REVOKE of its fence ends it there and then (revoked).
 
 import { EventEmitter } from "node:events";
 import { performance } from "node:perf_hooks";
 
+import type { Watch } from "./channels.js";
 import { LeaseLostError, NotReleasedError, type LossReason } from "./errors.js";
 import type { Locks } from "./locks.js";
-import { flagOf, modeName, releaseArgs, renewArgs, RELEASE, RENEW, type Mode } from "./protocol.js";
+import { flagOf, modeName, releaseArgs, renewArgs, revocationOf, revokes, RELEASE, RENEW, type Mode } from "./protocol.js";
 import { millis, releaseTimeout, type Settings } from "./options.js";
 
 /** A lease cut to end with maxHold ends up to this much before it (ms round down). */
@@ -44,6 +46,8 @@ export class Lease extends EventEmitter {
   private lostError: LeaseLostError | null = null;
   private releasing: Promise<Settled> | null = null;
   private renewing: Promise<boolean> | null = null;
+  private watch: Watch | null = null;
+  private finished = false;
 
   /** @internal */
   constructor(
@@ -66,6 +70,43 @@ export class Lease extends EventEmitter {
     this.localExpiry = sent + ttl;
     this.nextRenewal = sent + ttl / 3;
     this.schedule();
+    this.listen();
+  }
+
+  /**
+   * Joins the resource's channel (not awaited: a revocation before the subscription is
+   * confirmed is caught by the next renewal), or joins it again where the subscription failed
+   * or the resource's slot moved to another server.
+   */
+  private listen(): void {
+    if (this.lostError !== null || this.finished) return;
+    const channels = this.locks.channels;
+    if (this.watch !== null) {
+      if (!this.watch.broken && this.watch.node === this.locks.via.nodeOf(this.resource)) return;
+      channels.leave(this.watch);
+    }
+    this.watch = channels.listen(this.resource, (message) => {
+      this.heard(message);
+    });
+  }
+
+  /** A message on the resource's channel: a revocation of this lease's fence loses it. */
+  private heard(message: string): void {
+    const revocation = revocationOf(message);
+    if (revocation === null || !revokes(revocation, this.fence)) return;
+    try {
+      this.lose("revoked", revocation.reason);
+    } catch (error) {
+      // A `lost` listener threw: emitted, never thrown into the subscriber's connection.
+      this.report(error);
+    }
+  }
+
+  /** Leaves the resource's channel (once the lease is lost or released). */
+  private unlisten(): void {
+    this.finished = true;
+    if (this.watch !== null) this.locks.channels.leave(this.watch);
+    this.watch = null;
   }
 
   /** Aborted when the lease is lost; its reason is the LeaseLostError. */
@@ -118,14 +159,23 @@ export class Lease extends EventEmitter {
     this.schedule();
   }
 
-  /** @internal Marks the lease lost (once): aborts its signal, logs, counts, releases. */
-  lose(reason: LossReason): void {
+  /**
+   * @internal Marks the lease lost (once): aborts its signal, logs, counts, releases (not after a
+   * revocation: the server ended the lease itself).
+   */
+  lose(reason: LossReason, detail = ""): void {
     if (this.lostError !== null) return;
-    const lost = new LeaseLostError(this.resource, this.fence, reason);
+    const lost = new LeaseLostError(this.resource, this.fence, reason, detail);
     this.lostError = lost;
     if (this.timer !== null) clearTimeout(this.timer);
+    this.unlisten();
     this.set.metrics.leaseLost?.(reason);
-    this.log("warn", "dlock: lease lost", { reason });
+    this.log("warn", "dlock: lease lost", detail === "" ? { reason } : { reason, detail });
+    if (reason === "revoked" && this.releasing === null) {
+      // Nothing to release: the lease is gone on the server, which may have passed it on.
+      this.set.metrics.held?.((performance.now() - this.granted) / 1000);
+      this.releasing = Promise.resolve({ lost, notReleased: null });
+    }
     this.controller.abort(lost);
     this.emit("lost", lost);
     if (this.releasing === null) {
@@ -168,6 +218,7 @@ export class Lease extends EventEmitter {
       if (flagOf(reply)) {
         this.localExpiry = sent + ttl;
         this.nextRenewal = performance.now() + this.ttl / 3;
+        if (this.releasing === null) this.listen();
         this.emit("renewed", this.localExpiry);
         return true;
       }
@@ -200,6 +251,15 @@ export class Lease extends EventEmitter {
   }
 
   private async releaseOnce(): Promise<Settled> {
+    try {
+      return await this.releaseNow();
+    } finally {
+      // Listening until the RELEASE is answered: a revocation that beat it is reported as such.
+      this.unlisten();
+    }
+  }
+
+  private async releaseNow(): Promise<Settled> {
     if (this.timer !== null) clearTimeout(this.timer);
     if (this.lostError !== null) return { lost: this.lostError, notReleased: null };
     try {

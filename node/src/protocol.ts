@@ -52,6 +52,41 @@ export function wakes(message: string, tag: string | null): boolean {
   return true;
 }
 
+/** The largest fence a server mints (a u64), and the largest a message may name. */
+const MAX_WIRE_FENCE = 2n ** 64n - 1n;
+
+/** A `revoked <fence> [<reason>]` message read: an operator's DLOCK.REVOKE ended that lease. */
+export interface Revocation {
+  /**
+   * The revoked lease's fence, read as this client reads every fence (a number): one beyond
+   * 2^53 is not exact, and is never a lease's (see `revokes`).
+   */
+  fence: number;
+  /** The rest of the message after the fence's space, as given to REVOKE; "" without one. */
+  reason: string;
+}
+
+/**
+ * The fence and reason of a `revoked` message, or null for any other message (the channel's
+ * other events, a fence that is not a u64).
+ */
+export function revocationOf(message: string): Revocation | null {
+  if (!message.startsWith("revoked ")) return null;
+  const rest = message.slice("revoked ".length);
+  const space = rest.indexOf(" ");
+  const digits = space < 0 ? rest : rest.slice(0, space);
+  if (!/^\+?\d+$/.test(digits) || BigInt(digits) > MAX_WIRE_FENCE) return null;
+  return { fence: Number(digits), reason: space < 0 ? "" : rest.slice(space + 1) };
+}
+
+/**
+ * Whether revocation ends the lease whose fence is fence. A fence read beyond 2^53 is rounded,
+ * so it matches nothing: the server mints no such fence for a client that reads them as numbers.
+ */
+export function revokes(revocation: Revocation, fence: number): boolean {
+  return Number.isSafeInteger(revocation.fence) && revocation.fence === fence;
+}
+
 /** The Redis Cluster slot of a key: CRC16/XMODEM of its hash tag or of the whole key, mod 16384. */
 export function keySlot(key: string): number {
   let bytes = Buffer.from(key, "utf8");

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { Locks, StaleError, ServerError, type Leader } from "../src/index.js";
+import { channelName, LeaseLostError, Locks, StaleError, ServerError, type Leader } from "../src/index.js";
 import { TestCluster } from "./kit.js";
 
 let cluster: TestCluster;
@@ -110,5 +110,54 @@ test("ioredis Cluster still connecting: a ticket is queued on the resource's pri
   } finally {
     holderLocks.close();
     holderClient.disconnect();
+  }
+});
+
+// A holder listens on its resource's shard channel, on the slot's primary (SSUBSCRIBE): an
+// operator's DLOCK.REVOKE there ends its lease at once, on every shard and through both clients.
+test("Cluster: a revoked holder loses its lease at once (revoked), through ioredis and node-redis, on every shard", async () => {
+  const operator = cluster.ioredis();
+  const nodes = cluster.nodes.map((node) => node.ioredis());
+  /** Subscribers of resource's shard channel, over the primaries (PUBSUB SHARDNUMSUB). */
+  const listeners = async (resource: string): Promise<number> => {
+    let count = 0;
+    for (const node of nodes) count += Number(((await node.call("PUBSUB", "SHARDNUMSUB", channelName(resource))) as unknown[])[1]);
+    return count;
+  };
+  const untilListeners = async (resource: string, count: number): Promise<void> => {
+    const deadline = performance.now() + 3_000;
+    while ((await listeners(resource)) !== count) {
+      assert.ok(performance.now() < deadline, `${resource}: never ${String(count)} subscriber(s) on its shard channel`);
+      await sleep(5);
+    }
+  };
+  const ioredis = cluster.ioredis();
+  const nodeRedis = await cluster.nodeRedis();
+  try {
+    for (const [kind, redis] of [["ioredis", ioredis], ["node-redis", nodeRedis]] as const) {
+      const locks = new Locks(redis);
+      try {
+        // Slots 3300, 7365 and 15495: one on each primary.
+        for (const resource of ["revoke:{b}", "revoke:{c}", "revoke:{a}"]) {
+          const lease = await locks.hold(resource, { ttl: 30_000 });
+          await untilListeners(resource, 1);
+          const lost = new Promise<LeaseLostError>((resolve) => lease.once("lost", resolve));
+          assert.equal(Number(await operator.call("DLOCK.REVOKE", resource, "REASON", `${kind} ${resource}`)), 1);
+          const error = await lost;
+          assert.equal(error.reason, "revoked", `${kind} ${resource}`);
+          assert.equal(error.detail, `${kind} ${resource}`);
+          assert.equal(lease.signal.reason, error);
+          await assert.rejects(lease.release(), (thrown) => thrown === error);
+          await untilListeners(resource, 0);
+        }
+      } finally {
+        locks.close();
+      }
+    }
+  } finally {
+    for (const node of nodes) node.disconnect();
+    operator.disconnect();
+    ioredis.disconnect();
+    nodeRedis.destroy();
   }
 });

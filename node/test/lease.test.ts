@@ -6,6 +6,7 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import {
+  channelName,
   LeaseLostError,
   Locks,
   NotAcquiredError,
@@ -235,6 +236,129 @@ for (const [kind, make] of Object.entries(clients)) {
         process.off("unhandledRejection", onUnhandled);
         ownLocks.close();
       }
+    });
+
+    /** How many clients are subscribed to resource's channel (PUBSUB NUMSUB). */
+    async function listeners(resource: string): Promise<number> {
+      const reply = (await client.admin("PUBSUB", "NUMSUB", channelName(resource))) as unknown[];
+      return Number(reply[1]);
+    }
+
+    /** Resolves once resource's channel has `count` subscribers; fails after 3 s. */
+    async function untilListeners(resource: string, count: number): Promise<void> {
+      const deadline = performance.now() + 3_000;
+      while ((await listeners(resource)) !== count) {
+        assert.ok(performance.now() < deadline, `${resource}: never ${String(count)} subscriber(s) on its channel`);
+        await sleep(5);
+      }
+    }
+
+    async function releaseCalls(): Promise<number> {
+      const stats = String(await client.admin("INFO", "commandstats"));
+      return Number(/cmdstat_dlock\.release:calls=(\d+)/.exec(stats)?.[1] ?? 0);
+    }
+
+    test("an operator's DLOCK.REVOKE: the holder loses the lease at once (revoked, the reason as detail), sends no RELEASE, and leaves the channel", async (t) => {
+      const unhandled: unknown[] = [];
+      const onUnhandled = (reason: unknown): void => {
+        unhandled.push(reason);
+      };
+      process.on("unhandledRejection", onUnhandled);
+      const losses: string[] = [];
+      const lines: Record<string, unknown>[] = [];
+      const watched = new Locks(client.redis, {
+        requestTimeout: 1000,
+        metrics: { leaseLost: (reason) => losses.push(reason) },
+        logger: {
+          info: () => undefined,
+          warn: (message, fields) => {
+            if (message === "dlock: lease lost") lines.push(fields);
+          },
+        },
+      });
+      const afterReply: number[] = [];
+      const afterSend: number[] = [];
+      try {
+        const releasesBefore = await releaseCalls();
+        const rounds = 20;
+        for (let round = 0; round < rounds; round++) {
+          // The last round revokes without a reason: the detail is then empty.
+          const reason = round === rounds - 1 ? null : `stuck since 03:00, incident ${String(round)}`;
+          // A ttl whose first renewal (10 s) is far off: only the channel can tell of the revocation.
+          const lease = await watched.hold("rv1", { ttl: 30_000 });
+          await untilListeners("rv1", 1);
+          let aborted = 0;
+          lease.signal.addEventListener("abort", () => {
+            aborted = performance.now();
+          });
+          const lost = new Promise<LeaseLostError>((resolve) => lease.once("lost", resolve));
+          const sent = performance.now();
+          const revoked = await client.admin("DLOCK.REVOKE", "rv1", ...(reason === null ? [] : ["REASON", reason]));
+          const replied = performance.now();
+          assert.equal(Number(revoked), 1);
+          const error = await lost;
+          afterReply.push(aborted - replied);
+          afterSend.push(aborted - sent);
+          assert.ok(error instanceof LeaseLostError);
+          assert.equal(error.reason, "revoked");
+          assert.equal(error.detail, reason ?? "");
+          assert.equal(error.fence, lease.fence);
+          assert.equal(lease.signal.reason, error);
+          assert.equal(lease.lost, error);
+          assert.throws(() => {
+            lease.check();
+          }, (thrown) => thrown === error);
+          await assert.rejects(lease.release(), (thrown) => thrown === error);
+          await assert.rejects(lease.fenced(["SET", "rv1:data", "x"]), StaleError);
+          assert.equal(await lease.fenceCheck(), false);
+        }
+        assert.deepEqual(losses, Array<string>(rounds).fill("revoked"));
+        assert.equal(lines.length, rounds);
+        assert.equal(lines[0]?.["reason"], "revoked");
+        assert.equal(lines[0]?.["detail"], "stuck since 03:00, incident 0");
+        assert.equal(lines[0]?.["resource"], "rv1");
+        assert.equal(lines[rounds - 1]?.["detail"], undefined);
+        // No RELEASE after a revocation, neither at the loss nor from release().
+        assert.equal(await releaseCalls(), releasesBefore);
+        // The channel is left once no lease needs it.
+        await untilListeners("rv1", 0);
+        assert.deepEqual(unhandled, []);
+      } finally {
+        process.off("unhandledRejection", onUnhandled);
+        watched.close();
+      }
+      const median = (values: number[]): number => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)] ?? NaN;
+      t.diagnostic(
+        `${kind}: revocation to abort, from the REVOKE reply: median ${median(afterReply).toFixed(2)} ms, ` +
+          `max ${Math.max(...afterReply).toFixed(2)} ms; from its send: median ${median(afterSend).toFixed(2)} ms, ` +
+          `max ${Math.max(...afterSend).toFixed(2)} ms (${String(afterReply.length)} revocations)`,
+      );
+    });
+
+    test("a revocation of another lease (another reader's fence) leaves the holder alone", async () => {
+      const a = await locks.read("rv2", { ttl: 30_000 });
+      const b = await locks.read("rv2", { ttl: 30_000, wait: 0 });
+      // One subscriber per server: both readers listen through it.
+      await untilListeners("rv2", 1);
+      const bLost = new Promise<LeaseLostError>((resolve) => b.once("lost", resolve));
+      // Messages for fences that are not a's: another lease's, one beyond 2^53, a malformed one.
+      await client.admin("PUBLISH", channelName("rv2"), `revoked ${String(Math.max(a.fence, b.fence) + 1)} not yours`);
+      await client.admin("PUBLISH", channelName("rv2"), "revoked 18446744073709551615 not yours either");
+      await client.admin("PUBLISH", channelName("rv2"), `revoked x${String(a.fence)}`);
+      assert.equal(Number(await client.admin("DLOCK.REVOKE", "rv2", "FENCE", String(b.fence), "REASON", "reader b only")), 1);
+      const error = await bLost;
+      assert.equal(error.reason, "revoked");
+      assert.equal(error.detail, "reader b only");
+      // Whatever a could have heard by now, it has: PING's reply comes after the messages above.
+      await client.admin("PING");
+      await sleep(20);
+      assert.equal(a.lost, null);
+      assert.equal(a.signal.aborted, false);
+      a.check();
+      assert.equal(await a.fenceCheck(), true);
+      assert.equal(await listeners("rv2"), 1, "a still listens");
+      await a.release();
+      await untilListeners("rv2", 0);
     });
 
     test("a mode conflict is a server error with its class", async () => {

@@ -31,6 +31,34 @@ test("which channel messages wake whom", () => {
   for (const v of wakes) assert.equal(protocol.wakes(v.message, v.tag), v.wakes, `${v.message} / ${String(v.tag)}`);
 });
 
+test("revoked messages: the fence and the reason, or not a revocation", () => {
+  // Fences up to 2^64 − 1: kept as their digits (JSON.parse would round them) and compared exactly.
+  const text = readFileSync(join(repoRoot, "protocol", "vectors", "messages.json"), "utf8").replace(/("fence":\s*)(\d+)/g, '$1"$2"');
+  const { revoked } = JSON.parse(text) as { revoked: { message: string; fence: string | null; reason?: string }[] };
+  assert.ok(revoked.some((v) => v.fence !== null && !Number.isSafeInteger(Number(v.fence))), "a fence beyond 2^53 among the vectors");
+  for (const v of revoked) {
+    const parsed = protocol.revocationOf(v.message);
+    if (v.fence === null) {
+      assert.equal(parsed, null, v.message);
+      continue;
+    }
+    assert.ok(parsed !== null, v.message);
+    assert.equal(parsed.reason, v.reason, v.message);
+    // Read as every fence is (a number); exact up to 2^53, where it revokes its own fence only.
+    assert.equal(parsed.fence, Number(v.fence), v.message);
+    const exact = BigInt(v.fence) <= BigInt(Number.MAX_SAFE_INTEGER);
+    if (exact) assert.equal(BigInt(parsed.fence), BigInt(v.fence), v.message);
+    assert.equal(protocol.revokes(parsed, Number(v.fence)), exact, v.message);
+    assert.equal(protocol.revokes(parsed, Number(v.fence) - 1), false, v.message);
+  }
+  // Beyond a u64 nothing is a fence; just beyond 2^53 the rounded fence matches nothing.
+  assert.equal(protocol.revocationOf("revoked 18446744073709551616"), null);
+  const rounded = protocol.revocationOf("revoked 9007199254740993 x");
+  assert.ok(rounded !== null);
+  assert.equal(protocol.revokes(rounded, 9007199254740992), false);
+  assert.equal(protocol.revokes(rounded, Number.MAX_SAFE_INTEGER), false);
+});
+
 test("key slots", () => {
   for (const v of vectors<{ key: string; slot: number }[]>("slots.json")) {
     assert.equal(protocol.keySlot(v.key), v.slot, v.key);
