@@ -359,6 +359,30 @@ class LeaseTest {
     }
 
     @Test
+    void releaseAfterKeepsTheResourceHeldThatLongAndNoLonger() throws Exception {
+        Lease lease = locks.hold("kept", SHORT.ttl(Duration.ofSeconds(10)));
+        lease.releaseAfter(Duration.ofMillis(300));
+        long ttl = locks.info("kept").orElseThrow().ttlMs();
+        assertTrue(ttl > 0 && ttl <= 300, "a RENEW shortened the lease to " + ttl + " ms");
+        assertEquals(NotAcquiredException.Outcome.HELD,
+                assertThrows(NotAcquiredException.class, () -> locks.hold("kept", SHORT)).outcome());
+        lease.release(); // does nothing: the lease ends with its ttl
+        assertEquals(lease.token(), locks.info("kept").orElseThrow().owner());
+        Thread.sleep(350);
+        assertFalse(lease.isLost(), "a lease let expire is not lost");
+        try (Lease next = locks.hold("kept", SHORT)) {
+            assertTrue(next.fence() > lease.fence());
+        }
+        Lease gone = locks.hold("kept-gone", SHORT.ttl(Duration.ofSeconds(10))); // no renewal meanwhile
+        server.command("DEL", "kept-gone");
+        assertEquals(LossReason.ENDED,
+                assertThrows(LeaseLostException.class, () -> gone.releaseAfter(Duration.ofMillis(300))).reason());
+        Lease now = locks.hold("kept-now", SHORT);
+        now.releaseAfter(Duration.ZERO); // under 1 ms: a release
+        assertTrue(locks.info("kept-now").isEmpty());
+    }
+
+    @Test
     void maxHoldEndsTheLeaseAndMetaShowsTheHolder() throws Exception {
         Lease lease = locks.hold("bounded", SHORT.maxHold(Duration.ofMillis(1_200)).meta("host=a pid=7"));
         assertEquals("host=a pid=7", locks.info("bounded").orElseThrow().meta());
