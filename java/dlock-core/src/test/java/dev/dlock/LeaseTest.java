@@ -327,6 +327,14 @@ class LeaseTest {
         try (Proxy proxy = new Proxy(server.port); Locks through = Locks.connect(proxy.url())) {
             try (Lease lease = through.hold("invoice:{2}", HoldOptions.defaults().noWait())) {
                 lease.fenced("GET", "invoice:{2}:count"); // the connections are open
+                // The lease's channel is subscribed (through the proxy too): the reply dropped next is
+                // the INCR's, not the SUBSCRIBE's.
+                io.lettuce.core.RedisClient direct = io.lettuce.core.RedisClient.create(server.url());
+                try (var node = direct.connect()) {
+                    RevokeTest.awaitSubscribers(node, Protocol.channelName("invoice:{2}"), false, 1);
+                } finally {
+                    direct.shutdown();
+                }
                 proxy.dropNextReply();
                 // The INCR runs, its reply is lost and the connection closed: a client that sends it
                 // again on the next connection counts twice.
