@@ -66,6 +66,11 @@ case "${1:-test}" in
     # hold (the reactor builds it): its own dependencies come with the first build.
     mvn_quiet -pl dlock-core dependency:resolve dependency:resolve-plugins
     mvn_quiet -pl dlock-conformance dependency:resolve-plugins
+    # dlock-shedlock likewise, but ShedLock (and SLF4J, its one dependency) is fetched by name, at
+    # the version java/pom.xml pins.
+    mvn_quiet -pl dlock-shedlock dependency:resolve-plugins
+    shedlock=$(sed -n 's:.*<shedlock.version>\(.*\)</shedlock.version>.*:\1:p' java/pom.xml)
+    mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-core:$shedlock"
     ;;
   test)
     DLOCK_MODULE=$(find_module)

@@ -20,6 +20,7 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.function.Consumer;
+import java.util.function.Function;
 
 /**
  * The resources' channels of one server: one pub/sub connection shared by every ticket waiter,
@@ -31,6 +32,13 @@ import java.util.function.Consumer;
  * ({@code docs/protocol.md}, section 4; one that is missed is caught by the lease's next renewal).
  * Lettuce re-subscribes after a reconnection; every (re)subscription wakes the channel's watchers,
  * since messages may have been missed.
+ *
+ * <p>In a cluster a channel follows its slot: when the server drops a subscription that nobody
+ * left (the slot moved away: it sends {@code sunsubscribe}), the slot map is read again and the
+ * channel's watches move to the channels of the slot's new primary, which subscribes there (a
+ * (re)subscription, which wakes them); while the map still names this node, the channel is
+ * subscribed here again, retried every 100 ms doubling to 1 s until a node accepts it. A watch
+ * that moved leaves where it is now, whichever {@code Channels} it is left through.
  */
 final class Channels {
     /** How long the connection stays open once nobody watches. */
@@ -43,6 +51,11 @@ final class Channels {
     private CompletableFuture<StatefulRedisPubSubConnection<String, String>> opening; // being opened, or null
     private Future<?> idleClose;
     private final Map<String, Set<Watch>> watches = new HashMap<>();
+    /** Our own (S)UNSUBSCRIBEs not yet confirmed, per channel: any other is the server dropping the channel. */
+    private final Map<String, Integer> leaving = new HashMap<>();
+    /** In a cluster: the channels of the primary serving a resource's slot, read again; null on a single server. */
+    private final Function<String, Channels> owner;
+    private boolean closed;
     /**
      * Per watched channel: completes when the server confirmed its (S)SUBSCRIBE, which every joiner
      * waits for; fails if the connection could not be opened.
@@ -54,18 +67,22 @@ final class Channels {
      * lease's, told of a revocation of its fence.
      */
     static final class Watch {
+        final String resource;
         final String channel;
         final String tag; // null: an observer (or a lease, which is never woken)
         final long fence; // a lease's
         final Consumer<String> revoked; // a lease's: called with the revocation's reason; null for others
         private boolean woken;
+        volatile Channels home; // where it is registered (it moves with its slot)
+        volatile boolean left;
 
-        Watch(String channel, String tag) {
-            this(channel, tag, 0, null);
+        Watch(String resource, String tag) {
+            this(resource, tag, 0, null);
         }
 
-        Watch(String channel, String tag, long fence, Consumer<String> revoked) {
-            this.channel = channel;
+        Watch(String resource, String tag, long fence, Consumer<String> revoked) {
+            this.resource = resource;
+            this.channel = Protocol.channelName(resource);
             this.tag = tag;
             this.fence = fence;
             this.revoked = revoked;
@@ -91,10 +108,11 @@ final class Channels {
         }
     }
 
-    Channels(RedisClient client, RedisURI uri, boolean sharded) {
+    Channels(RedisClient client, RedisURI uri, boolean sharded, Function<String, Channels> owner) {
         this.client = client;
         this.uri = uri;
         this.sharded = sharded;
+        this.owner = owner;
     }
 
     /**
@@ -105,7 +123,7 @@ final class Channels {
      * the same confirmation (a message published before it would be missed).
      */
     Watch join(String resource, String tag, Duration timeout) {
-        Watch watch = new Watch(Protocol.channelName(resource), tag);
+        Watch watch = new Watch(resource, tag);
         CompletableFuture<?> open;
         CompletableFuture<Void> confirmed;
         synchronized (this) {
@@ -135,7 +153,7 @@ final class Channels {
      * Lettuce's I/O thread.
      */
     synchronized Watch hold(String resource, long fence, Consumer<String> revoked) {
-        Watch watch = new Watch(Protocol.channelName(resource), null, fence, revoked);
+        Watch watch = new Watch(resource, null, fence, revoked);
         register(watch);
         return watch;
     }
@@ -145,6 +163,7 @@ final class Channels {
      * which subscribes every watched channel once open. Returns what opens the connection.
      */
     private CompletableFuture<?> register(Watch watch) {
+        watch.home = this;
         if (idleClose != null) {
             idleClose.cancel(false);
             idleClose = null;
@@ -229,6 +248,16 @@ final class Channels {
             public void ssubscribed(String channel, long count) {
                 deliver(channel, null);
             }
+
+            @Override
+            public void unsubscribed(String channel, long count) {
+                dropped(channel);
+            }
+
+            @Override
+            public void sunsubscribed(String channel, long count) {
+                dropped(channel);
+            }
         });
         watches.keySet().forEach(this::subscribe);
         if (watches.isEmpty()) {
@@ -273,10 +302,133 @@ final class Channels {
     }
 
     /**
-     * Unregisters a watch; the last watcher of a channel unsubscribes it (in order with the joins'
-     * SUBSCRIBEs); once nobody watches, the connection closes after {@link #IDLE_CLOSE}.
+     * An unsubscription confirmed: ours (a leave), or the server dropping a channel still watched
+     * here, whose slot moved away (in a cluster), which the channel then follows.
      */
-    synchronized void leave(Watch watch) {
+    private void dropped(String channel) {
+        synchronized (this) {
+            Integer ours = leaving.remove(channel);
+            if (ours != null) {
+                if (ours > 1) {
+                    leaving.put(channel, ours - 1);
+                }
+                return;
+            }
+            if (owner == null || closed || !watches.containsKey(channel)) {
+                return;
+            }
+        }
+        java.util.concurrent.ForkJoinPool.commonPool().execute(() -> follow(channel)); // not on Lettuce's I/O thread
+    }
+
+    /**
+     * Moves the channel's watches to the channels of the primary its slot is on now, or subscribes
+     * it here again while the slot map names this node; retried until one of them is done.
+     */
+    private void follow(String channel) {
+        long pauseMs = 100;
+        while (true) {
+            String resource;
+            synchronized (this) {
+                Set<Watch> registered = watches.get(channel);
+                if (closed || registered == null || registered.isEmpty()) {
+                    return; // nobody watches any more
+                }
+                resource = registered.iterator().next().resource;
+            }
+            Channels target;
+            try {
+                target = owner.apply(resource);
+            } catch (RuntimeException e) {
+                target = null; // no node known for the slot yet
+            }
+            if (target != null && target != this) {
+                Set<Watch> moving;
+                synchronized (this) {
+                    moving = watches.remove(channel);
+                    subscribed.remove(channel);
+                    if (moving == null) {
+                        return;
+                    }
+                    for (Watch watch : moving) {
+                        watch.home = target;
+                    }
+                    if (watches.isEmpty() && connection != null) {
+                        closeWhenIdle();
+                    }
+                }
+                target.adopt(moving);
+                return;
+            }
+            if (target == this && subscribeAgain(channel)) {
+                return;
+            }
+            try {
+                Thread.sleep(pauseMs);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return;
+            }
+            pauseMs = Math.min(2 * pauseMs, 1000);
+        }
+    }
+
+    /** The channel subscribed here again (the slot is still here, or came back): true once the server accepted it. */
+    private boolean subscribeAgain(String channel) {
+        CompletableFuture<Void> done;
+        synchronized (this) {
+            if (connection == null || !watches.containsKey(channel)) {
+                return connection != null || opening != null; // a connection being opened subscribes it
+            }
+            done = new CompletableFuture<>();
+            subscribed.put(channel, done);
+            subscribe(channel);
+        }
+        try {
+            done.get(Transport.connectTimeout(uri).toMillis(), TimeUnit.MILLISECONDS);
+            return true;
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return true;
+        } catch (ExecutionException | TimeoutException e) {
+            return false; // MOVED: the slot map is behind
+        }
+    }
+
+    /** Registers watches that moved here with their slot; the first of a channel subscribes it. */
+    void adopt(Set<Watch> moving) {
+        synchronized (this) {
+            for (Watch watch : moving) {
+                if (!watch.left && watch.home == this) {
+                    register(watch);
+                }
+            }
+        }
+    }
+
+    /**
+     * Unregisters a watch, where it is registered now (it may have moved with its slot); the last
+     * watcher of a channel unsubscribes it (in order with the joins' SUBSCRIBEs); once nobody
+     * watches, the connection closes after {@link #IDLE_CLOSE}.
+     */
+    void leave(Watch watch) {
+        while (true) {
+            Channels home = watch.home;
+            if (home != null && home != this) {
+                home.leave(watch);
+                return;
+            }
+            synchronized (this) {
+                if (watch.home == home) {
+                    watch.left = true;
+                    leaveHere(watch);
+                    return;
+                }
+            }
+        }
+    }
+
+    private void leaveHere(Watch watch) {
         Set<Watch> registered = watches.get(watch.channel);
         if (registered == null || !registered.remove(watch) || !registered.isEmpty()) {
             return;
@@ -284,6 +436,7 @@ final class Channels {
         watches.remove(watch.channel);
         subscribed.remove(watch.channel);
         if (connection != null) {
+            leaving.merge(watch.channel, 1, Integer::sum);
             if (sharded) {
                 connection.async().sunsubscribe(watch.channel);
             } else {
@@ -306,6 +459,7 @@ final class Channels {
                     if (watches.isEmpty() && connection != null) {
                         connection.closeAsync();
                         connection = null;
+                        leaving.clear();
                     }
                 }
             }, IDLE_CLOSE.toMillis(), TimeUnit.MILLISECONDS);
@@ -317,6 +471,7 @@ final class Channels {
     }
 
     synchronized void close() {
+        closed = true;
         if (idleClose != null) {
             idleClose.cancel(false);
             idleClose = null;
@@ -328,5 +483,6 @@ final class Channels {
         opening = null; // closed once it opens
         watches.clear();
         subscribed.clear();
+        leaving.clear();
     }
 }

@@ -404,6 +404,31 @@ public final class Lease implements AutoCloseable {
      * @throws NotReleasedException if the server did not answer in time (the lease ends with its ttl)
      */
     public void release() {
+        end(0);
+    }
+
+    /**
+     * Stops the renewals and lets the lease end {@code delay} from now instead of releasing it: one
+     * {@code DLOCK.RENEW} with FENCE and that ttl (a shorter ttl shortens the lease; never past the
+     * max hold), bounded by the release timeout, after which nothing more is sent. Nobody else gets
+     * the resource before then: a minimum hold, such as ShedLock's {@code lockAtLeastFor}. A delay
+     * under 1 ms is a {@link #release()}. Later calls, and a release after it, do nothing.
+     *
+     * @param delay how long from now the resource stays held
+     * @throws LeaseLostException if the lease was lost before, or found gone now ({@link LossReason#ENDED})
+     * @throws NotReleasedException if the server did not answer in time (the lease ends with the
+     *     ttl it last had)
+     */
+    public void releaseAfter(Duration delay) {
+        long keepMs = delay.compareTo(Duration.ofMillis(1)) < 0 ? 0 : delay.toMillis();
+        if (keepMs != 0 && holdEnd != 0) {
+            keepMs = Math.max(1, Math.min(keepMs, Duration.ofNanos(holdEnd - System.nanoTime()).toMillis()));
+        }
+        end(keepMs);
+    }
+
+    /** Ends the hold: a RELEASE (keepMs 0), or a last RENEW to keepMs from now. */
+    private void end(long keepMs) {
         synchronized (this) {
             if (releaseRan) {
                 return;
@@ -416,19 +441,20 @@ public final class Lease implements AutoCloseable {
             }
         }
         try {
-            releaseOnce();
+            endOnce(keepMs);
         } finally {
             stopListening(); // after the RELEASE: a revocation until then is still heard
         }
     }
 
-    private void releaseOnce() {
+    private void endOnce(long keepMs) {
         if (lost.isDone()) {
             throw lossError();
         }
         Object reply;
         try {
-            reply = locks.call(() -> Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
+            reply = locks.call(() -> keepMs == 0 ? Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence))
+                    : Protocol.renewArgs(resource, token, keepMs, locks.fenceArg(Protocol.RENEW, fence)),
                     options.releaseTimeoutValue());
         } catch (Exception e) {
             if (e instanceof InterruptedException) {
@@ -446,7 +472,9 @@ public final class Lease implements AutoCloseable {
         }
         locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
         if (Long.valueOf(1).equals(reply)) {
-            Locks.log(Protocol.LogLine.LEASE_RELEASED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence));
+            if (keepMs == 0) {
+                Locks.log(Protocol.LogLine.LEASE_RELEASED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence));
+            }
             return;
         }
         // Gone before the work ended: the end of the work was not protected.

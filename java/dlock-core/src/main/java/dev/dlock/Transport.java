@@ -300,7 +300,14 @@ final class Transport implements AutoCloseable {
     synchronized Channels channels(String resource) {
         RedisURI at = nodeUri(resource);
         String key = at.getHost() + ":" + at.getPort();
-        return channels.computeIfAbsent(key, k -> new Channels(cluster != null ? nodes : single, at, cluster != null));
+        return channels.computeIfAbsent(key, k -> new Channels(cluster != null ? nodes : single, at, cluster != null,
+                cluster != null ? this::channelsAfterMove : null));
+    }
+
+    /** The channels of the primary serving resource's slot, after reading the slot map again (its slot moved). */
+    private Channels channelsAfterMove(String resource) {
+        refreshSlots();
+        return channels(resource);
     }
 
     private synchronized StatefulRedisConnection<String, String> singleShared() {

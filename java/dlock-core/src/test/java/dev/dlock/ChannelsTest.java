@@ -16,7 +16,7 @@ class ChannelsTest {
     void aSecondJoinerOfAPendingSubscriptionWaitsForItsConfirmation() throws Exception {
         try (Servers.Server server = Servers.start()) {
             RedisClient client = RedisClient.create();
-            Channels channels = new Channels(client, RedisURI.create(server.url()), false);
+            Channels channels = new Channels(client, RedisURI.create(server.url()), false, null);
             try {
                 // The connection is open (a watch on another channel keeps it), then the server stops:
                 // the SUBSCRIBE of the first joiner of "r" stays unconfirmed until it resumes.

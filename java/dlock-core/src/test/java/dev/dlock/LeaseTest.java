@@ -327,6 +327,14 @@ class LeaseTest {
         try (Proxy proxy = new Proxy(server.port); Locks through = Locks.connect(proxy.url())) {
             try (Lease lease = through.hold("invoice:{2}", HoldOptions.defaults().noWait())) {
                 lease.fenced("GET", "invoice:{2}:count"); // the connections are open
+                // The lease's channel is subscribed (through the proxy too): the reply dropped next is
+                // the INCR's, not the SUBSCRIBE's.
+                io.lettuce.core.RedisClient direct = io.lettuce.core.RedisClient.create(server.url());
+                try (var node = direct.connect()) {
+                    RevokeTest.awaitSubscribers(node, Protocol.channelName("invoice:{2}"), false, 1);
+                } finally {
+                    direct.shutdown();
+                }
                 proxy.dropNextReply();
                 // The INCR runs, its reply is lost and the connection closed: a client that sends it
                 // again on the next connection counts twice.
@@ -356,6 +364,30 @@ class LeaseTest {
             assertThrows(NotAcquiredException.class, () -> locks.semaphore("pool", 2, SHORT));
         }
         assertThrows(IllegalArgumentException.class, () -> locks.semaphore("pool", 0, SHORT));
+    }
+
+    @Test
+    void releaseAfterKeepsTheResourceHeldThatLongAndNoLonger() throws Exception {
+        Lease lease = locks.hold("kept", SHORT.ttl(Duration.ofSeconds(10)));
+        lease.releaseAfter(Duration.ofMillis(300));
+        long ttl = locks.info("kept").orElseThrow().ttlMs();
+        assertTrue(ttl > 0 && ttl <= 300, "a RENEW shortened the lease to " + ttl + " ms");
+        assertEquals(NotAcquiredException.Outcome.HELD,
+                assertThrows(NotAcquiredException.class, () -> locks.hold("kept", SHORT)).outcome());
+        lease.release(); // does nothing: the lease ends with its ttl
+        assertEquals(lease.token(), locks.info("kept").orElseThrow().owner());
+        Thread.sleep(350);
+        assertFalse(lease.isLost(), "a lease let expire is not lost");
+        try (Lease next = locks.hold("kept", SHORT)) {
+            assertTrue(next.fence() > lease.fence());
+        }
+        Lease gone = locks.hold("kept-gone", SHORT.ttl(Duration.ofSeconds(10))); // no renewal meanwhile
+        server.command("DEL", "kept-gone");
+        assertEquals(LossReason.ENDED,
+                assertThrows(LeaseLostException.class, () -> gone.releaseAfter(Duration.ofMillis(300))).reason());
+        Lease now = locks.hold("kept-now", SHORT);
+        now.releaseAfter(Duration.ZERO); // under 1 ms: a release
+        assertTrue(locks.info("kept-now").isEmpty());
     }
 
     @Test

@@ -204,6 +204,38 @@ public final class Servers {
             return String.join(",", nodes.stream().map(Server::url).toList());
         }
 
+        /** The primary serving the key's slot: the node that does not answer MOVED. */
+        public Server owner(String key) {
+            return nodes.stream().filter(n -> !n.command("DLOCK.INFO", key).startsWith("-MOVED")).findFirst()
+                    .orElseThrow();
+        }
+
+        /**
+         * Moves the key's slot, with the key, from the node serving it to {@code to} as redis-cli
+         * --cluster reshard does: IMPORTING, MIGRATING, MIGRATE of the key, SETSLOT NODE on every node.
+         */
+        public void moveSlot(String key, Server to) {
+            Server from = owner(key);
+            String slot = from.command("CLUSTER", "KEYSLOT", key).substring(1);
+            String fromId = from.command("CLUSTER", "MYID");
+            String toId = to.command("CLUSTER", "MYID");
+            expectOk(to.command("CLUSTER", "SETSLOT", slot, "IMPORTING", fromId));
+            expectOk(from.command("CLUSTER", "SETSLOT", slot, "MIGRATING", toId));
+            String migrated = from.command("MIGRATE", "127.0.0.1", Integer.toString(to.port), key, "0", "5000");
+            if (!migrated.equals("+OK") && !migrated.equals("+NOKEY")) {
+                throw new IllegalStateException("MIGRATE: " + migrated);
+            }
+            for (Server node : nodes) {
+                expectOk(node.command("CLUSTER", "SETSLOT", slot, "NODE", toId));
+            }
+        }
+
+        private static void expectOk(String reply) {
+            if (!reply.equals("+OK")) {
+                throw new IllegalStateException(reply);
+            }
+        }
+
         @Override
         public void close() {
             nodes.forEach(Server::close);
