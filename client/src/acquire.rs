@@ -355,6 +355,7 @@ impl Client {
             mode,
             local_expiry: sent + Duration::from_millis(millis(ttl)),
             granted: Instant::now(),
+            revocation: None,
         };
         match (self.options.replicas, acked) {
             (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
@@ -364,7 +365,14 @@ impl Client {
                     matches!(self.release_grant(resource, &token, Some(fence)).await, Ok(true));
                 Err(AcquireError::NotReplicated { token, acked, wanted: replicas.count, released })
             }
-            _ => Ok(lease),
+            _ => {
+                // Listens for the lease's revocation from now on, on the node that granted it;
+                // the subscription is not awaited (a revocation that races it is caught by the
+                // next renewal).
+                let address = self.node_address(resource).await;
+                let holder = self.channels.hold(self, address, resource, fence);
+                Ok(Lease { revocation: Some(holder), ..lease })
+            }
         }
     }
 
@@ -390,7 +398,7 @@ impl Client {
         // least the ticket's length, so that a refresh claims a turn whose message was missed.
         let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
         let claim_ms = millis(ttl.min(claim));
-        let mut waiter = self.tickets.join(self, resource, token).await;
+        let mut waiter = self.channels.join(self, resource, token).await;
         let mut reached_server = false;
         loop {
             let claim = (!self.claim_refused.load(Ordering::Relaxed)).then_some(claim_ms);
@@ -455,7 +463,7 @@ impl Client {
                 () = waiter.woken() => {}
                 () = tokio::time::sleep(nap) => {}
             }
-            waiter = self.tickets.keep(self, resource, waiter).await;
+            waiter = self.channels.keep(self, resource, waiter).await;
         }
     }
 

@@ -27,9 +27,10 @@ pub struct Client {
     pub(crate) options: ClientOptions,
     /// The server refused `CLAIM` (it is older than claim windows): waits go without it.
     pub(crate) claim_refused: Arc<AtomicBool>,
-    /// The subscribers that wake the waiters holding tickets (`QUEUE`), one per server (per
+    /// The subscribers of the resources' channels, which wake the waiters holding tickets
+    /// (`QUEUE`) and tell holders of their leases' revocation, one per server (per
     /// primary in a cluster), shared by the clones.
-    pub(crate) tickets: Arc<crate::tickets::Hubs>,
+    pub(crate) channels: Arc<crate::tickets::Hubs>,
 }
 
 /// Where requests go: one server, or the primary of each request's resource.
@@ -287,7 +288,7 @@ impl Client {
             transport: Arc::new(transport),
             options,
             claim_refused: Arc::default(),
-            tickets: Arc::default(),
+            channels: Arc::default(),
         }
     }
 

@@ -165,15 +165,22 @@ pub enum LossReason {
     /// The server announced the lease's end (a `dlock.expired` keyspace event, or a deletion
     /// confirmed by FENCECHECK) before a renewal noticed.
     Ended(String),
+    /// An operator revoked the lease (`DLOCK.REVOKE`): the resource's channel said
+    /// `revoked <fence> <reason>` with this lease's fence. Holds the reason the operator gave
+    /// (empty when none was). Reported at once, without waiting for a renewal; no RELEASE
+    /// follows (the server already ended the lease).
+    Revoked(String),
 }
 
 impl LossReason {
-    /// A short label for metrics and logs: `renewal_refused`, `unreachable`, `ended`.
+    /// A short label for metrics and logs: `renewal_refused`, `unreachable`, `ended`,
+    /// `revoked`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::RenewalRefused => "renewal_refused",
             Self::Unreachable(_) => "unreachable",
             Self::Ended(_) => "ended",
+            Self::Revoked(_) => "revoked",
         }
     }
 }
@@ -184,6 +191,10 @@ impl std::fmt::Display for LossReason {
             Self::RenewalRefused => write!(f, "the server refused the renewal"),
             Self::Unreachable(detail) => write!(f, "no renewal before the local expiry: {detail}"),
             Self::Ended(event) => write!(f, "the server ended the lease ({event})"),
+            Self::Revoked(reason) if reason.is_empty() => {
+                write!(f, "an operator revoked the lease")
+            }
+            Self::Revoked(reason) => write!(f, "an operator revoked the lease: {reason}"),
         }
     }
 }

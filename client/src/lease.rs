@@ -9,6 +9,7 @@ use dlock_proto::error::ErrorClass;
 use redis::RedisError;
 
 use crate::connection::millis;
+use crate::tickets::Holder;
 use crate::{
     CancellationToken, Client, FencedError, LossReason, Mode, RunError, observe, protocol,
 };
@@ -32,6 +33,9 @@ pub struct Lease {
     pub(crate) mode: Mode,
     pub(crate) local_expiry: Instant,
     pub(crate) granted: Instant,
+    /// Its place among the holders listening on the resource's channel, told of an operator's
+    /// `DLOCK.REVOKE`; leaves the channel with the lease.
+    pub(crate) revocation: Option<Holder>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -71,6 +75,15 @@ impl Lease {
     /// A conservative end of the lease on this machine's clock: never after the server's deadline.
     pub fn local_expiry(&self) -> Instant {
         self.local_expiry
+    }
+
+    /// The reason an operator gave when revoking this lease (`DLOCK.REVOKE`; empty if none), once
+    /// the resource's channel said so: from the grant on, the client listens there for it. A
+    /// revocation that came before that subscription was confirmed, or while the channel could
+    /// not be heard, shows only as a refused renewal. [`Lease::run`] reports it as
+    /// [`LossReason::Revoked`].
+    pub fn revocation(&self) -> Option<String> {
+        self.revocation.as_ref().and_then(Holder::heard)
     }
 
     /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
@@ -156,6 +169,13 @@ impl Lease {
     /// while `work` runs. If the lease is lost, `work`'s token is cancelled, `work` gets
     /// `cancel_grace` to stop and is then dropped, and `run` returns [`RunError::LockLost`].
     /// When `work` ends, the lease is released; a failed release is [`RunError::NotReleased`].
+    ///
+    /// A lease is lost when a renewal is refused, when no renewal is answered before its local
+    /// expiry, when the server announces its end ([`ClientOptions::watch_events`]), and at once
+    /// when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
+    /// RELEASE follows: the lease is gone).
+    ///
+    /// [`ClientOptions::watch_events`]: crate::ClientOptions::watch_events
     pub async fn run<F, Fut, T>(mut self, work: F) -> Result<T, RunError<T>>
     where
         F: FnOnce(CancellationToken) -> Fut,
@@ -178,7 +198,20 @@ impl Lease {
                 (&self.client, &self.resource, &self.token, self.fence, self.ttl);
             let renewal = async move {
                 tokio::time::sleep_until(next_renewal.into()).await;
-                renew_once(client, resource, token, fence, ttl).await
+                let renewed = renew_once(client, resource, token, fence, ttl).await;
+                // Where the lease lives now (a slot may have moved): its channel is there.
+                let address = match renewed {
+                    Ok(Some(_)) => client.node_address(resource).await,
+                    _ => String::new(),
+                };
+                (renewed, address)
+            };
+            let revocation = &mut self.revocation;
+            let revoked = async move {
+                match revocation {
+                    Some(holder) => holder.revoked().await,
+                    None => std::future::pending().await,
+                }
             };
             let expiry = tokio::time::sleep_until(self.local_expiry.into());
             let event = async {
@@ -198,10 +231,15 @@ impl Lease {
                         Err(error) => Err(RunError::NotReleased { output, reason: error.to_string() }),
                     };
                 }
-                renewed = renewal => match renewed {
+                (renewed, address) = renewal => match renewed {
                     Ok(Some(expiry)) => {
                         self.local_expiry = expiry;
                         next_renewal = Instant::now() + ttl / 3;
+                        // Still listening: subscribed again if the subscriber went down, on
+                        // the node serving the resource now.
+                        if let Some(holder) = self.revocation.as_mut() {
+                            holder.keep(&self.client.channels, &self.client, address);
+                        }
                     }
                     Ok(None) => break LossReason::RenewalRefused,
                     Err(error) if Instant::now() >= self.local_expiry => {
@@ -212,6 +250,8 @@ impl Lease {
                 },
                 // The lease may already be over on the server: stop at the local expiry.
                 _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
+                // An operator's DLOCK.REVOKE: the channel named this lease's fence.
+                reason = revoked => break LossReason::Revoked(reason),
                 message = event => match message {
                     // The subscription's connection ended: renewals alone watch the lease now.
                     None | Some(crate::pubsub::Event::Dropped(_)) => events = None,
@@ -223,9 +263,18 @@ impl Lease {
                 },
             }
         };
+        // A renewal refused as the channel told of the revocation: the revocation says why.
+        let lost = match (lost, self.revocation()) {
+            (LossReason::RenewalRefused, Some(reason)) => LossReason::Revoked(reason),
+            (lost, _) => lost,
+        };
         cancelled.cancel();
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
-        observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), lost.kind());
+        observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), &lost);
+        if matches!(lost, LossReason::Revoked(_)) {
+            // The server ended the lease itself: there is nothing to release.
+            return Err(RunError::LockLost(lost));
+        }
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
         // In the background: a server that stopped answering would hold up the caller's news of
         // the loss for a whole request timeout.

@@ -40,6 +40,14 @@
 //!   ([`ClientOptions::watch_events`]) cancel the work and return [`RunError::LockLost`]; when
 //!   the work ends, an owner-checked RELEASE is sent with a bounded timeout and a failed release
 //!   is reported, not swallowed.
+//! - An operator's `DLOCK.REVOKE` ends the work at once: from its grant on, a lease listens on
+//!   its resource's channel (on the client's one subscriber connection per server, shared with
+//!   the ticket waiters; the subscription is made in the background, so the grant is not
+//!   delayed), and a `revoked` message with its fence cancels the work and returns
+//!   [`LossReason::Revoked`] with the operator's reason, with no RELEASE after it. The lease
+//!   leaves the channel when it ends. A revocation the channel did not carry (it raced the
+//!   subscription, or the subscriber was down) is found by the next renewal, as
+//!   [`LossReason::RenewalRefused`].
 //! - Connecting is bounded by [`ClientOptions::connect_timeout`] and fails as
 //!   [`ConnectError::Unreachable`] when nothing listens, nothing answers or the connection is
 //!   cut. A request is never sent on a connection the server already closed: it opens a new one

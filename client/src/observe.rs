@@ -9,13 +9,14 @@
 //! - `dlock_client_hold_seconds` (histogram): from the grant to the release or the loss
 //! - `dlock_client_renewal_failures_total{reason}`: `refused`, `error`
 //! - `dlock_client_release_failures_total`
-//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`
+//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`,
+//!   `revoked`
 //! - `dlock_client_stale_writes_total`: fenced writes refused (DLOCK.FENCED STALE or SQL)
 //! - `dlock_client_redirects_total`: `MOVED` and `ASK` replies followed (Redis Cluster)
 
 use std::time::Duration;
 
-use crate::Lease;
+use crate::{Lease, LossReason};
 
 pub(crate) fn acquire_attempt() {
     metrics::counter!("dlock_client_acquire_attempts_total").increment(1);
@@ -47,10 +48,28 @@ pub(crate) fn released(resource: &str, token: &str, fence: u64, held: Duration, 
     }
 }
 
-pub(crate) fn lost(resource: &str, token: &str, fence: u64, held: Duration, reason: &'static str) {
+pub(crate) fn lost(resource: &str, token: &str, fence: u64, held: Duration, lost: &LossReason) {
     metrics::histogram!("dlock_client_hold_seconds").record(held.as_secs_f64());
+    let reason = lost.kind();
     metrics::counter!("dlock_client_leases_lost_total", "reason" => reason).increment(1);
-    tracing::warn!(resource, owner = token, fence, reason, "dlock: lease lost, work cancelled");
+    match lost {
+        // The operator's reason, as they gave it.
+        LossReason::Revoked(detail) => tracing::warn!(
+            resource,
+            owner = token,
+            fence,
+            reason,
+            detail = detail.as_str(),
+            "dlock: lease lost, work cancelled"
+        ),
+        _ => tracing::warn!(
+            resource,
+            owner = token,
+            fence,
+            reason,
+            "dlock: lease lost, work cancelled"
+        ),
+    }
 }
 
 pub(crate) fn stale_write_refused() {

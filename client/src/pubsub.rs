@@ -38,7 +38,9 @@ impl Messages {
     pub(crate) fn plain(stream: PubSubStream) -> Self {
         let events = stream.map(|message| Event::Message {
             channel: message.get_channel_name().to_owned(),
-            payload: message.get_payload().unwrap_or_default(),
+            // Read as bytes: a revocation's reason may be any bytes, and a message that is not
+            // UTF-8 must not come through empty.
+            payload: String::from_utf8_lossy(message.get_payload_bytes()).into_owned(),
         });
         Self { events: Box::pin(events), _connection: None }
     }

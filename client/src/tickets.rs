@@ -1,11 +1,20 @@
-//! Waiting with `QUEUE` tickets: the waiters of one client share its multiplexed connection for
-//! their ACQUIREs and one subscriber connection (opened when the first waiter comes) for the
-//! resources' channels. A `handoff <fence> <tag>` message wakes only the waiters whose token has
-//! that tag (the lease is theirs: their next ACQUIRE claims it); one without a tag (an older
-//! server) wakes every waiter of the resource, and the other messages (`acquired`, `released`,
-//! `expired`) wake none: a release with a line always hands over, and says so. In Redis Cluster there
-//! is one such subscriber per primary (`SSUBSCRIBE` on the node serving the channels' slots),
-//! and a waiter whose resource's slot moved to another primary joins that primary's.
+//! The resources' channels of one client: waiting with `QUEUE` tickets, and hearing that a held
+//! lease was revoked. The waiters of one client share its multiplexed connection for their
+//! ACQUIREs and one subscriber connection (opened when the first waiter or holder comes) for the
+//! resources' channels, which the holders of its leases share too.
+//!
+//! A `handoff <fence> <tag>` message wakes only the waiters whose token has that tag (the lease
+//! is theirs: their next ACQUIRE claims it); one without a tag (an older server) wakes every
+//! waiter of the resource, and the other messages (`acquired`, `released`, `expired`) wake none:
+//! a release with a line always hands over, and says so. In Redis Cluster there is one such
+//! subscriber per primary (`SSUBSCRIBE` on the node serving the channels' slots), and a waiter
+//! whose resource's slot moved to another primary joins that primary's.
+//!
+//! A holder joins its resource's channel when the lease is granted, without waiting for the
+//! subscription (a [`Holder`]: a task of its own subscribes, so the grant returns at once), and
+//! leaves it with the lease. A `revoked <fence> <reason>` message whose fence is a holder's
+//! tells that holder (an operator's `DLOCK.REVOKE`); a revocation that comes before the
+//! subscription is confirmed, or while the subscriber is down, is caught by the next renewal.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,11 +51,15 @@ impl Hubs {
 
     async fn join_tagged(&self, client: &crate::Client, resource: &str, tag: String) -> Waiter {
         let address = client.node_address(resource).await;
-        let hub = lock(&self.hubs)
+        self.hub(address).join(client, &channel_of(resource), tag).await
+    }
+
+    /// The subscriber of the node at `address`, made if new.
+    fn hub(&self, address: String) -> Arc<Hub> {
+        lock(&self.hubs)
             .entry(address.clone())
             .or_insert_with(|| Arc::new(Hub { node: address, ..Hub::default() }))
-            .clone();
-        hub.join(client, &channel_of(resource), tag).await
+            .clone()
     }
 
     /// Keeps `waiter` subscribed: on the subscriber of the node that serves `resource` now
@@ -66,16 +79,29 @@ impl Hubs {
         waiter.hub.ensure(client).await;
         waiter
     }
+
+    /// Joins the holders of `resource`'s channel on the subscriber of the node at `address`
+    /// (the one that granted the lease of `fence`), at once: the subscription is made in the
+    /// background.
+    pub(crate) fn hold(
+        &self,
+        client: &crate::Client,
+        address: String,
+        resource: &str,
+        fence: u64,
+    ) -> Holder {
+        self.hub(address).hold(client, channel_of(resource), fence)
+    }
 }
 
-/// The subscriber of one server: which channels have waiters, and the connection subscribed to
-/// them.
+/// The subscriber of one server: which channels have waiters or holders, and the connection
+/// subscribed to them.
 #[derive(Default)]
 pub(crate) struct Hub {
     /// The node's address (empty outside a cluster).
     node: String,
-    /// Per channel: its waiters and the counters of messages that wake them. Read by the
-    /// connection's reader task, so a plain mutex, never held across an await.
+    /// Per channel: its members and what tells them of its messages. Read by the connection's
+    /// reader task, so a plain mutex, never held across an await.
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The subscriber connection; held while (un)subscribing, so that the connection's set of
     /// channels follows `channels`.
@@ -83,17 +109,39 @@ pub(crate) struct Hub {
 }
 
 struct Channel {
-    waiters: usize,
+    /// Its ticket waiters and holders.
+    members: usize,
+    /// Whether the current connection is subscribed to it (read and written with the link
+    /// held).
+    subscribed: bool,
     /// Wakes every waiter of the channel (a new connection, a lost one, an untagged `handoff`).
     messages: watch::Sender<u64>,
     /// Per tag of the waiters' tokens: how many wait with it, and what wakes them (a `handoff`
     /// naming it).
     tags: HashMap<String, (usize, watch::Sender<u64>)>,
+    /// Per fence of the leases held on the channel's resource: how many holders have it, and
+    /// what tells them of its revocation (the reason given, empty if none).
+    fences: HashMap<u64, (usize, watch::Sender<Option<String>>)>,
 }
 
 impl Channel {
-    /// Wakes the waiters that `payload` concerns.
+    fn new() -> Self {
+        Self {
+            members: 0,
+            subscribed: false,
+            messages: watch::channel(0).0,
+            tags: HashMap::new(),
+            fences: HashMap::new(),
+        }
+    }
+
+    /// Tells the holder and wakes the waiters that `payload` concerns.
     fn deliver(&self, payload: &str) {
+        if let Some((fence, reason)) = channel::revoked(payload)
+            && let Some((_, revoked)) = self.fences.get(&fence)
+        {
+            revoked.send_replace(Some(reason.to_owned()));
+        }
         match channel::woken(payload) {
             Woken::Nobody => {}
             Woken::Tag(tag) => {
@@ -101,7 +149,8 @@ impl Channel {
                     bump(wake);
                 }
             }
-            // A `handoff` without a tag (an older server), or a message not understood.
+            // A `handoff` without a tag (an older server), or a message not understood (a
+            // `revoked`: the lock may have passed to a waiter).
             Woken::Everyone => bump(&self.messages),
         }
     }
@@ -149,7 +198,7 @@ impl Drop for Link {
 }
 
 /// One waiter's place among its channel's waiters: wakes on the channel's messages that concern
-/// it, and leaves when dropped (the last one out unsubscribes).
+/// it, and leaves when dropped (the last member out unsubscribes).
 pub(crate) struct Waiter {
     hub: Arc<Hub>,
     channel: String,
@@ -161,12 +210,57 @@ pub(crate) struct Waiter {
     mine: watch::Receiver<u64>,
 }
 
+/// A held lease's place among its channel's holders: told of the lease's revocation, and
+/// leaves when dropped (the last member out unsubscribes).
+pub(crate) struct Holder {
+    hub: Arc<Hub>,
+    channel: String,
+    fence: u64,
+    /// The reason of the lease's revocation, once the channel said so.
+    revoked: watch::Receiver<Option<String>>,
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Hub {
-    /// Joins the waiters of `channel`, subscribing to it first if this is its first waiter, so
+    /// Counts a new member of `channel` (making its entry if it has none) and lets `join`
+    /// register it there.
+    fn enter<R>(&self, channel: &str, join: impl FnOnce(&mut Channel) -> R) -> R {
+        let mut channels = lock(&self.channels);
+        let entry = channels.entry(channel.to_owned()).or_insert_with(Channel::new);
+        entry.members += 1;
+        join(entry)
+    }
+
+    /// Counts a member of `channel` out, after `leave` took it off; the last one out removes
+    /// the entry and unsubscribes (in the background).
+    fn leave(self: &Arc<Self>, channel: &mut String, leave: impl FnOnce(&mut Channel)) {
+        let idle = {
+            let mut channels = lock(&self.channels);
+            match channels.get_mut(channel.as_str()) {
+                Some(entry) if entry.members > 1 => {
+                    entry.members -= 1;
+                    leave(entry);
+                    false
+                }
+                Some(_) => {
+                    channels.remove(channel.as_str());
+                    true
+                }
+                None => false,
+            }
+        };
+        if !idle {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (hub, channel) = (self.clone(), std::mem::take(channel));
+        runtime.spawn(hub.unsubscribe_if_idle(channel, UNSUBSCRIBE_WITHIN));
+    }
+
+    /// Joins the waiters of `channel`, subscribing to it first if the connection is not yet, so
     /// that no message sent after this returns is missed (if the subscription failed, the
     /// waiter still wakes at its refresh interval, and a later [`Hub::ensure`] subscribes).
     pub(crate) async fn join(
@@ -176,46 +270,80 @@ impl Hub {
         tag: String,
     ) -> Waiter {
         let mut link = self.link.lock().await;
-        let (messages, mine, first) = {
-            let mut channels = lock(&self.channels);
-            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
-                waiters: 0,
-                messages: watch::channel(0).0,
-                tags: HashMap::new(),
-            });
-            entry.waiters += 1;
+        let (messages, mine) = self.enter(channel, |entry| {
             let tagged = entry.tags.entry(tag.clone()).or_insert_with(|| (0, watch::channel(0).0));
             tagged.0 += 1;
-            (entry.messages.subscribe(), tagged.1.subscribe(), entry.waiters == 1)
-        };
+            (entry.messages.subscribe(), tagged.1.subscribe())
+        });
         let waiter = Waiter { hub: self.clone(), channel: channel.to_owned(), tag, messages, mine };
-        if self.connected(&mut link, client).await && first {
-            let subscribed = match link.sink.as_mut() {
-                Some(sink) => subscribe(sink, channel, client.options.request_timeout).await,
-                None => Ok(()),
-            };
-            if let Err(error) = subscribed {
-                tracing::debug!(channel, %error, "dlock: cannot subscribe for tickets");
+        self.subscribe_to(&mut link, client, channel).await;
+        waiter
+    }
+
+    /// Joins the holders of `channel` as the lease of `fence`, at once; a task subscribes to
+    /// the channel if the connection is not yet.
+    fn hold(self: &Arc<Self>, client: &crate::Client, channel: String, fence: u64) -> Holder {
+        let revoked = self.enter(&channel, |entry| {
+            let held = entry.fences.entry(fence).or_insert_with(|| (0, watch::channel(None).0));
+            held.0 += 1;
+            held.1.subscribe()
+        });
+        self.subscribe_soon(client, channel.clone());
+        Holder { hub: self.clone(), channel, fence, revoked }
+    }
+
+    /// Subscribes to `channel` in a task of its own (connecting first), unless the connection
+    /// already is.
+    fn subscribe_soon(self: &Arc<Self>, client: &crate::Client, channel: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (hub, client) = (self.clone(), client.clone());
+        runtime.spawn(async move {
+            let mut link = hub.link.lock().await;
+            hub.subscribe_to(&mut link, &client, &channel).await;
+        });
+    }
+
+    /// Subscribes the connection (connected first) to `channel` if it still has members and
+    /// the connection is not subscribed to it yet.
+    async fn subscribe_to(
+        self: &Arc<Self>,
+        link: &mut Link,
+        client: &crate::Client,
+        channel: &str,
+    ) {
+        if !self.connected(link, client).await {
+            return;
+        }
+        let wanted = lock(&self.channels).get(channel).is_some_and(|entry| !entry.subscribed);
+        let Some(sink) = link.sink.as_mut().filter(|_| wanted) else { return };
+        match subscribe(sink, channel, client.options.request_timeout).await {
+            Ok(()) => {
+                if let Some(entry) = lock(&self.channels).get_mut(channel) {
+                    entry.subscribed = true;
+                }
+            }
+            Err(error) => {
+                tracing::debug!(channel, %error, "dlock: cannot subscribe to a resource's channel");
                 client.note_failure(&error).await;
-                // A slot served elsewhere now: the waiter moves on its next round.
+                // A slot served elsewhere now: the waiter moves on its next round, the holder
+                // after its next renewal.
                 if error.redirect_node().is_none() {
                     link.drop_connection();
                 }
             }
         }
-        waiter
     }
 
     /// Reconnects the subscriber if its connection ended (and no failure is too recent),
-    /// subscribing again to every channel with waiters; they are all woken, since messages may
-    /// have been lost meanwhile.
+    /// subscribing again to every channel with members; the waiters are all woken, since
+    /// messages may have been lost meanwhile.
     pub(crate) async fn ensure(self: &Arc<Self>, client: &crate::Client) {
         let mut link = self.link.lock().await;
         self.connected(&mut link, client).await;
     }
 
     /// Whether the subscriber is connected, connecting it (and subscribing to every channel
-    /// with waiters) if it is not.
+    /// with members) if it is not.
     async fn connected(self: &Arc<Self>, link: &mut Link, client: &crate::Client) -> bool {
         let ended = link.ended.load(Ordering::SeqCst) >= link.generation;
         if link.sink.is_some() && !ended {
@@ -230,22 +358,31 @@ impl Hub {
         let (mut sink, stream) = match opened {
             Ok(opened) => opened,
             Err(error) => {
-                tracing::debug!(%error, "dlock: cannot open the ticket subscriber");
+                tracing::debug!(%error, "dlock: cannot open the channels' subscriber");
                 link.retry_at = Some(Instant::now() + RESUBSCRIBE_AFTER);
                 return false;
             }
         };
-        let wanted: Vec<String> = lock(&self.channels).keys().cloned().collect();
+        let wanted: Vec<String> = {
+            let mut channels = lock(&self.channels);
+            for entry in channels.values_mut() {
+                entry.subscribed = false; // on the connection that ended
+            }
+            channels.keys().cloned().collect()
+        };
         for channel in &wanted {
             if let Err(error) = subscribe(&mut sink, channel, limit).await {
-                tracing::debug!(channel, %error, "dlock: cannot subscribe for tickets");
+                tracing::debug!(channel, %error, "dlock: cannot subscribe to a resource's channel");
                 if error.redirect_node().is_some() {
-                    // Its slot is served elsewhere now: its waiters move on their next round.
+                    // Its slot is served elsewhere now: its members move on their next round.
                     client.note_failure(&error).await;
                     continue;
                 }
                 link.retry_at = Some(Instant::now() + RESUBSCRIBE_AFTER);
                 return false;
+            }
+            if let Some(entry) = lock(&self.channels).get_mut(channel) {
+                entry.subscribed = true;
             }
         }
         link.generation += 1;
@@ -260,11 +397,11 @@ impl Hub {
         true
     }
 
-    /// Unsubscribes from `channel` if nobody waits on it any more.
+    /// Unsubscribes from `channel` if nobody waits or holds on it any more.
     async fn unsubscribe_if_idle(self: Arc<Self>, channel: String, limit: Duration) {
         let mut link = self.link.lock().await;
         if lock(&self.channels).contains_key(&channel) {
-            return; // a new waiter came
+            return; // a new member came
         }
         if let Some(sink) = link.sink.as_mut() {
             let unsubscribed = tokio::time::timeout(limit, sink.unsubscribe(&channel)).await;
@@ -299,32 +436,67 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let idle = {
-            let mut channels = lock(&self.hub.channels);
-            match channels.get_mut(&self.channel) {
-                Some(entry) if entry.waiters > 1 => {
-                    entry.waiters -= 1;
-                    if let Some(tagged) = entry.tags.get_mut(&self.tag) {
-                        tagged.0 -= 1;
-                        if tagged.0 == 0 {
-                            entry.tags.remove(&self.tag);
-                        }
-                    }
-                    false
+        let tag = std::mem::take(&mut self.tag);
+        self.hub.clone().leave(&mut self.channel, |entry| {
+            if let Some(tagged) = entry.tags.get_mut(&tag) {
+                tagged.0 -= 1;
+                if tagged.0 == 0 {
+                    entry.tags.remove(&tag);
                 }
-                Some(_) => {
-                    channels.remove(&self.channel);
-                    true
-                }
-                None => false,
             }
-        };
-        if !idle {
-            return;
+        });
+    }
+}
+
+impl Holder {
+    /// The reason given for the lease's revocation (empty if none), once the channel said so:
+    /// at once if it already did, else never resolves.
+    pub(crate) async fn revoked(&mut self) -> String {
+        // The borrow ends here: the future stays `Send`.
+        let heard = self.revoked.wait_for(Option::is_some).await.map(|reason| reason.clone());
+        match heard {
+            Ok(reason) => reason.unwrap_or_default(),
+            // The hub is gone with its client: no message can come.
+            Err(_) => std::future::pending().await,
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (hub, channel) = (self.hub.clone(), std::mem::take(&mut self.channel));
-        runtime.spawn(hub.unsubscribe_if_idle(channel, UNSUBSCRIBE_WITHIN));
+    }
+
+    /// The reason given for the lease's revocation, if the channel said so already.
+    pub(crate) fn heard(&self) -> Option<String> {
+        self.revoked.borrow().clone()
+    }
+
+    /// Keeps the holder listening (after a renewal): on the subscriber of the node at
+    /// `address`, the one serving the resource now (joining it if the slot moved), and
+    /// subscribed again (in the background) if that subscriber's connection ended.
+    pub(crate) fn keep(&mut self, hubs: &Hubs, client: &crate::Client, address: String) {
+        if self.heard().is_some() {
+            return; // revoked: the lease is over
+        }
+        if !address.is_empty() && address != self.hub.node {
+            tracing::debug!(
+                channel = self.channel,
+                node = address,
+                "dlock: the lease's slot moved"
+            );
+            *self = hubs.hub(address).hold(client, self.channel.clone(), self.fence);
+        } else {
+            self.hub.subscribe_soon(client, self.channel.clone());
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let fence = self.fence;
+        self.hub.clone().leave(&mut self.channel, |entry| {
+            if let Some(held) = entry.fences.get_mut(&fence) {
+                held.0 -= 1;
+                if held.0 == 0 {
+                    entry.fences.remove(&fence);
+                }
+            }
+        });
     }
 }
 
@@ -336,9 +508,9 @@ fn timed_out() -> RedisError {
     RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "subscribing timed out"))
 }
 
-/// Fans the subscriber's messages out to the waiters of their channel; when the connection
-/// ends, or the server drops a channel that still has waiters (a cluster node no longer serving
-/// its slot), wakes everyone (their next refresh reconnects, or moves) and says so.
+/// Fans the subscriber's messages out to the members of their channel; when the connection
+/// ends, or the server drops a channel that still has members (a cluster node no longer serving
+/// its slot), wakes every waiter (their next refresh reconnects, or moves) and says so.
 async fn read(
     mut stream: Messages,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -354,7 +526,7 @@ async fn read(
             }
             Event::Dropped(channel) => {
                 if lock(&channels).contains_key(&channel) {
-                    tracing::debug!(channel, "dlock: the server dropped a ticket subscription");
+                    tracing::debug!(channel, "dlock: the server dropped a channel's subscription");
                     break;
                 }
             }
@@ -372,8 +544,7 @@ mod tests {
 
     #[test]
     fn only_a_handoff_to_the_waiters_tag_or_an_untagged_one_wakes_it() {
-        let mut channel =
-            Channel { waiters: 1, messages: watch::channel(0).0, tags: HashMap::new() };
+        let mut channel = Channel::new();
         channel.tags.insert(tag("mine"), (1, watch::channel(0).0));
         let mut all = channel.messages.subscribe();
         let mut mine = channel.tags[&tag("mine")].1.subscribe();
@@ -391,5 +562,25 @@ mod tests {
         assert!(woken(&mut all, &mut mine), "its own hand-over");
         channel.deliver("handoff 7");
         assert!(woken(&mut all, &mut mine), "an older server's hand-over");
+    }
+
+    #[test]
+    fn a_revocation_tells_the_holder_of_its_fence_only() {
+        let mut channel = Channel::new();
+        channel.fences.insert(8, (1, watch::channel(None).0));
+        channel.fences.insert(9, (1, watch::channel(None).0));
+        let mut eight = channel.fences[&8].1.subscribe();
+        let mut nine = channel.fences[&9].1.subscribe();
+        for other in
+            ["released 8", "expired 8", "handoff 8 c87d8df5", "revoked 10 x", "revoked x y"]
+        {
+            channel.deliver(other);
+        }
+        assert!(!eight.has_changed().expect("open") && !nine.has_changed().expect("open"));
+        channel.deliver("revoked 8 stuck since 03:00");
+        assert_eq!(eight.borrow_and_update().as_deref(), Some("stuck since 03:00"));
+        assert!(!nine.has_changed().expect("open"), "another holder's fence");
+        channel.deliver("revoked 9");
+        assert_eq!(nine.borrow_and_update().as_deref(), Some(""), "no reason given");
     }
 }

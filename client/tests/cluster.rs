@@ -243,20 +243,19 @@ async fn ticket_waiters_and_observers_subscribe_once_per_shard_and_are_all_serve
                 "ticket {i} on {owner}"
             );
         }
-        // The shard's subscriber listens on the shard channel, on the resource's own primary.
+        // The shard's subscribers listen on the shard channel, on the resource's own primary:
+        // one per client, the waiters' and the holder's (which listens for a revocation).
         let channel = channel_of(resource);
-        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("SHARDNUMSUB")
-            .arg(&channel)
-            .query(&mut on_owner)
-            .expect("SHARDNUMSUB");
-        assert_eq!(numsub.get(1), Some(&redis::Value::Int(1)), "one shard subscriber on {owner}");
+        assert!(
+            eventually(SLACK, || shard_subscribers(&cluster, *owner, &channel) == 2),
+            "one shard subscriber per client on {owner}"
+        );
     }
-    // A handful of connections: per primary at most the shared one, the holder's and the
-    // shard subscriber, however many wait.
+    // A handful of connections: per primary at most the shared ones and the shard subscribers
+    // of the two clients, however many wait.
     for (port, before) in &baseline {
         let now = connections(&cluster, *port);
-        assert!(now <= before + 3, "{now} connections on {port} (before: {before})");
+        assert!(now <= before + 4, "{now} connections on {port} (before: {before})");
     }
 
     // An observer of an election on the third shard, while the lines drain.
@@ -521,6 +520,40 @@ async fn watched_events_come_from_the_resources_own_primary() {
             "{outcome:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(5), "the event ended it, not a renewal");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_hears_its_revocation_on_the_shard_channel_of_its_resources_primary() {
+    let cluster = Cluster::start();
+    let client = cluster_client(&cluster, ClientOptions::default()).await;
+    for (resource, owner) in one_per_shard(&cluster, "revoked:") {
+        // A ttl renewals alone would take 20 s to find lost.
+        let lease = client.acquire(&resource, Duration::from_secs(60)).await.expect("granted");
+        let work = tokio::spawn(lease.run(|cancelled| async move { cancelled.cancelled().await }));
+        // The holder listens on the shard channel, on the resource's own primary.
+        let channel = channel_of(&resource);
+        assert!(
+            eventually(SLACK, || shard_subscribers(&cluster, owner, &channel) == 1),
+            "no shard subscriber of {channel} on {owner}"
+        );
+        let revoked: i64 = redis::cmd("DLOCK.REVOKE")
+            .arg(&resource)
+            .arg("REASON")
+            .arg("shard drill")
+            .query(&mut cluster.node(owner).client())
+            .expect("REVOKE");
+        assert_eq!(revoked, 1);
+        match work.await.expect("task") {
+            Err(dlock_client::RunError::LockLost(dlock_client::LossReason::Revoked(reason))) => {
+                assert_eq!(reason, "shard drill");
+            }
+            other => panic!("expected a revocation, got {other:?}"),
+        }
+        assert!(
+            eventually(SLACK, || shard_subscribers(&cluster, owner, &channel) == 0),
+            "left {channel} with the lease"
+        );
     }
 }
 

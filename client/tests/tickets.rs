@@ -65,6 +65,20 @@ async fn until_tickets(con: &mut redis::aio::MultiplexedConnection, resource: &s
     }
 }
 
+/// Waits until `channel` has `n` subscribers.
+async fn until_subscribers(con: &mut redis::aio::MultiplexedConnection, channel: &str, n: i64) {
+    let started = Instant::now();
+    loop {
+        let subscribers: Vec<(String, i64)> =
+            redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(con).await.expect("NUMSUB");
+        if subscribers.first().is_some_and(|(_, now)| *now == n) {
+            return;
+        }
+        assert!(started.elapsed() < SLACK, "{n} subscribers of {channel}: {subscribers:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// How many clients the server has connected.
 async fn connections(con: &mut redis::aio::MultiplexedConnection) -> usize {
     let list: String = redis::cmd("CLIENT").arg("LIST").query_async(con).await.expect("LIST");
@@ -83,6 +97,8 @@ async fn a_thousand_ticket_waiters_share_two_connections_and_are_granted_in_line
     let holder = client(&server).await;
     let held = holder.acquire("batch", Duration::from_secs(60)).await.expect("holder");
     let dlock = ticket_client(&server, Duration::from_secs(6)).await;
+    // The holder's subscriber (it listens for a revocation) is counted before the waiters come.
+    until_subscribers(&mut con, "dlock:{batch}", 1).await;
     let before = connections(&mut con).await;
 
     let granted = Arc::new(Mutex::new(Vec::with_capacity(WAITERS)));
@@ -297,10 +313,11 @@ async fn ticket_readers_hold_together_and_a_ticket_writer_waits_behind_them() {
 async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
     let server = Server::start();
     let mut con = watcher(&server).await;
-    let holder = client(&server).await;
     // Refreshed every 3 s: a grant well before that came through a (new) subscription.
     let dlock = ticket_client(&server, Duration::from_secs(9)).await;
-    let held = holder.acquire("valve", Duration::from_secs(30)).await.expect("holder");
+    // Held by a plain connection: the waiters' subscriber is then the only one.
+    let mut holder = server.client();
+    assert!(acquire(&mut holder, "valve", "holder", 30_000).is_some(), "held");
     let waiter = {
         let dlock = dlock.clone();
         tokio::spawn(async move {
@@ -317,22 +334,9 @@ async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
         .expect("KILL");
     assert_eq!(killed, 1, "the one subscriber connection");
     // Woken by the end of its subscription, the waiter subscribes again.
-    let started = Instant::now();
-    loop {
-        let subscribers: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("dlock:{valve}")
-            .query_async(&mut con)
-            .await
-            .expect("NUMSUB");
-        if subscribers.first().is_some_and(|(_, n)| *n == 1) {
-            break;
-        }
-        assert!(started.elapsed() < SLACK, "subscribed again: {subscribers:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_subscribers(&mut con, "dlock:{valve}", 1).await;
     let released = Instant::now();
-    assert!(held.release().await.expect("released"));
+    assert_eq!(release(&mut holder, "valve", "holder"), 1, "released");
     let lease = waiter.await.expect("task").expect("granted");
     let woke = released.elapsed();
     println!("after the subscriber was killed: granted {woke:?} after the release");

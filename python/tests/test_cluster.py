@@ -279,6 +279,59 @@ def test_a_fenced_write_outside_the_resources_slot_is_cross_slot_and_writes_noth
     asyncio.run(asyncio.wait_for(in_asyncio(), 30))
 
 
+def shard_listeners(node: Server, resource: str) -> int:
+    """Subscribers of ``resource``'s shard channel on ``node``."""
+    with node.client() as admin:
+        return int(cmd(admin, "PUBSUB", "SHARDNUMSUB", common.channel_name(resource))[1])
+
+
+def until_shard_listeners(node: Server, resource: str, n: int) -> bool:
+    return wait_until(lambda: shard_listeners(node, resource) == n, 5)
+
+
+def test_a_holder_hears_its_revocation_on_the_shard_channel(cluster: Cluster) -> None:
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    locks = dlock.Locks(client)
+    resources = [f"revoked:{{{n}}}" for n in range(6)]
+    assert len({cluster.owner(resource).port for resource in resources}) == 3
+    for resource in resources:
+        owner = cluster.owner(resource)
+        # A ttl renewals alone would take 20 s to find lost.
+        with pytest.raises(dlock.LeaseLost) as raised, locks.hold(resource, ttl=60) as lease:
+            # The holder listens on the shard channel, on the resource's own primary.
+            assert until_shard_listeners(owner, resource, 1)
+            with owner.client() as admin:
+                assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "shard drill") == 1
+            assert lease.lost.wait(5)
+        assert (raised.value.reason, raised.value.detail) == ("revoked", "shard drill")
+        assert until_shard_listeners(owner, resource, 0), "left with the lease"
+    client.close()
+    locks.close()
+
+
+def test_asyncio_a_holder_hears_its_revocation_on_the_shard_channel(cluster: Cluster) -> None:
+    async def test() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        locks = dlock.asyncio.Locks(client)
+        for n in range(6):
+            resource = f"async-revoked:{{{n}}}"
+            owner = cluster.owner(resource)
+            with pytest.raises(dlock.LeaseLost) as raised:
+                async with locks.hold(resource, ttl=60):
+                    for _ in range(5000):
+                        if shard_listeners(owner, resource) == 1:
+                            break
+                        await asyncio.sleep(0.001)
+                    with owner.client() as admin:
+                        assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "drill") == 1
+                    await asyncio.sleep(30)  # the work, cancelled by the loss
+            assert (raised.value.reason, raised.value.detail) == ("revoked", "drill")
+        await locks.aclose()
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
 def ticket_waiters_on_every_shard(cluster: Cluster, prefix: str) -> list[str]:
     resources = [f"{prefix}:{{{n}}}" for n in range(6)]
     assert len({cluster.owner(resource).port for resource in resources}) == 3

@@ -42,6 +42,14 @@ def test_who_a_channel_message_wakes() -> None:
         assert protocol.wakes(vector["message"], vector["tag"]) == vector["wakes"], vector
 
 
+def test_the_fence_and_reason_of_a_revoked_message() -> None:
+    vectors = load("messages.json")["revoked"]
+    assert vectors
+    for vector in vectors:
+        expected = None if vector["fence"] is None else (vector["fence"], vector["reason"])
+        assert protocol.revoked(vector["message"]) == expected, vector
+
+
 def test_key_slots_as_redis_py_routes_them() -> None:
     # The client routes through redis-py's Cluster client: its slot rule must be the server's.
     for vector in load("slots.json"):

@@ -96,7 +96,8 @@ impl LinkProxy {
     }
 
     /// The next reply from the server is swallowed and its connection closed: the request was
-    /// carried out, the client never learns how.
+    /// carried out, the client never learns how. Pub/sub frames (a subscription's confirmation, a
+    /// message) are not replies: they pass.
     pub fn drop_next_reply(&self) {
         self.shared.drop_next_reply.store(true, Ordering::SeqCst);
     }
@@ -109,7 +110,39 @@ impl LinkProxy {
     }
 }
 
-/// Copies one direction of connection `number`; the reply direction obeys `drop_next_reply`.
+/// Whether `data` starts with a pub/sub frame (a subscription's confirmation or a message, RESP2
+/// or a RESP3 push): what a subscriber connection receives, never the reply `drop_next_reply`
+/// means to take (a client's holders and ticket waiters subscribe and unsubscribe around the
+/// request whose reply a test drops).
+fn is_pubsub(data: &[u8]) -> bool {
+    const KINDS: [&[u8]; 9] = [
+        b"subscribe",
+        b"unsubscribe",
+        b"ssubscribe",
+        b"sunsubscribe",
+        b"psubscribe",
+        b"punsubscribe",
+        b"message",
+        b"smessage",
+        b"pmessage",
+    ];
+    let Some(rest) = [&b"*3\r\n$"[..], b">3\r\n$", b"*4\r\n$", b">4\r\n$"]
+        .iter()
+        .find_map(|header| data.strip_prefix(*header))
+    else {
+        return false;
+    };
+    let Some(length_end) = rest.windows(2).position(|pair| pair == b"\r\n") else {
+        return false;
+    };
+    let word = &rest[length_end + 2..];
+    KINDS
+        .iter()
+        .any(|kind| word.strip_prefix(*kind).is_some_and(|after| after.starts_with(b"\r\n")))
+}
+
+/// Copies one direction of connection `number`; the reply direction obeys `drop_next_reply`
+/// (pub/sub frames aside).
 fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, shared: &Shared) {
     let mut buffer = [0u8; 16 * 1024];
     while let Ok(read) = from.read(&mut buffer) {
@@ -126,7 +159,10 @@ fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, s
         if shared.cut.load(Ordering::SeqCst) {
             break;
         }
-        if replies && shared.drop_next_reply.swap(false, Ordering::SeqCst) {
+        if replies
+            && !is_pubsub(&buffer[..read])
+            && shared.drop_next_reply.swap(false, Ordering::SeqCst)
+        {
             let _ = from.shutdown(Shutdown::Both);
             break;
         }
@@ -137,4 +173,20 @@ fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, s
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);
     shared.open.lock().expect("proxy streams").retain(|(n, _)| *n != number);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_pubsub;
+
+    #[test]
+    fn pubsub_frames_are_told_from_replies() {
+        assert!(is_pubsub(b"*3\r\n$11\r\nunsubscribe\r\n$13\r\ndlock:{report}\r\n:0\r\n"));
+        assert!(is_pubsub(b">3\r\n$10\r\nssubscribe\r\n$8\r\ndlock:{x}\r\n:1\r\n"));
+        assert!(is_pubsub(b"*3\r\n$7\r\nmessage\r\n$8\r\ndlock:{x}\r\n$9\r\nrevoked 8\r\n"));
+        assert!(!is_pubsub(b":1796207757444120\r\n"), "an ACQUIRE's fence");
+        assert!(!is_pubsub(b"*3\r\n$5\r\nowner\r\n"), "an array that is no pub/sub frame");
+        assert!(!is_pubsub(b"*3\r\n$9\r\nsubscriber\r\n"));
+        assert!(!is_pubsub(b"$-1\r\n"));
+    }
 }

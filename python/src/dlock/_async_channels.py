@@ -1,18 +1,18 @@
 """The resources' channels for the asyncio client (see ``dlock._channels``): one pub/sub
-connection per server and ``Locks``, shared by every ticket waiter and observer, read by one
-task on the ``Locks``' event loop."""
+connection per server and ``Locks``, shared by every ticket waiter, observer and holder, read by
+one task on the ``Locks``' event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import redis
 import redis.asyncio
 import redis.asyncio.client
 
-from ._channels import POLL, RECONNECT_PAUSE
+from ._channels import POLL, RECONNECT_PAUSE, revocations
 from ._metrics import log
 from ._protocol import _text, channel_name, wakes
 
@@ -20,12 +20,23 @@ from ._protocol import _text, channel_name, wakes
 class Watch:
     """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
     every message that concerns it (for an observer every message; for a ticket waiter, with
-    ``tag``, a hand-over to its token), and on every (re)subscription."""
+    ``tag``, a hand-over to its token), and on every (re)subscription. A holder's (with
+    ``fence``) is never woken: ``on_revoked`` is called with the operator's reason when its
+    lease is revoked."""
 
-    def __init__(self, channel: str, tag: str | None = None) -> None:
+    def __init__(
+        self,
+        channel: str,
+        tag: str | None = None,
+        fence: int | None = None,
+        on_revoked: Callable[[str], None] | None = None,
+    ) -> None:
         self.channel = channel
         # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
         self.tag = tag
+        # A holder's lease's fence, and what its revocation calls.
+        self.fence = fence
+        self.on_revoked = on_revoked
         # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
         # subscription is confirmed, and needs no wake for it).
         self.joined = False
@@ -46,6 +57,8 @@ class Channels:
         self._ready: dict[str, asyncio.Event] = {}
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
+        # Subscriptions of holders, sent by tasks of their own (kept here until done).
+        self._subscribing: set[asyncio.Task[None]] = set()
         # Held while the connection is made or subscriptions change.
         self._lock = asyncio.Lock()
 
@@ -77,6 +90,38 @@ class Channels:
         watch.joined = True
         return watch
 
+    def hold(self, resource: str, fence: int, on_revoked: Callable[[str], None]) -> Watch:
+        """Registers the holder of the lease of ``fence`` on ``resource``'s channel and returns
+        at once: the subscription is sent by a task of its own, its confirmation not awaited.
+        ``on_revoked`` is called, on the reading task, with the operator's reason when the
+        channel says the lease was revoked."""
+        channel = channel_name(resource)
+        watch = Watch(channel, fence=fence, on_revoked=on_revoked)
+        watch.joined = True
+        watchers = self._watches.setdefault(channel, set())
+        watchers.add(watch)
+        self._ready.setdefault(channel, asyncio.Event())
+        loop = asyncio.get_running_loop()
+        if len(watchers) == 1:
+            # Even while no connection is made: one that is being made may have read its list
+            # of channels before this one came.
+            task = loop.create_task(self._subscribe_soon(channel), name="dlock-subscribe")
+            self._subscribing.add(task)
+            task.add_done_callback(self._subscribing.discard)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name="dlock-channels")
+        return watch
+
+    async def _subscribe_soon(self, channel: str) -> None:
+        async with self._lock:
+            pubsub = self._pubsub
+            if pubsub is None or channel not in self._watches:
+                return  # the next connection subscribes to every watched channel
+            try:
+                await self._subscribe(pubsub, [channel])
+            except Exception as error:  # a broken or closing connection: it is made again
+                log.debug("dlock: subscribing to %s failed: %s", channel, error)
+
     async def leave(self, watch: Watch) -> None:
         watchers = self._watches.get(watch.channel)
         if watchers is None:
@@ -100,6 +145,8 @@ class Channels:
         return len(self._watches)
 
     async def close(self) -> None:
+        for subscribing in list(self._subscribing):
+            subscribing.cancel()
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -130,6 +177,8 @@ class Channels:
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
+                if watch.fence is not None:
+                    continue  # a holder: told of its revocation only
                 if (watch.joined or not joined_only) and wakes(payload, watch.tag):
                     watch.event.set()
 
@@ -180,4 +229,7 @@ class Channels:
             # watches whose first ACQUIRE went before it (their join stopped waiting).
             self._wake(channel, joined_only=first)
         elif kind in ("message", "smessage"):
-            self._wake(channel, _text(message.get("data")))
+            payload = _text(message.get("data"))
+            self._wake(channel, payload)
+            for on_revoked, reason in revocations(self._watches.get(channel, ()), payload):
+                on_revoked(reason)

@@ -1,5 +1,5 @@
 """The resources' channels for the threaded client: one pub/sub connection per server and
-``Locks``, shared by every ticket waiter and observer, read by one thread.
+``Locks``, shared by every ticket waiter, observer and holder, read by one thread.
 
 The server publishes every change of ownership of a resource (``acquired``, ``handoff``,
 ``released``, ``expired`` with a fence; ``handoff`` also with the tag of the new holder's token,
@@ -7,19 +7,24 @@ see ``token_tag``) on ``dlock:{resource}`` (see ``channel_name``); in a Cluster 
 channel (``SSUBSCRIBE`` on the key's node). A ticket waiter wakes only on a hand-over to its own
 token (or an untagged one, from an older server); an observer on every message. A message only
 wakes: whoever waits re-sends its ACQUIRE (or re-reads ``DLOCK.INFO``), so a lost message costs
-one refresh interval, never a grant."""
+one refresh interval, never a grant.
+
+A holder listens on its resource's channel while it holds the lease (``hold``, which does not
+wait for the subscription): ``revoked <fence> <reason>`` (``DLOCK.REVOKE``) with its lease's
+fence tells it at once; one that came before the subscription is caught by the next renewal."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Callable, Protocol
 
 import redis
 import redis.client
 
 from ._metrics import log
-from ._protocol import _text, channel_name, wakes
+from ._protocol import _text, channel_name, revoked, wakes
 
 # Pause before the pub/sub connection is made again after it failed.
 RECONNECT_PAUSE = 0.2
@@ -32,12 +37,22 @@ class Watch:
     """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
     every message that concerns it (for an observer every message; for a ticket waiter, with
     ``tag``, a hand-over to its token), and on every (re)subscription (messages may have been
-    missed)."""
+    missed). A holder's (with ``fence``) is never woken: ``on_revoked`` is called with the
+    operator's reason when its lease is revoked."""
 
-    def __init__(self, channel: str, tag: str | None = None) -> None:
+    def __init__(
+        self,
+        channel: str,
+        tag: str | None = None,
+        fence: int | None = None,
+        on_revoked: Callable[[str], None] | None = None,
+    ) -> None:
         self.channel = channel
         # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
         self.tag = tag
+        # A holder's lease's fence, and what its revocation calls.
+        self.fence = fence
+        self.on_revoked = on_revoked
         # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
         # subscription is confirmed, and needs no wake for it).
         self.joined = False
@@ -66,8 +81,31 @@ class Channels:
         """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
         ``tag``) and returns once the server confirmed the subscription (or the request
         timeout passed: the watcher's own refreshes cover that)."""
-        channel = channel_name(resource)
-        watch = Watch(channel, tag)
+        watch = Watch(channel_name(resource), tag)
+        ready = self._register(watch)
+        try:
+            ready.wait(self._timeout)
+        except BaseException:  # interrupted: nobody will leave for this watch
+            self.leave(watch)
+            raise
+        # From here its first ACQUIRE may go before the subscription is confirmed.
+        watch.joined = True
+        return watch
+
+    def hold(self, resource: str, fence: int, on_revoked: Callable[[str], None]) -> Watch:
+        """Registers the holder of the lease of ``fence`` on ``resource``'s channel and returns
+        at once (the subscription is sent, its confirmation not awaited): ``on_revoked`` is
+        called, on the reading thread, with the operator's reason when the channel says the
+        lease was revoked."""
+        watch = Watch(channel_name(resource), fence=fence, on_revoked=on_revoked)
+        self._register(watch)
+        watch.joined = True
+        return watch
+
+    def _register(self, watch: Watch) -> threading.Event:
+        """Adds ``watch`` to its channel, subscribing to the channel if it is the first one, and
+        starts the reading thread if none runs; the channel's confirmation event."""
+        channel = watch.channel
         with self._lock:
             watchers = self._watches.setdefault(channel, set())
             watchers.add(watch)
@@ -84,14 +122,7 @@ class Channels:
                     target=self._run, name="dlock-channels", daemon=True
                 )
                 self._thread.start()
-        try:
-            ready.wait(self._timeout)
-        except BaseException:  # interrupted: nobody will leave for this watch
-            self.leave(watch)
-            raise
-        # From here its first ACQUIRE may go before the subscription is confirmed.
-        watch.joined = True
-        return watch
+        return ready
 
     def leave(self, watch: Watch) -> None:
         with self._lock:
@@ -153,6 +184,8 @@ class Channels:
         groups = self._watches.values() if channel is None else [self._watches.get(channel, ())]
         for watchers in groups:
             for watch in watchers:
+                if watch.fence is not None:
+                    continue  # a holder: told of its revocation only
                 if (watch.joined or not joined_only) and wakes(payload, watch.tag):
                     watch.event.set()
 
@@ -196,6 +229,7 @@ class Channels:
         channel = _text(message.get("channel"))
         if channel is None:
             return
+        told: list[tuple[Callable[[str], None], str]] = []
         with self._lock:
             if kind in ("subscribe", "ssubscribe"):
                 ready = self._ready.get(channel)
@@ -206,4 +240,32 @@ class Channels:
                 # watches whose first ACQUIRE went before it (their join stopped waiting).
                 self._wake(channel, joined_only=first)
             elif kind in ("message", "smessage"):
-                self._wake(channel, _text(message.get("data")))
+                payload = _text(message.get("data"))
+                self._wake(channel, payload)
+                told = revocations(self._watches.get(channel, ()), payload)
+        # Outside the lock: a loss runs the lease's callbacks.
+        for on_revoked, reason in told:
+            on_revoked(reason)
+
+
+class Listener(Protocol):
+    """What :func:`revocations` reads of a watch (the threaded and the asyncio ones)."""
+
+    fence: int | None
+    on_revoked: Callable[[str], None] | None
+
+
+def revocations(
+    watchers: Iterable[Listener], payload: str | None
+) -> list[tuple[Callable[[str], None], str]]:
+    """What to tell which holders among ``watchers`` if ``payload`` is a ``revoked`` message:
+    the callback of each holder of the revoked fence, and the operator's reason."""
+    said = revoked(payload) if payload is not None else None
+    if said is None:
+        return []
+    fence, reason = said
+    return [
+        (watch.on_revoked, reason)
+        for watch in watchers
+        if watch.fence == fence and watch.on_revoked is not None
+    ]

@@ -622,7 +622,7 @@ class AcquirePlan:
 
 # The lease's state and its renewal schedule.
 
-LOST_REASONS = ("renewal_refused", "unreachable", "max_hold", "ended")
+LOST_REASONS = ("renewal_refused", "unreachable", "max_hold", "ended", "revoked")
 
 
 class LeaseState:
@@ -651,6 +651,7 @@ class LeaseState:
         self.granted_at = time.monotonic()
         self._lock = threading.Lock()
         self._reason: str | None = None
+        self._detail: str | None = None
         self._local_expiry = sent_at + ttl_ms / 1000
         self._next_renewal = sent_at + ttl_ms / 3000
         self._hold_end = hold_end
@@ -670,6 +671,11 @@ class LeaseState:
     def reason(self) -> str | None:
         with self._lock:
             return self._reason
+
+    @property
+    def detail(self) -> str | None:
+        with self._lock:
+            return self._detail
 
     def on_lost(self, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -723,16 +729,17 @@ class LeaseState:
         with self._lock:
             self._next_renewal = time.monotonic()
 
-    def lose(self, reason: str) -> bool:
+    def lose(self, reason: str, detail: str | None = None) -> bool:
         """Marks the lease lost (once): sets ``lost``, logs, counts, calls the callbacks.
-        ``True`` if this call did it."""
+        ``detail``: the operator's reason of a revocation. ``True`` if this call did it."""
         with self._lock:
             if self._reason is not None:
                 return False
             self._reason = reason
+            self._detail = detail
             callbacks = list(self._on_lost)
         self.lost.set()
-        self._metrics.lost(self.resource, self.token, self.fence, reason)
+        self._metrics.lost(self.resource, self.token, self.fence, reason, detail)
         for callback in callbacks:
             callback()
         return True
@@ -753,7 +760,17 @@ class LeaseState:
             if ended is not None:
                 self.lose(ended)
         if self.lost.is_set():
-            raise LeaseLost(self.resource, self.fence, self.reason or "unknown")
+            raise self.error()
+
+    def error(self) -> LeaseLost:
+        """The :class:`dlock.LeaseLost` that reports this lost lease."""
+        with self._lock:
+            reason, detail = self._reason, self._detail
+        return LeaseLost(self.resource, self.fence, reason or "unknown", detail)
+
+    def revoked(self, reason: str) -> None:
+        """The resource's channel said an operator revoked this lease, giving ``reason``."""
+        self.lose("revoked", reason)
 
     def due_expiry(self) -> float:
         with self._lock:
@@ -804,8 +821,14 @@ class LeaseView:
     @property
     def lost_reason(self) -> str | None:
         """Why the lease was lost (``renewal_refused``, ``unreachable``, ``max_hold``,
-        ``ended``), or ``None``."""
+        ``ended``, ``revoked``), or ``None``."""
         return self._state.reason
+
+    @property
+    def lost_detail(self) -> str | None:
+        """The reason an operator gave when revoking the lease (``""`` when none was given), once
+        :attr:`lost_reason` is ``revoked``; else ``None``."""
+        return self._state.detail
 
     @property
     def local_expiry(self) -> float:

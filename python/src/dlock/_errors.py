@@ -27,16 +27,21 @@ class NotAcquired(DlockError):
 
 class LeaseLost(DlockError):
     """The lease ended before the work did: the server refused a renewal (expired, deleted,
-    taken over), no renewal was answered before the lease's local expiry, or ``max_hold`` passed.
-    Work done after this point was not protected by the lease.
+    taken over), no renewal was answered before the lease's local expiry, ``max_hold`` passed,
+    or an operator revoked it (``DLOCK.REVOKE``). Work done after this point was not protected
+    by the lease.
 
-    ``reason`` is one of ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``."""
+    ``reason`` is one of ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``,
+    ``revoked``; ``detail`` is the reason the operator gave for a revocation (``""`` when none
+    was), ``None`` for the other reasons."""
 
-    def __init__(self, resource: str, fence: int, reason: str) -> None:
+    def __init__(self, resource: str, fence: int, reason: str, detail: str | None = None) -> None:
+        said = f" ({detail})" if detail else ""
         super().__init__(
-            f"dlock: lease on {resource!r} (fence {fence}) lost: {reason}", resource, fence
+            f"dlock: lease on {resource!r} (fence {fence}) lost: {reason}{said}", resource, fence
         )
         self.reason = reason
+        self.detail = detail
 
 
 class Stale(DlockError):

@@ -24,7 +24,8 @@ class Metrics:
     - ``hold_seconds`` (sum and count): from the grant to the release or the loss
     - ``renewal_failures{reason}``: ``refused``, ``error``
     - ``release_failures``
-    - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``
+    - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``,
+      ``revoked``
     - ``stale_writes``: fenced writes the server refused
     """
 
@@ -89,8 +90,26 @@ class Metrics:
                 "dlock: release failed resource=%s owner=%s fence=%d", resource, token, fence
             )
 
-    def lost(self, resource: str, token: str, fence: int, reason: str) -> None:
+    def ended(self, resource: str, token: str, fence: int, held: float) -> None:
+        """The end of a hold whose lease the server had already ended (revoked): no RELEASE was
+        sent, and none failed."""
+        self._observe("hold_seconds", held)
+
+    def lost(
+        self, resource: str, token: str, fence: int, reason: str, detail: str | None = None
+    ) -> None:
+        """A lease lost; ``detail``: the operator's reason of a revocation."""
         self._inc("leases_lost", reason)
+        if detail is not None:
+            log.warning(
+                "dlock: lease lost resource=%s owner=%s fence=%d reason=%s detail=%s",
+                resource,
+                token,
+                fence,
+                reason,
+                detail,
+            )
+            return
         log.warning(
             "dlock: lease lost resource=%s owner=%s fence=%d reason=%s",
             resource,

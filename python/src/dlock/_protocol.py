@@ -67,6 +67,19 @@ def woken(payload: str) -> str | None:
     return None
 
 
+def revoked(payload: str) -> tuple[int, str] | None:
+    """The fence and the reason of a ``revoked`` message (``revoked <fence> <reason>``, published
+    by ``DLOCK.REVOKE``; the reason is empty when none was given), or ``None`` for any other
+    message."""
+    rest = payload[len("revoked ") :] if payload.startswith("revoked ") else None
+    if rest is None:
+        return None
+    fence, _, reason = rest.partition(" ")
+    if not (fence.isascii() and fence.isdigit()) or int(fence) >= 2**64:
+        return None
+    return int(fence), reason
+
+
 def wakes(payload: str | None, tag: str | None) -> bool:
     """Whether a channel message ``payload`` wakes a watcher with ``tag`` (``None``: an observer,
     woken by every message)."""

@@ -15,7 +15,7 @@ from . import _protocol as protocol
 from ._channels import Channels, Watch
 from ._common import Features, Leader, LeaseState, LeaseView, Request
 from ._connections import Nodes
-from ._errors import LeaseLost, NotAcquired, Stale
+from ._errors import NotAcquired, Stale
 from ._metrics import Metrics, log
 from ._protocol import Arg
 
@@ -76,10 +76,11 @@ class Hold:
         assert self._lease is not None
         state = self._lease._state
         self._locks._renewer.remove(state)
+        self._locks._unlisten(state)
         self._locks._finish(state)
         # The body's own exception always wins; otherwise a lost lease is never silent.
         if exc is None and state.lost.is_set():
-            raise LeaseLost(state.resource, state.fence, state.reason or "unknown")
+            raise state.error()
 
 
 class Locks(common.Handles[Hold]):
@@ -112,6 +113,9 @@ class Locks(common.Handles[Hold]):
         self._nodes = Nodes(client, request_timeout)
         self._features_lock = threading.Lock()
         self._renewer = _Renewer(self)
+        # Per held lease: the channel it listens on for its revocation, and its watch there.
+        self._listening: dict[LeaseState, tuple[Channels, Watch]] = {}
+        self._listening_lock = threading.Lock()
 
     def _hold(self, request: Request) -> Hold:
         return Hold(self, request)
@@ -291,7 +295,10 @@ class Locks(common.Handles[Hold]):
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
                     assert fence is not None
-                    return plan.lease(resource, fence, sent, self.metrics, request.mode)
+                    state = plan.lease(resource, fence, sent, self.metrics, request.mode)
+                    # Before a ticket's watch leaves: the channel stays subscribed.
+                    self._listen(state)
+                    return state
                 if queue_ms is not None and watch is not None:
                     # In line: until a message for the resource, or the ticket's refresh.
                     try:
@@ -308,6 +315,40 @@ class Locks(common.Handles[Hold]):
         finally:
             if watch is not None and channels is not None:
                 channels.leave(watch)  # where it joined, wherever the resource is served now
+
+    def _listen(self, state: LeaseState) -> None:
+        """Listens on the lease's resource's channel for its revocation (``DLOCK.REVOKE``),
+        without waiting for the subscription: a revocation that races it is caught by the next
+        renewal, as ``renewal_refused``."""
+        try:
+            channels = self._nodes.channels(state.resource)
+        except common.FAILURES as error:  # no node known for the slot: renewals watch it
+            log.debug("dlock: cannot listen on the channel of %s: %s", state.resource, error)
+            return
+        watch = channels.hold(state.resource, state.fence, state.revoked)
+        with self._listening_lock:
+            self._listening[state] = (channels, watch)
+
+    def _unlisten(self, state: LeaseState) -> None:
+        """Leaves the channel the lease listened on (unsubscribed if nobody else needs it)."""
+        with self._listening_lock:
+            listening = self._listening.pop(state, None)
+        if listening is not None:
+            channels, watch = listening
+            channels.leave(watch)
+
+    def _keep_listening(self, state: LeaseState) -> None:
+        """After a renewal: listens where the resource is served now (a failover or a migration
+        moved it to another node, whose channel the module publishes on)."""
+        with self._listening_lock:
+            listening = self._listening.get(state)
+        try:
+            serving = self._nodes.channels(state.resource)
+        except common.FAILURES:
+            return
+        if listening is not None and listening[0] is not serving:
+            self._unlisten(state)
+            self._listen(state)
 
     def _withdraw(self, request: Request, token: str) -> None:
         """At the caller's deadline: a RELEASE without ``FENCE`` takes the ticket out of line,
@@ -362,13 +403,20 @@ class Locks(common.Handles[Hold]):
             return None
         if renewed == 1:
             state.renewed(sent, ttl_ms)
+            self._keep_listening(state)
             return True
         state.renewal_failed(refused=True)
         return False
 
     def _finish(self, state: LeaseState) -> None:
         """Releases the lease when its block exits, bounded by ``release_timeout``. Never
-        raises: a failure is logged and counted, and a lease found gone counts as lost."""
+        raises: a failure is logged and counted, and a lease found gone counts as lost. A
+        revoked lease is not released: the server ended it."""
+        if state.reason == "revoked":
+            self.metrics.ended(
+                state.resource, state.token, state.fence, time.monotonic() - state.granted_at
+            )
+            return
         ok = False
         try:
             features = self.features(state.resource)

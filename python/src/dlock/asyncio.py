@@ -29,7 +29,7 @@ from . import _protocol as protocol
 from ._async_channels import Channels, Watch
 from ._common import Features, Leader, LeaseState, LeaseView, Request
 from ._connections import connection_settings
-from ._errors import LeaseLost, NotAcquired, Stale
+from ._errors import NotAcquired, Stale
 from ._metrics import Metrics, log
 from ._protocol import Arg
 
@@ -344,6 +344,7 @@ class Hold:
         self._exiting = True
         state = self._lease._state
         self._locks._renewer.remove(state)
+        await self._locks._unlisten(state)
         # Our cancellation was delivered to the body if it ends with CancelledError.
         consumed = self._cancelled_body and isinstance(exc, asyncio.CancelledError)
         if consumed:
@@ -365,9 +366,9 @@ class Hold:
         if isinstance(exc, asyncio.CancelledError) and self._cancelled_body:
             if _cancelling(self._task) > 0:
                 return None  # cancelled from outside as well: that cancellation goes on
-            raise LeaseLost(state.resource, state.fence, state.reason or "unknown") from exc
+            raise state.error() from exc
         if exc is None and state.lost.is_set():
-            raise LeaseLost(state.resource, state.fence, state.reason or "unknown")
+            raise state.error()
         return None
 
 
@@ -395,6 +396,8 @@ class Locks(common.Handles[Hold]):
         self.metrics = metrics if metrics is not None else Metrics()
         self._nodes = _Nodes(client, request_timeout)
         self._renewer = _Renewer(self)
+        # Per held lease: the channel it listens on for its revocation, and its watch there.
+        self._listening: dict[LeaseState, tuple[Channels, Watch]] = {}
 
     def _hold(self, request: Request) -> Hold:
         return Hold(self, request)
@@ -564,7 +567,10 @@ class Locks(common.Handles[Hold]):
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
                     assert fence is not None
-                    return plan.lease(resource, fence, sent, self.metrics, request.mode)
+                    state = plan.lease(resource, fence, sent, self.metrics, request.mode)
+                    # Before a ticket's watch leaves: the channel stays subscribed.
+                    await self._listen(state)
+                    return state
                 if queue_ms is not None and watch is not None:
                     # In line: until a message for the resource, or the ticket's refresh.
                     try:
@@ -583,6 +589,36 @@ class Locks(common.Handles[Hold]):
         finally:
             if watch is not None and channels is not None:
                 await channels.leave(watch)  # where it joined, wherever the resource is now
+
+    async def _listen(self, state: LeaseState) -> None:
+        """Listens on the lease's resource's channel for its revocation, without waiting for
+        the subscription (see :meth:`dlock.Locks._listen`)."""
+        try:
+            channels = await self._nodes.channels(state.resource)
+        except common.FAILURES as error:  # no node known for the slot: renewals watch it
+            log.debug("dlock: cannot listen on the channel of %s: %s", state.resource, error)
+            return
+        watch = channels.hold(state.resource, state.fence, state.revoked)
+        self._listening[state] = (channels, watch)
+
+    async def _unlisten(self, state: LeaseState) -> None:
+        """Leaves the channel the lease listened on (unsubscribed if nobody else needs it)."""
+        listening = self._listening.pop(state, None)
+        if listening is not None:
+            channels, watch = listening
+            await channels.leave(watch)
+
+    async def _keep_listening(self, state: LeaseState) -> None:
+        """After a renewal: listens where the resource is served now (see
+        :meth:`dlock.Locks._keep_listening`)."""
+        listening = self._listening.get(state)
+        try:
+            serving = await self._nodes.channels(state.resource)
+        except common.FAILURES:
+            return
+        if listening is not None and listening[0] is not serving:
+            await self._unlisten(state)
+            await self._listen(state)
 
     async def _withdraw(self, request: Request, token: str) -> None:
         """At the caller's deadline: the ticket taken out of line, or whatever it was granted
@@ -635,11 +671,18 @@ class Locks(common.Handles[Hold]):
             return None
         if renewed == 1:
             state.renewed(sent, ttl_ms)
+            await self._keep_listening(state)
             return True
         state.renewal_failed(refused=True)
         return False
 
     async def _finish(self, state: LeaseState) -> None:
+        if state.reason == "revoked":
+            # The server ended the lease: there is nothing to release.
+            self.metrics.ended(
+                state.resource, state.token, state.fence, time.monotonic() - state.granted_at
+            )
+            return
         ok = False
         try:
             features = await self.features(state.resource)
