@@ -327,13 +327,19 @@ pub fn plan<'a>(
         return;
     }
     if changes.contains(&Transition::MoreToSettle) {
-        // The rest of a crowd (leases still to end, or requests at the head still to pass):
-        // decided by this one entry, due at once, after what came due before it (the sweep
-        // goes on while its turn lasts). Another entry for the earliest (passed) deadline as
-        // well would double the key's entries on every slice.
-        let at_once = crate::core::expiry::due_now(now.mono);
-        lock.note_index_entry(at_once);
-        return effect(Effect::Index(at_once));
+        // The rest of a crowd, decided by this one entry (another for the earliest, passed,
+        // deadline as well would double the key's entries on every slice). Leases still to end
+        // go on at once, after what came due before them, while the sweep's turn lasts; requests
+        // at the head still to pass wait for the next millisecond: each grant answers a client,
+        // and the server writes those answers after the turn, so a turn of several slices of
+        // grants would hold every other client up for all their writes.
+        let next = if lock.has_expired(now) {
+            crate::core::expiry::due_now(now.mono)
+        } else {
+            now.mono
+        };
+        lock.note_index_entry(next);
+        return effect(Effect::Index(next));
     }
     if let Some(deadline) = lock.needs_index_entry(now) {
         effect(Effect::Index(deadline));
