@@ -19,7 +19,9 @@ py=$(bash scripts/python.sh venv)
 # The Go and TypeScript drivers, built from this checkout (their modules and packages come
 # from scripts/deps.sh).
 mkdir -p target/go
-(cd go && go build -o "$repo/target/go/dlock-conformance-go" ./cmd/dlock-conformance-driver) >&2
+# The Go driver runs with the race detector on (and GORACE=halt_on_error=1 below): a data race
+# in the client ends the driver, which fails its scenario.
+(cd go && go build -race -o "$repo/target/go/dlock-conformance-go" ./cmd/dlock-conformance-driver) >&2
 [ -d node/node_modules ] || bash scripts/node.sh install >&2
 (cd node && npm run -s build) >&2
 # The Java driver: a jar with its dependencies (from Maven Central) and the command line that runs it.
@@ -29,7 +31,7 @@ drivers=(
   --driver "rust=$repo/target/debug/dlock-conformance-rust"
   # This checkout's sources first: the venv's editable install may point at another checkout.
   --driver "python=env PYTHONPATH=$repo/python/src $py -m dlock._conformance_driver"
-  --driver "go=$repo/target/go/dlock-conformance-go"
+  --driver "go=env GORACE=halt_on_error=1 $repo/target/go/dlock-conformance-go"
   --driver "typescript=node $repo/node/dist/esm/driver.js"
   --driver "java=$java_driver"
 )
