@@ -333,11 +333,8 @@ pub fn plan<'a>(
         // at the head still to pass wait for the next millisecond: each grant answers a client,
         // and the server writes those answers after the turn, so a turn of several slices of
         // grants would hold every other client up for all their writes.
-        let next = if lock.has_expired(now) {
-            crate::core::expiry::due_now(now.mono)
-        } else {
-            now.mono
-        };
+        let next =
+            if lock.has_expired(now) { crate::core::expiry::due_now(now.mono) } else { now.mono };
         lock.note_index_entry(next);
         return effect(Effect::Index(next));
     }
