@@ -10,7 +10,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Redis } from "ioredis";
 import { createClient } from "redis";
 
-import { Locks, type RedisLike } from "../src/index.js";
+import { channelName, Locks, type RedisLike } from "../src/index.js";
 import { Proxy, Server } from "./kit.js";
 
 /** The caller's client, with its defaults, connected to port. */
@@ -60,6 +60,13 @@ for (const [kind, connectTo] of Object.entries(clients)) {
       try {
         const lease = await locks.hold("{w1}", { ttl: 30_000 });
         assert.equal(await lease.fenced(["SET", "{w1}:n", "0"]), "OK");
+        // The holder's subscription to its channel (for a revocation) is confirmed first: the
+        // reply the proxy drops must be the write's, not the subscription's.
+        const deadline = performance.now() + 5_000;
+        while (Number(((await admin.call("PUBSUB", "NUMSUB", channelName("{w1}"))) as unknown[])[1]) < 1) {
+          assert.ok(performance.now() < deadline, "the holder never subscribed to its channel");
+          await sleep(10);
+        }
         proxy.dropNextReply();
         // The INCR ran, its reply never came: the outcome is unknown to the caller.
         await assert.rejects(lease.fenced(["INCR", "{w1}:n"]));
