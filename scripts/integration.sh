@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The integration tests of the module and of the Rust client against the server DLOCK_SERVER
+# names (make test runs them on Valkey 9 and Redis 7.4 after the whole workspace on Redis 7.0):
+# every test file of both crates but three that test nothing of the server's own and run on Redis
+# 7.0 only: the docs' redis-cli transcripts (written as Redis 7.0 prints them; tests/examples.rs),
+# the redis-py and node-redis snippets (tests/clients.rs) and the release packages
+# (tests/dist.rs).
+#   DLOCK_SERVER=/path/to/server bash scripts/integration.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -n "${DLOCK_SERVER:-}" ] || { echo "integration.sh: set DLOCK_SERVER" >&2; exit 2; }
+targets=()
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  case "$name" in
+    examples | clients | dist) ;;
+    *) targets+=(--test "$name") ;;
+  esac
+done
+cargo test -p dlock "${targets[@]}"
+cargo test -p dlock-client --tests
