@@ -107,6 +107,12 @@ const IDLE_CLOSE = 2_000;
 interface Node {
   subscriber: Promise<Subscriber>;
   watches: Map<string, Set<Watch>>;
+  /**
+   * Unsubscriptions still in flight, by channel: a new subscription to the channel waits for
+   * its own (node-redis's Cluster closes a shard's pub/sub client once its last channel is
+   * unsubscribed: a subscription sent meanwhile went to the client being closed and was lost).
+   */
+  leaving: Map<string, Promise<void>>;
   /** Closes the subscriber once idle that long; null while someone watches. */
   idle: NodeJS.Timeout | null;
 }
@@ -181,6 +187,7 @@ export class Channels {
     if (node === undefined) {
       const made: Node = {
         watches: new Map(),
+        leaving: new Map(),
         idle: null,
         // Deferred so that a transport that throws at once rejects instead.
         subscriber: Promise.resolve().then(() =>
@@ -225,7 +232,9 @@ export class Channels {
     if (!first) return null;
     const on = node;
     const set = watchers;
-    return node.subscriber
+    const leaving = node.leaving.get(channel) ?? Promise.resolve();
+    return leaving
+      .then(() => on.subscriber)
       .then((subscriber) => subscriber.subscribe(channel))
       .catch(() => {
         // Not subscribed: whoever joins the channel next subscribes it again.
@@ -242,7 +251,14 @@ export class Channels {
     watchers.delete(watch);
     if (watchers.size > 0) return;
     node.watches.delete(watch.channel);
-    node.subscriber.then((subscriber) => subscriber.unsubscribe(watch.channel)).catch(() => undefined);
+    const channel = watch.channel;
+    const left: Promise<void> = node.subscriber
+      .then((subscriber) => subscriber.unsubscribe(channel))
+      .catch(() => undefined)
+      .finally(() => {
+        if (node.leaving.get(channel) === left) node.leaving.delete(channel);
+      });
+    node.leaving.set(channel, left);
     if (node.watches.size > 0) return;
     // Nobody watches on that server: the subscriber idles a while, then closes.
     const address = watch.node;

@@ -161,3 +161,43 @@ test("Cluster: a revoked holder loses its lease at once (revoked), through iored
     nodeRedis.destroy();
   }
 });
+
+// A lease released and the next one held at once, on the same resource: the second's shard
+// subscription must not be lost to the first's unsubscription still in flight (node-redis closes
+// a shard's pub/sub client when its last channel goes; a subscription sent meanwhile went to the
+// closing client, and a ticket behind the holder then waited for its refresh).
+test("Cluster: back-to-back holds of one resource each end up subscribed to its shard channel, through both clients", async () => {
+  const nodes = cluster.nodes.map((node) => node.ioredis());
+  const listeners = async (resource: string): Promise<number> => {
+    let count = 0;
+    for (const node of nodes) count += Number(((await node.call("PUBSUB", "SHARDNUMSUB", channelName(resource))) as unknown[])[1]);
+    return count;
+  };
+  const ioredis = cluster.ioredis();
+  const nodeRedis = await cluster.nodeRedis();
+  try {
+    for (const [name, redis] of [["ioredis", ioredis], ["node-redis", nodeRedis]] as const) {
+      const locks = new Locks(redis);
+      const resource = `again:{${name}}`;
+      try {
+        for (let round = 0; round < 20; round++) {
+          const first = await locks.hold(resource, { ttl: 5_000 });
+          await first.release();
+          const second = await locks.hold(resource, { ttl: 5_000 });
+          const deadline = performance.now() + 2_000;
+          while ((await listeners(resource)) !== 1) {
+            assert.ok(performance.now() < deadline, `${name}, round ${String(round)}: the holder's channel is not subscribed`);
+            await sleep(5);
+          }
+          await second.release();
+        }
+      } finally {
+        locks.close();
+      }
+    }
+  } finally {
+    ioredis.disconnect();
+    nodeRedis.destroy();
+    for (const node of nodes) node.disconnect();
+  }
+});
