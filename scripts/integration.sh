@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # The integration tests of the module and of the Rust client against the server DLOCK_SERVER
 # names (make test runs them on Valkey 9 and Redis 7.4 after the whole workspace on Redis 7.0):
-# every test file of both crates but three that test nothing of the server's own and run on Redis
+# every test file of both crates but those that test nothing of the server's own and run on Redis
 # 7.0 only: the docs' redis-cli transcripts (written as Redis 7.0 prints them; tests/examples.rs),
-# the redis-py and node-redis snippets (tests/clients.rs) and the release packages
-# (tests/dist.rs).
+# the redis-py and node-redis snippets (tests/clients.rs), the release packages (tests/dist.rs)
+# and the Rust client's examples (client/tests/examples.rs).
+# The test files are named on a `--workspace` build, so it reuses the build of the first run
+# (naming packages instead would resolve their features anew and compile everything again).
 #   DLOCK_SERVER=/path/to/server bash scripts/integration.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${DLOCK_SERVER:-}" ] || { echo "integration.sh: set DLOCK_SERVER" >&2; exit 2; }
+names=$(for file in tests/*.rs client/tests/*.rs; do basename "$file" .rs; done | sort -u)
 targets=()
-for file in tests/*.rs; do
-  name=$(basename "$file" .rs)
+for name in $names; do
   case "$name" in
     examples | clients | dist) ;;
     *) targets+=(--test "$name") ;;
   esac
 done
-cargo test -p dlock "${targets[@]}"
-cargo test -p dlock-client --tests
+cargo test --workspace "${targets[@]}"
