@@ -7,7 +7,7 @@ use std::os::raw::c_char;
 
 use redis_module::{Context, Status, raw};
 
-use crate::commands::{ALL, ArgKind, ArgMeta, CommandMeta};
+use crate::commands::{ALL, ArgKind, ArgMeta, CommandMeta, Keys};
 
 /// Declares every command's metadata; logs and fails the load if the server refuses one.
 pub fn register_all(ctx: &Context) -> Status {
@@ -89,7 +89,7 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     // and a zeroed key spec terminates the key spec array.
     let key_specs: &mut [raw::RedisModuleCommandKeySpec; 3] =
         Box::leak(Box::new(unsafe { zeroed() }));
-    if meta.movable_keys {
+    if meta.keys == Keys::FoundByCommand {
         // Keys the server cannot find from the arguments alone: it asks the command instead
         // (ACL, Cluster routing, TRYAGAIN during a migration, CROSSSLOT, COMMAND GETKEYS).
         let more = &mut key_specs[1];
@@ -108,9 +108,17 @@ fn register(ctx: &Context, meta: &CommandMeta) -> Result<(), &'static str> {
     spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     spec.bs.index.pos = 1;
     spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    spec.fk.range.lastkey = 0;
-    spec.fk.range.keystep = 1;
-    spec.fk.range.limit = 0;
+    if meta.keys == Keys::Counted {
+        // `numkeys` first, then that many keys.
+        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+        spec.fk.keynum.keynumidx = 0;
+        spec.fk.keynum.firstkey = 1;
+        spec.fk.keynum.keystep = 1;
+    } else {
+        spec.fk.range.lastkey = 0;
+        spec.fk.range.keystep = 1;
+        spec.fk.range.limit = 0;
+    }
     // SAFETY: as above.
     let mut info: raw::RedisModuleCommandInfo = unsafe { zeroed() };
     info.version = version;

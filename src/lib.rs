@@ -30,8 +30,8 @@ pub mod waiters;
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
 use crate::commands::{
-    acquire, endlease, fencecheck, fenced, guarded, info, list, release, renew, revoke, setfence,
-    setlease,
+    acquire, acquireall, endlease, fencecheck, fenced, guarded, info, list, release, releaseall,
+    renew, renewall, revoke, setfence, setlease,
 };
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
@@ -103,6 +103,9 @@ redis_module! {
         [acquire::META.name, |ctx, args| guarded(ctx, args, acquire::run), acquire::META.flags, 1, 1, 1, ""],
         [renew::META.name, |ctx, args| guarded(ctx, args, renew::run), renew::META.flags, 1, 1, 1, ""],
         [release::META.name, |ctx, args| guarded(ctx, args, release::run), release::META.flags, 1, 1, 1, ""],
+        [acquireall::META.name, |ctx, args| guarded(ctx, args, acquireall::run), acquireall::META.flags, 0, 0, 0, ""],
+        [renewall::META.name, |ctx, args| guarded(ctx, args, renewall::run), renewall::META.flags, 0, 0, 0, ""],
+        [releaseall::META.name, |ctx, args| guarded(ctx, args, releaseall::run), releaseall::META.flags, 0, 0, 0, ""],
         [revoke::META.name, |ctx, args| guarded(ctx, args, revoke::run), revoke::META.flags, 1, 1, 1, ""],
         [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],

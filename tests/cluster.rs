@@ -53,6 +53,38 @@ fn locks_spread_over_shards_route_by_key_fence_with_hash_tags_and_survive_slot_m
             .query::<redis::Value>(&mut con),
     );
     assert!(crossslot.starts_with("CROSSSLOT"), "{crossslot}");
+    // A set of resources shares one slot (a hash tag), or the server refuses it.
+    let fences: Vec<i64> = redis::cmd("DLOCK.ACQUIREALL")
+        .arg(2)
+        .arg("{order:7}:a")
+        .arg("{order:7}:b")
+        .arg("w")
+        .arg(60_000)
+        .query(&mut con)
+        .expect("a set in one slot");
+    assert_eq!(fences.len(), 2);
+    let crossslot = error_text(
+        redis::cmd("DLOCK.ACQUIREALL")
+            .arg(2)
+            .arg("{order:7}:c")
+            .arg("elsewhere:1")
+            .arg("w")
+            .arg(60_000)
+            .query::<redis::Value>(&mut con),
+    );
+    assert!(crossslot.starts_with("CROSSSLOT"), "{crossslot}");
+    assert!(!exists(&mut con, "{order:7}:c"), "a refused set grants nothing");
+    let elsewhere = *owners.iter().find(|p| **p != owner).expect("another primary");
+    let moved = error_text(
+        redis::cmd("DLOCK.ACQUIREALL")
+            .arg(2)
+            .arg("{order:7}:c")
+            .arg("{order:7}:d")
+            .arg("w")
+            .arg(60_000)
+            .query::<redis::Value>(&mut cluster.node(elsewhere).client()),
+    );
+    assert!(moved.starts_with("MOVED"), "a set is routed by its slot: {moved}");
 
     // Move the slot holding a live lease to another shard: owner, fence and deadline move with it.
     let resource = "moving:lock";

@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 
 use dlock_testkit::*;
 
-const COMMANDS: [&str; 11] = [
+const COMMANDS: [&str; 14] = [
     "dlock.acquire",
     "dlock.renew",
     "dlock.release",
+    "dlock.acquireall",
+    "dlock.renewall",
+    "dlock.releaseall",
     "dlock.revoke",
     "dlock.fencecheck",
     "dlock.info",

@@ -270,7 +270,25 @@ fn replica_and_aof_hold_the_primarys_leases_after_random_sequences() {
                 rng.between(SHORT_MS.0, SHORT_MS.1)
             };
             match rng.between(0, 13) {
-                0..=2 => {
+                2 => {
+                    // A set of two resources: granted, renewed or released whole (errors, a
+                    // holder of one member in the other mode, change nothing: ignored).
+                    let other = *rng.pick(&RESOURCES);
+                    let members: Vec<&str> =
+                        if other == resource { vec![resource] } else { vec![resource, other] };
+                    let command =
+                        *rng.pick(&["DLOCK.ACQUIREALL", "DLOCK.RENEWALL", "DLOCK.RELEASEALL"]);
+                    let mut set = redis::cmd(command);
+                    set.arg(members.len()).arg(&members).arg(token);
+                    if command != "DLOCK.RELEASEALL" {
+                        set.arg(ttl);
+                    }
+                    if command == "DLOCK.ACQUIREALL" && rng.between(0, 2) == 0 {
+                        set.arg("SHARED");
+                    }
+                    let _: redis::RedisResult<redis::Value> = set.query(&mut p);
+                }
+                0 | 1 => {
                     // Errors (a holder asking for the other mode) change nothing: ignored.
                     let _: redis::RedisResult<redis::Value> = redis::cmd("DLOCK.ACQUIRE")
                         .arg(resource)

@@ -12,6 +12,9 @@ pub const MAX_REASON_LEN: usize = 256;
 /// Largest `COUNT` of `DLOCK.LIST` (each call does about that much work).
 pub const MAX_LIST_COUNT: usize = 10_000;
 
+/// Most resources in one set (`DLOCK.ACQUIREALL`, `RENEWALL`, `RELEASEALL`).
+pub const MAX_SET_SIZE: usize = 64;
+
 /// Largest `LIMIT` of a shared request.
 pub const MAX_LIMIT: u32 = 1_000_000;
 

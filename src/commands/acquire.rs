@@ -3,15 +3,14 @@
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
-use crate::apply::{self, Site};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, on_lock, primary_only, split_args};
+use crate::apply;
 use crate::core::args;
 use crate::core::{Acquired, DlockError, Lock, Step, Waiter};
-use crate::datatype::LOCK_TYPE;
-use crate::{clock, config, expiry, metrics, waiters};
+use crate::{clock, config, expiry, waiters};
 
 /// `SHARED [LIMIT n]`.
-const SHARED: &[ArgMeta] = &[ArgMeta::option("n", ArgKind::Integer, "LIMIT")];
+pub const SHARED: &[ArgMeta] = &[ArgMeta::option("n", ArgKind::Integer, "LIMIT")];
 
 /// `WAIT timeout-ms | QUEUE ticket-ms`.
 const WAIT_OR_QUEUE: &[ArgMeta] = &[
@@ -27,7 +26,7 @@ pub const META: CommandMeta = CommandMeta {
     // from the key, so no `ACCESS`. `UPDATE` rather than `INSERT`: a grant may replace an expired
     // lease or extend the holder's own (Redis allows only one of INSERT, UPDATE and DELETE).
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Acquires a lease on a resource and returns its fencing token",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log W) for W waiters and O(log S) for S shared leases on the resource",
     args: &[
@@ -48,18 +47,12 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     primary_only(ctx)?;
     let request = args::acquire(&rest, config::max_ttl_ms())?;
     let now = clock::now();
-    let key = ctx.open_key_writable(resource);
-    let mut fresh = None;
     // A slot moving here: the resource's last fence may be known only to the old owner (a free
     // resource has no key; a shared lease released there left no trace in the key that moved).
     crate::cluster::gate(ctx, resource.as_slice(), now)?;
-    let lock = match lock_at(&key)? {
-        Some(lock) => lock,
-        None => fresh.insert(Lock::default()),
-    };
     // The waiter this command put in line, to block once the decision is applied.
     let mut waiting = 0;
-    let (outcome, changes) = apply::decide(now, |step| {
+    let outcome = on_lock(ctx, resource, now, |step, lock| {
         let outcome =
             step.acquire_as(lock, request.token, request.ttl_ms, request.mode, request.meta)?;
         Ok::<_, DlockError>(match outcome {
@@ -81,21 +74,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 }
             },
         })
-    });
-    let stored = match fresh.take() {
-        Some(lock) if !lock.is_vacant(now) => {
-            key.set_value(&LOCK_TYPE, lock)?;
-            metrics::lock_key_created();
-            true
-        }
-        Some(_) => false,
-        None => true,
-    };
-    let site = Site { key: &key, name: resource };
-    match lock_at(&key)? {
-        Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
-        None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),
-    }
+    })?;
     match outcome? {
         // The server refused to block the client (it left the line again): no lease, now.
         RedisValue::NoReply if !waiters::is_blocked(waiting) => Ok(RedisValue::Null),

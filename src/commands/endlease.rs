@@ -4,7 +4,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, internal_only, lock_at, split_args};
 use crate::apply::{self, Site};
 use crate::clock;
 use crate::core::DlockError;
@@ -16,7 +16,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: 4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Internal: ends one shared lease as the primary decided (replication stream and AOF only)",
     complexity: "O(log S) where S is the number of shared leases on the resource",
     args: &[

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_in, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, lock_in, split_args};
 use crate::core::args;
 use crate::{clock, metrics};
 
@@ -11,7 +11,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 3,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Tells whether a fence is the fence of the live lease on a resource",
     complexity: "O(1) for an exclusive lease, O(log S) for S shared leases on the resource",
     args: &[

@@ -7,7 +7,9 @@ use std::os::raw::c_int;
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, lock_in, primary_only};
+use super::{
+    ArgKind, ArgMeta, CommandMeta, Keys, declare_key, keys_position_request, lock_in, primary_only,
+};
 use crate::core::DlockError;
 use crate::core::args::{parse_fence, printable};
 use crate::core::fenced::{key_slot, refusal};
@@ -18,7 +20,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write getkeys-api",
     arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    movable_keys: true,
+    keys: Keys::FoundByCommand,
     summary: "Runs a command only if a fence is the fence of the live lease on a resource",
     complexity: "O(1) plus the complexity of the fenced command",
     args: &[
@@ -45,7 +47,7 @@ pub const META: CommandMeta = CommandMeta {
 const CALL_FLAGS: &[u8] = b"v!CEMS0\0";
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if is_keys_position_request(ctx) {
+    if keys_position_request(ctx) {
         declare_keys(ctx, args);
         return Ok(RedisValue::NoReply);
     }
@@ -91,11 +93,6 @@ fn check_fence(ctx: &Context, resource: &RedisString, fence: u64) -> Result<(), 
     Err(DlockError::Stale { fence, resource: printable(resource.as_slice()), current })
 }
 
-fn is_keys_position_request(ctx: &Context) -> bool {
-    // SAFETY: ctx is the live context of this call.
-    unsafe { raw::RedisModule_IsKeysPositionRequest.is_some_and(|f| f(ctx.ctx) != 0) }
-}
-
 /// Tells the server every key the call touches: the resource (read) and the inner command's
 /// keys with the inner command's own flags. Cluster then routes, redirects and answers
 /// `TRYAGAIN` or `CROSSSLOT` as for a native multi-key command, so during a slot migration a
@@ -104,16 +101,7 @@ fn is_keys_position_request(ctx: &Context) -> bool {
 fn declare_keys(ctx: &Context, args: &[RedisString]) {
     const RESOURCE: usize = 1;
     const INNER: usize = 3;
-    let key_at = |pos: usize, flags: u32| {
-        // SAFETY: ctx is a key position request; pos is an index into this call's argv.
-        unsafe {
-            if let Some(key_at) = raw::RedisModule_KeyAtPosWithFlags {
-                key_at(ctx.ctx, pos as c_int, flags as c_int);
-            } else if let Some(key_at) = raw::RedisModule_KeyAtPos {
-                key_at(ctx.ctx, pos as c_int);
-            }
-        }
-    };
+    let key_at = |pos: usize, flags: u32| declare_key(ctx, pos, flags);
     if args.len() <= RESOURCE {
         return;
     }

@@ -2,7 +2,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, lock_in, reply_fields, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, Keys, lock_in, reply_fields, split_args};
 use crate::core::{DlockError, Lock, Now, Waiter};
 use crate::{clock, waiters};
 
@@ -11,7 +11,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly fast",
     arity: 2,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Shows the live leases on a resource: owner, fence, remaining ttl, hold time, renewals, mode, metadata, waiters, tickets",
     complexity: "O(W + S) where W is the number of waiters and S the number of shared leases on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],

@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, V3, lock_in, write_fields};
+use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, Keys, V3, lock_in, write_fields};
 use crate::clock;
 use crate::core::args::{self, ListFilter};
 use crate::core::{DlockError, Lock, Now};
@@ -18,7 +18,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "readonly",
     arity: -2,
     key_flags: 0,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Lists the database's locks a cursor step at a time, as SCAN walks keys: resource, mode, holders, owner, fence, remaining ttl, hold time, line",
     complexity: "O(1) for every call. O(N) for a complete iteration, including enough command calls for the cursor to return back to 0. N is the number of keys in the database",
     args: &[

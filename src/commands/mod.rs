@@ -1,24 +1,30 @@
 //! One file per command: parse → decide in the core → apply → reply. Shared plumbing lives here.
 
 pub mod acquire;
+pub mod acquireall;
 pub mod endlease;
 pub mod fencecheck;
 pub mod fenced;
 pub mod info;
 pub mod list;
 pub mod release;
+pub mod releaseall;
 pub mod renew;
+pub mod renewall;
 pub mod revoke;
 pub mod setfence;
 pub mod setlease;
 
+use std::os::raw::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use redis_module::key::{RedisKey, RedisKeyWritable};
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, raw};
 
-use crate::core::{DlockError, Lock};
+use crate::apply::{self, Site};
+use crate::core::{DlockError, Lock, Now, Step};
 use crate::datatype::LOCK_TYPE;
+use crate::metrics;
 
 /// What Redis is told about a command: registration flags, arity, key spec, docs.
 pub struct CommandMeta {
@@ -30,9 +36,8 @@ pub struct CommandMeta {
     pub arity: i32,
     /// Key spec flags for the one key at position 1 (`REDISMODULE_CMD_KEY_*`); 0: no key.
     pub key_flags: u32,
-    /// More keys follow, found by the command itself (`getkeys-api`): declared to the server as
-    /// an incomplete key spec with variable flags, so it asks the command (`DLOCK.FENCED`).
-    pub movable_keys: bool,
+    /// Where the keys are, beside `key_flags`.
+    pub keys: Keys,
     /// One line for `COMMAND DOCS`.
     pub summary: &'static str,
     /// Time complexity for `COMMAND DOCS`.
@@ -43,6 +48,19 @@ pub struct CommandMeta {
     pub acl_categories: &'static str,
     /// The module version that added the command.
     pub since: &'static str,
+}
+
+/// Where a command's keys are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// The one key at position 1 (or none, when `key_flags` is 0).
+    One,
+    /// The key at position 1, and more keys found by the command itself (`getkeys-api`):
+    /// declared to the server as an incomplete key spec with variable flags, so it asks the
+    /// command (`DLOCK.FENCED`).
+    FoundByCommand,
+    /// `numkeys` at position 1, then that many keys (`DLOCK.ACQUIREALL` and the set commands).
+    Counted,
 }
 
 /// One argument as `COMMAND DOCS` describes it.
@@ -123,6 +141,12 @@ impl ArgMeta {
         }
     }
 
+    /// The same argument, repeated one or more times (`resource [resource …]`).
+    pub const fn multiple(mut self) -> Self {
+        self.multiple = true;
+        self
+    }
+
     /// The same argument, as added by module version `version`.
     pub const fn since(mut self, version: &'static str) -> Self {
         self.since = Some(version);
@@ -137,10 +161,13 @@ impl ArgMeta {
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 11] = [
+pub const ALL: [&CommandMeta; 14] = [
     &acquire::META,
     &renew::META,
     &release::META,
+    &acquireall::META,
+    &renewall::META,
+    &releaseall::META,
     &revoke::META,
     &fencecheck::META,
     &info::META,
@@ -178,6 +205,93 @@ pub fn split_args<'a>(
         }
         _ => Err(DlockError::WrongArity(command)),
     }
+}
+
+/// Splits `[command, numkeys, resource…, rest…]` of a set command: the resources (each named
+/// once), and the arguments after them.
+pub fn split_members<'a>(
+    args: &'a [RedisString],
+    command: &'static str,
+) -> Result<(&'a [RedisString], Vec<&'a [u8]>), DlockError> {
+    let [_, numkeys, after @ ..] = args else {
+        return Err(DlockError::WrongArity(command));
+    };
+    let count = crate::core::args::numkeys(numkeys.as_slice(), after.len())?;
+    let (resources, rest) = after.split_at(count);
+    let mut seen = std::collections::BTreeSet::new();
+    for resource in resources {
+        if !seen.insert(resource.as_slice()) {
+            return Err(DlockError::RepeatedResource(crate::core::args::printable(
+                resource.as_slice(),
+            )));
+        }
+    }
+    Ok((resources, rest.iter().map(RedisString::as_slice).collect()))
+}
+
+/// Whether the server asks this call for its keys (`getkeys-api`) instead of running it.
+pub fn keys_position_request(ctx: &Context) -> bool {
+    // SAFETY: ctx is the live context of this call.
+    unsafe { raw::RedisModule_IsKeysPositionRequest.is_some_and(|f| f(ctx.ctx) != 0) }
+}
+
+/// Answers a key position request: the argument at `pos` is a key, used as `flags` say.
+pub fn declare_key(ctx: &Context, pos: usize, flags: u32) {
+    // SAFETY: ctx is a key position request; pos is an index into this call's argv.
+    unsafe {
+        if let Some(key_at) = raw::RedisModule_KeyAtPosWithFlags {
+            key_at(ctx.ctx, pos as c_int, flags as c_int);
+        } else if let Some(key_at) = raw::RedisModule_KeyAtPos {
+            key_at(ctx.ctx, pos as c_int);
+        }
+    }
+}
+
+/// Answers a key position request of a set command: its `numkeys` resources (none when
+/// `numkeys` is invalid: the call then fails on its own). Redis 7.0 routes a module command
+/// in Cluster (`MOVED`, `ASK`, `TRYAGAIN`, `CROSSSLOT`) by these, not by its key spec.
+pub fn declare_members(ctx: &Context, args: &[RedisString], flags: u32) {
+    let [_, numkeys, after @ ..] = args else {
+        return;
+    };
+    if let Ok(count) = crate::core::args::numkeys(numkeys.as_slice(), after.len()) {
+        for pos in 2..2 + count {
+            declare_key(ctx, pos, flags);
+        }
+    }
+}
+
+/// Decides `op` on the lock of `resource` (an empty lock when it has no key, stored only if
+/// the decision leaves something in it) and applies the changes: the path every command that
+/// may create a lock takes, once per resource.
+pub fn on_lock<T>(
+    ctx: &Context,
+    resource: &RedisString,
+    now: Now,
+    op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock) -> T,
+) -> Result<T, RedisError> {
+    let key = ctx.open_key_writable(resource);
+    let mut fresh = None;
+    let lock = match lock_at(&key)? {
+        Some(lock) => lock,
+        None => fresh.insert(Lock::default()),
+    };
+    let (outcome, changes) = apply::decide(now, |step| op(step, lock));
+    let stored = match fresh.take() {
+        Some(lock) if !lock.is_vacant(now) => {
+            key.set_value(&LOCK_TYPE, lock)?;
+            metrics::lock_key_created();
+            true
+        }
+        Some(_) => false,
+        None => true,
+    };
+    let site = Site { key: &key, name: resource };
+    match lock_at(&key)? {
+        Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
+        None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),
+    }
+    Ok(outcome)
 }
 
 /// The lock stored at an open key: `None` when the key is empty, `WRONGTYPE` for another type.

@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::clock;
 use crate::core::Lock;
@@ -14,7 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write fast",
     arity: -3,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Releases the caller's live lease",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log S) for S shared leases on the resource and O(W) for W waiters when the lease passes to one",
     args: &[

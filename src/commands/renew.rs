@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, V2, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::core::args;
 use crate::core::{Lock, Renewal};
@@ -14,7 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write fast",
     arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Extends the caller's live lease to ttl-ms from now",
     complexity: "O(log N) where N is the number of leases with a deadline, plus O(log S) for S shared leases on the resource",
     args: &[

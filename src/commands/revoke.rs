@@ -4,7 +4,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, V3, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V3, lock_at, primary_only, split_args};
 use crate::apply::{self, Site};
 use crate::clock;
 use crate::core::args;
@@ -14,7 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: -2,
     key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Ends a live lease whoever holds it, telling its holder why",
     complexity: "O(log S) for S shared leases on the resource with FENCE, O(K log S) for the K leases it ends without, plus O(W) for W waiters when the lock passes to one",
     args: &[

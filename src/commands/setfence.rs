@@ -4,7 +4,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue};
 
-use super::{ArgKind, ArgMeta, CommandMeta, internal_only};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, internal_only};
 use crate::core::args::parse_fence;
 use crate::core::{DlockError, Now};
 use crate::state;
@@ -14,7 +14,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: 2,
     key_flags: 0,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Internal: raises the fence counter (AOF and replication stream only)",
     complexity: "O(1)",
     args: &[ArgMeta::required("fence", ArgKind::Integer)],

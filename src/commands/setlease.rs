@@ -5,7 +5,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, internal_only, lock_at, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, internal_only, lock_at, split_args};
 use crate::apply::{self, Site};
 use crate::core::args::{parse_fence, parse_int, parse_meta, parse_token};
 use crate::core::replica::{self, History};
@@ -18,7 +18,7 @@ pub const META: CommandMeta = CommandMeta {
     flags: "write",
     arity: -5,
     key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
-    movable_keys: false,
+    keys: Keys::One,
     summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
     complexity: "O(log N) where N is the number of leases with a deadline",
     args: &[

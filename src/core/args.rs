@@ -6,7 +6,9 @@
 //! `+`, no spaces, no leading zeros.
 
 use super::DlockError;
-pub use super::limits::{MAX_LIMIT, MAX_LIST_COUNT, MAX_META_LEN, MAX_REASON_LEN, MAX_TOKEN_LEN};
+pub use super::limits::{
+    MAX_LIMIT, MAX_LIST_COUNT, MAX_META_LEN, MAX_REASON_LEN, MAX_SET_SIZE, MAX_TOKEN_LEN,
+};
 use super::mode::Mode;
 
 /// Default of `dlock.max-ttl-ms`, the upper bound of `ttl-ms` and `timeout-ms`: one day.
@@ -55,8 +57,32 @@ pub struct ReleaseArgs<'a> {
 
 /// Parses the arguments of ACQUIRE after the resource: `token ttl-ms [WAIT timeout-ms]`.
 pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, DlockError> {
+    acquire_as("dlock.acquire", args, max_ttl_ms)
+}
+
+/// The arguments of ACQUIREALL after its resources: ACQUIRE's, without `WAIT`, `QUEUE` and
+/// `CLAIM` (a set is granted at once or not at all).
+pub fn acquire_all<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, DlockError> {
+    const COMMAND: &str = "dlock.acquireall";
+    let request = acquire_as(COMMAND, args, max_ttl_ms)?;
+    let waits = [
+        ("WAIT", request.wait_ms.is_some()),
+        ("QUEUE", request.queue_ms.is_some()),
+        ("CLAIM", request.claim_ms.is_some()),
+    ];
+    match waits.into_iter().find(|(_, given)| *given) {
+        Some((option, _)) => Err(DlockError::NotForSets(option, COMMAND)),
+        None => Ok(request),
+    }
+}
+
+fn acquire_as<'a>(
+    command: &'static str,
+    args: &[&'a [u8]],
+    max_ttl_ms: u64,
+) -> Result<AcquireArgs<'a>, DlockError> {
     let [token, ttl, options @ ..] = args else {
-        return Err(DlockError::WrongArity("dlock.acquire"));
+        return Err(DlockError::WrongArity(command));
     };
     let token = parse_token(token)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
@@ -172,6 +198,70 @@ fn fence_option(options: &[&[u8]], command: &'static str) -> Result<Option<u64>,
         fence = Some(parse_fence(value)?);
     }
     Ok(fence)
+}
+
+/// A set's `numkeys`: 1 to [`MAX_SET_SIZE`], and no more than the `available` arguments after it.
+pub fn numkeys(bytes: &[u8], available: usize) -> Result<usize, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=MAX_SET_SIZE.min(available)).contains(n))
+        .ok_or(DlockError::BadNumKeys { max: MAX_SET_SIZE })
+}
+
+/// The arguments of RENEWALL and RELEASEALL after the resources: the token, the ttl (RENEWALL),
+/// and `[FENCES fence …]` with one fence per resource, in the resources' order.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SetArgs<'a> {
+    /// The token holding every member.
+    pub token: &'a [u8],
+    /// The new ttl (RENEWALL; 0 for RELEASEALL).
+    pub ttl_ms: u64,
+    /// Each member's fence, when given.
+    pub fences: Option<Vec<u64>>,
+}
+
+impl SetArgs<'_> {
+    /// The fence given for member `index`, if any.
+    pub fn fence(&self, index: usize) -> Option<u64> {
+        self.fences.as_ref().and_then(|fences| fences.get(index).copied())
+    }
+}
+
+/// Parses RENEWALL's `token ttl-ms [FENCES fence …]` for a set of `count` resources.
+pub fn renew_all<'a>(
+    args: &[&'a [u8]],
+    count: usize,
+    max_ttl_ms: u64,
+) -> Result<SetArgs<'a>, DlockError> {
+    let [token, ttl, options @ ..] = args else {
+        return Err(DlockError::WrongArity("dlock.renewall"));
+    };
+    let token = parse_token(token)?;
+    let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
+    Ok(SetArgs { token, ttl_ms, fences: fences_option(options, count)? })
+}
+
+/// Parses RELEASEALL's `token [FENCES fence …]` for a set of `count` resources.
+pub fn release_all<'a>(args: &[&'a [u8]], count: usize) -> Result<SetArgs<'a>, DlockError> {
+    let [token, options @ ..] = args else {
+        return Err(DlockError::WrongArity("dlock.releaseall"));
+    };
+    let token = parse_token(token)?;
+    Ok(SetArgs { token, ttl_ms: 0, fences: fences_option(options, count)? })
+}
+
+/// `[FENCES fence …]`: exactly `count` fences after the keyword.
+fn fences_option(options: &[&[u8]], count: usize) -> Result<Option<Vec<u64>>, DlockError> {
+    let Some((keyword, fences)) = options.split_first() else {
+        return Ok(None);
+    };
+    if !keyword.eq_ignore_ascii_case(b"FENCES") {
+        return Err(DlockError::UnknownOption(printable(keyword)));
+    }
+    if fences.len() != count {
+        return Err(DlockError::FencesPerResource { count });
+    }
+    fences.iter().map(|fence| parse_fence(fence)).collect::<Result<Vec<_>, _>>().map(Some)
 }
 
 /// The arguments of REVOKE after the resource.

@@ -66,6 +66,14 @@ pub enum DlockError {
     BadReason { max: usize },
     /// A `COUNT` of `DLOCK.LIST` outside 1 to `max`.
     BadCount { max: usize },
+    /// A set's `numkeys` outside 1 to `max`, or more than the arguments that follow.
+    BadNumKeys { max: usize },
+    /// A resource named twice in one set.
+    RepeatedResource(String),
+    /// An option (named) that a set command (named) does not take.
+    NotForSets(&'static str, &'static str),
+    /// `FENCES` without one fence per resource (`count`).
+    FencesPerResource { count: usize },
 }
 
 impl fmt::Display for DlockError {
@@ -132,6 +140,19 @@ impl fmt::Display for DlockError {
             }
             Self::BadCount { max } => {
                 write!(f, "ERR COUNT must be an integer between 1 and {max}")
+            }
+            Self::BadNumKeys { max } => write!(
+                f,
+                "ERR numkeys must be an integer between 1 and {max} (the number of resources that follow)"
+            ),
+            Self::RepeatedResource(resource) => {
+                write!(f, "ERR resource '{resource}' appears twice in the set")
+            }
+            Self::NotForSets(option, command) => {
+                write!(f, "ERR syntax error: {command} does not take {option}")
+            }
+            Self::FencesPerResource { count } => {
+                write!(f, "ERR FENCES needs one fence per resource ({count})")
             }
             Self::BadReason { max } => {
                 write!(f, "ERR REASON must be between 1 and {max} bytes long")
@@ -271,6 +292,10 @@ mod tests {
             DlockError::SlotMoving,
             DlockError::ModeConflict { held: "shared", asked: "exclusive" },
             DlockError::ModeConflict { held: "exclusive", asked: "shared" },
+            DlockError::BadNumKeys { max: super::super::limits::MAX_SET_SIZE },
+            DlockError::RepeatedResource("invoice:{1}".into()),
+            DlockError::NotForSets("WAIT", "dlock.acquireall"),
+            DlockError::FencesPerResource { count: 2 },
         ];
         for error in every {
             // A new variant must be added above, and its reply to the vectors.
@@ -302,7 +327,11 @@ mod tests {
                 | DlockError::BadCount { .. }
                 | DlockError::OptionNeeds(..)
                 | DlockError::SlotMoving
-                | DlockError::ModeConflict { .. } => {}
+                | DlockError::ModeConflict { .. }
+                | DlockError::BadNumKeys { .. }
+                | DlockError::RepeatedResource(_)
+                | DlockError::NotForSets(..)
+                | DlockError::FencesPerResource { .. } => {}
             }
             let reply = error.to_string();
             let class = class_of(&reply).unwrap_or_else(|| panic!("{reply} is in errors.json"));

@@ -33,7 +33,7 @@ pub mod step;
 pub mod token;
 
 pub use error::DlockError;
-pub use lock::{Acquired, HandOver, Lease, Lock, Renewal, Rules, Waiter};
+pub use lock::{Acquired, Admission, HandOver, Lease, Lock, Renewal, Rules, Waiter};
 pub use mode::Mode;
 pub use step::{Host, Refusal, Step, Transition};
 

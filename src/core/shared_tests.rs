@@ -214,12 +214,39 @@ proptest! {
                 }
                 _ => None,
             };
+            // What ACQUIREALL and RENEWALL ask first, on a copy: it must be what the real
+            // request then does.
+            let (mut probe, mut probe_fences) = (lock.clone(), fences);
+            let mut probe_step = Step::new(now, Rules::default(), &mut probe_fences, &gone);
+            let predicted = match op {
+                Op::Acquire { token, mode, .. } => {
+                    Some(probe_step.admission(&mut probe, &[token], mode).map(|a| a.grants()))
+                }
+                _ => None,
+            };
+            let predicted_renewal = match op {
+                Op::Renew { token, ttl_ms } => {
+                    Some(probe_step.renewal(&mut probe, &[token], None, ttl_ms).expect("no mint"))
+                }
+                _ => None,
+            };
             let mut step = Step::new(now, Rules::default(), &mut fences, &gone);
             let mut asked_now = None;
             match op {
                 Op::Acquire { token, ttl_ms, mode } => {
                     asked_now = Some(mode);
                     let got = outcome(step.acquire_as(&mut lock, &[token], ttl_ms, mode, None));
+                    let said = match predicted.expect("asked") {
+                        Ok(true) => "grant",
+                        Ok(false) => "busy",
+                        Err(_) => "conflict",
+                    };
+                    let did = match got {
+                        Outcome::Fence(_) => "grant",
+                        Outcome::Busy => "busy",
+                        Outcome::Conflict => "conflict",
+                    };
+                    prop_assert_eq!(said, did, "the admission answers what ACQUIRE does");
                     prop_assert_eq!(got, model.acquire(token, ttl_ms, mode, now, &gone));
                 }
                 Op::Wait { token, ttl_ms, mode } => {
@@ -250,6 +277,7 @@ proptest! {
                 }
                 Op::Renew { token, ttl_ms } => {
                     let renewed = step.renew(&mut lock, &[token], ttl_ms).expect("no mint refused");
+                    prop_assert_eq!(Some(renewed), predicted_renewal, "the renewal answers what RENEW does");
                     prop_assert_eq!(renewed == Renewal::Renewed, model.renew(token, ttl_ms, now, &gone));
                 }
                 Op::Release { token } => {

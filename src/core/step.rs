@@ -8,7 +8,7 @@
 //! `model_tests.rs` run these same operations against a reference model.
 
 use super::fence::FenceCounter;
-use super::lock::{Acquired, Lease, Lock, Renewal, Rules, Waiter};
+use super::lock::{Acquired, Admission, Lease, Lock, Renewal, Rules, Waiter};
 use super::mode::Mode;
 use super::token::Token;
 use super::{DlockError, Micros, Now};
@@ -301,6 +301,35 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             Acquired::Busy | Acquired::GrantsHeld => {}
         }
         Ok(outcome)
+    }
+
+    /// What an ACQUIRE would answer after the lock settles, granting nothing: the same rule as
+    /// [`Step::acquire_as`]. `DLOCK.ACQUIREALL` asks it of every member first, then grants every
+    /// member (each then answers what this said) or none.
+    pub fn admission(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        mode: Mode,
+    ) -> Result<Admission, DlockError> {
+        self.settle(lock)?;
+        if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
+            return Ok(Admission::Busy);
+        }
+        lock.admission(token, mode, self.now, self.rules)
+    }
+
+    /// What a RENEW would answer after the lock settles, renewing nothing: the same rule as
+    /// [`Step::renew_grant`], asked of every member by `DLOCK.RENEWALL` first.
+    pub fn renewal(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        fence: Option<u64>,
+        ttl_ms: u64,
+    ) -> Result<Renewal, DlockError> {
+        self.settle(lock)?;
+        Ok(lock.renewal(token, fence, ttl_ms, self.now, self.rules))
     }
 
     /// Whether `token` (with `fence`, when given) holds the live lease, handed over unclaimed.

@@ -50,6 +50,27 @@ pub enum Acquired {
     GrantsHeld,
 }
 
+/// What an ACQUIRE would be answered, decided without changing anything: what
+/// `DLOCK.ACQUIREALL` asks of every member before it grants any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The token holds the live lease: the same fence again, its deadline reset.
+    Reacquire,
+    /// A new lease would be granted.
+    Grant,
+    /// Another token holds a live lease, or others wait first.
+    Busy,
+    /// The resource has no lease record and new grants are held back (restart grant delay).
+    GrantsHeld,
+}
+
+impl Admission {
+    /// Whether the request would hold the lease afterwards.
+    pub fn grants(self) -> bool {
+        matches!(self, Self::Reacquire | Self::Grant)
+    }
+}
+
 /// A lease passed to the head of the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandOver {
@@ -376,46 +397,64 @@ impl Lock {
         fences: &mut FenceCounter,
         rules: Rules,
     ) -> Result<Acquired, DlockError> {
-        let reacquired = self.update_lease(token, |lease| {
-            if !lease.is_live(now) {
-                return None;
+        match self.admission(token, mode, now, rules)? {
+            Admission::Reacquire => Ok(self
+                .update_lease(token, |lease| {
+                    let cap = rules.hold_limit(lease.granted_mono);
+                    let capped_ms =
+                        cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
+                    lease.extend(capped_ms.max(1), now);
+                    lease.unclaimed = false;
+                    if meta.is_some() {
+                        lease.token = lease.token.with_meta(meta);
+                    }
+                    Acquired::Reacquired { fence: lease.fence }
+                })
+                .unwrap_or(Acquired::Busy)),
+            Admission::Busy => Ok(Acquired::Busy),
+            Admission::GrantsHeld => Ok(Acquired::GrantsHeld),
+            Admission::Grant => {
+                let fence = fences.mint(now.wall)?;
+                let mut lease = Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now);
+                lease.shared = mode.is_shared();
+                if meta.is_some() {
+                    lease.token = lease.token.with_meta(meta);
+                }
+                let replaced_expired = self.install(lease);
+                Ok(Acquired::Granted { fence, replaced_expired })
             }
+        }
+    }
+
+    /// What an ACQUIRE of `token` in `mode` would be answered now, changing nothing: the rule
+    /// [`Lock::acquire_as`] follows. A token holding a live lease of the other mode is a
+    /// [`DlockError::ModeConflict`].
+    pub fn admission(
+        &self,
+        token: &[u8],
+        mode: Mode,
+        now: Now,
+        rules: Rules,
+    ) -> Result<Admission, DlockError> {
+        if let Some(lease) = self.holder(token, now) {
             if lease.shared != mode.is_shared() {
-                return Some(Err(DlockError::ModeConflict {
+                return Err(DlockError::ModeConflict {
                     held: lease.mode().name(),
                     asked: mode.name(),
-                }));
+                });
             }
-            let cap = rules.hold_limit(lease.granted_mono);
-            let capped_ms =
-                cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
-            lease.extend(capped_ms.max(1), now);
-            lease.unclaimed = false;
-            if meta.is_some() {
-                lease.token = lease.token.with_meta(meta);
-            }
-            Some(Ok(Acquired::Reacquired { fence: lease.fence }))
-        });
-        if let Some(outcome) = reacquired.flatten() {
-            return outcome;
+            return Ok(Admission::Reacquire);
         }
         if !self.waiters.is_empty() {
-            return Ok(Acquired::Busy);
+            return Ok(Admission::Busy);
         }
         if rules.new_grants_held && !self.has_record() {
-            return Ok(Acquired::GrantsHeld);
+            return Ok(Admission::GrantsHeld);
         }
         if !self.admits(mode, now) {
-            return Ok(Acquired::Busy);
+            return Ok(Admission::Busy);
         }
-        let fence = fences.mint(now.wall)?;
-        let mut lease = Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now);
-        lease.shared = mode.is_shared();
-        if meta.is_some() {
-            lease.token = lease.token.with_meta(meta);
-        }
-        let replaced_expired = self.install(lease);
-        Ok(Acquired::Granted { fence, replaced_expired })
+        Ok(Admission::Grant)
     }
 
     #[cfg(test)]
@@ -441,20 +480,38 @@ impl Lock {
         now: Now,
         rules: Rules,
     ) -> Renewal {
-        let renewal = self.update_lease(token, |lease| {
-            if !(lease.is_live(now) && fence.is_none_or(|f| f == lease.fence)) {
-                return Renewal::NotHeld;
-            }
-            let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
-            if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
-                return Renewal::PastMaxHold;
-            }
-            lease.extend(ttl_ms, now);
-            lease.renewals = lease.renewals.saturating_add(1);
-            lease.unclaimed = false;
-            Renewal::Renewed
-        });
-        renewal.unwrap_or(Renewal::NotHeld)
+        let renewal = self.renewal(token, fence, ttl_ms, now, rules);
+        if renewal == Renewal::Renewed {
+            self.update_lease(token, |lease| {
+                lease.extend(ttl_ms, now);
+                lease.renewals = lease.renewals.saturating_add(1);
+                lease.unclaimed = false;
+            });
+        }
+        renewal
+    }
+
+    /// What a RENEW of `token` (the grant with `fence`, when given) would be answered now,
+    /// changing nothing: the rule [`Lock::renew_grant`] follows.
+    pub fn renewal(
+        &self,
+        token: &[u8],
+        fence: Option<u64>,
+        ttl_ms: u64,
+        now: Now,
+        rules: Rules,
+    ) -> Renewal {
+        let Some(lease) = self.lease_of(token) else {
+            return Renewal::NotHeld;
+        };
+        if !(lease.is_live(now) && fence.is_none_or(|f| f == lease.fence)) {
+            return Renewal::NotHeld;
+        }
+        let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
+        if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
+            return Renewal::PastMaxHold;
+        }
+        Renewal::Renewed
     }
 
     #[cfg(test)]
