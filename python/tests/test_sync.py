@@ -229,10 +229,37 @@ def test_a_stopped_server_ends_in_lease_lost_never_a_silent_overrun(own_server: 
         assert raised.value.reason == "unreachable"
         assert locks.metrics.get("leases_lost", "unreachable") == 1
         assert locks.metrics.get("renewal_failures", "error") >= 1
+        # The lease was reported lost: its RELEASE at the block's end is no release failure.
+        assert locks.metrics.get("release_failures") == 0
     finally:
         own_server.continue_process()
         client.close()
         locks.close()
+
+
+def test_a_renewer_that_did_not_run_in_time_loses_the_lease_as_stalled(
+    server: Server, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The process did not run in time to renew (as if stopped) while the server answered all
+    along: the lease is lost as ``stalled``, no late renewal is sent, and its RELEASE after the
+    loss is not a release failure."""
+    caplog.set_level(logging.WARNING, logger="dlock")
+    locks = dlock.Locks(r)
+    ttl = 0.6
+    renewals = server.info()["dlock_renew_ok"]
+    with pytest.raises(dlock.LeaseLost) as raised, locks.hold("stalled", ttl=ttl) as lease:
+        # The renewal thread cannot run past the ttl: it waits for its own lock.
+        with locks._renewer._wake:
+            time.sleep(ttl + 0.2)
+        assert lease.lost.wait(1.0)
+        assert lease.lost_reason == "stalled"
+    assert raised.value.reason == "stalled"
+    # The renewal found due after the local expiry was not sent.
+    assert server.info()["dlock_renew_ok"] == renewals
+    assert locks.metrics.get("leases_lost", "stalled") == 1
+    assert locks.metrics.get("release_failures") == 0
+    assert "release failed" not in caplog.text
+    assert caplog.text.count("dlock: lease lost") == 1
 
 
 def test_check_raises_at_the_local_expiry_even_before_the_renewer_notices(
