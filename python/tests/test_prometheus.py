@@ -32,7 +32,7 @@ def test_figures_reach_the_registry(server: Server) -> None:
         return value
 
     assert sample("dlock_client_acquire_attempts_total") == 3
-    assert sample("dlock_client_acquire_failures_total", reason="not_acquired") == 1
+    assert sample("dlock_client_acquire_failures_total", reason="held") == 1
     assert sample("dlock_client_acquire_seconds_count") == 2
     assert sample("dlock_client_hold_seconds_count") == 2
     assert sample("dlock_client_leases_lost_total", reason="renewal_refused") == 1

@@ -75,7 +75,7 @@ def test_not_acquired_when_the_timeout_passes(server: Server, r: redis.Redis) ->
     info = server.info()
     assert info["dlock_waits_started"] == 1
     assert info["dlock_waits_timed_out"] == 1
-    assert locks.metrics.get("acquire_failures", "not_acquired") == 2
+    assert locks.metrics.get("acquire_failures", "held") == 2
 
 
 def test_a_long_wait_is_one_server_side_wait(server: Server) -> None:
@@ -223,6 +223,10 @@ def test_a_stopped_server_ends_in_lease_lost_never_a_silent_overrun(own_server: 
             assert lease.lost_reason == "unreachable"
             with pytest.raises(dlock.LeaseLost):
                 lease.check()
+            # An ACQUIRE the stopped server may have received: its outcome is unknown.
+            with pytest.raises(redis.TimeoutError), locks.hold("frozen-too", ttl=5, timeout=0):
+                pytest.fail("the body must not run")
+            assert locks.metrics.get("acquire_failures", "unknown") == 1
             # Longer than the ttl, then the server comes back.
             time.sleep(max(0.0, stopped_at + ttl + 0.2 - time.monotonic()))
             own_server.continue_process()
@@ -388,9 +392,12 @@ def test_redis_errors_pass_through_unchanged(r: redis.Redis) -> None:
     locks = dlock.Locks(r)
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"), locks.hold("a-string", ttl=5):
         pytest.fail("the body must not run")
+    assert locks.metrics.snapshot() == {"acquire_attempts": 1, "acquire_failures{server}": 1}
     unreachable = dlock.Locks(redis.Redis(port=1), request_timeout=0.2)
     with pytest.raises(redis.ConnectionError), unreachable.hold("x", ttl=5, timeout=0.2):
         pytest.fail("the body must not run")
+    # Every connection refused: no request can have reached a server.
+    assert unreachable.metrics.get("acquire_failures", "unreachable") == 1
 
 
 def test_max_hold_bounds_the_whole_hold(r: redis.Redis) -> None:

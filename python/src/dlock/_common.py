@@ -13,7 +13,7 @@ from typing import Callable, Generic, TypeVar, Union
 import redis
 
 from . import _protocol as protocol
-from ._errors import LeaseLost, Unsupported
+from ._errors import LeaseLost, NotAcquired, Unsupported
 from ._metrics import Metrics
 from ._protocol import (
     MAX_PERMITS,
@@ -430,6 +430,21 @@ def cross_slot(error: BaseException) -> redis.exceptions.ClusterCrossSlotError |
     if isinstance(error, redis.exceptions.RedisClusterException) and "same key slot" in str(error):
         return redis.exceptions.ClusterCrossSlotError(str(error))
     return None
+
+
+def acquire_failure(error: BaseException, plan: AcquirePlan) -> str:
+    """The ``acquire_failures`` reason of an acquire that raised ``error`` (the Rust client's
+    names): ``held`` (:class:`dlock.NotAcquired`), ``unreachable`` (the retries ran out and no
+    request can have reached a server: nothing was granted), ``unknown`` (a request may have
+    been carried out, or the caller gave up with one out: the token was released), ``server``
+    (the server refused the request, or any other error)."""
+    if isinstance(error, NotAcquired):
+        return "held"
+    if is_ambiguous(error):
+        return "unknown" if plan.reached_server else "unreachable"
+    if not isinstance(error, Exception):  # interrupted: cancelled, KeyboardInterrupt
+        return "unknown"
+    return "server"
 
 
 def as_int(reply: object) -> int | None:

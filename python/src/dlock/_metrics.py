@@ -19,7 +19,10 @@ class Metrics:
     Names (counters, with a ``reason`` label where shown):
 
     - ``acquire_attempts``
-    - ``acquire_failures{reason}``: ``not_acquired``, ``error``
+    - ``acquire_failures{reason}``: ``held`` (:class:`dlock.NotAcquired`: another owner kept
+      it), ``unreachable`` (no request can have reached a server: nothing granted), ``unknown``
+      (a request may have been carried out: its token was released), ``server`` (the server
+      refused it, e.g. ``LOCKMODE``, or anything else)
     - ``acquire_seconds`` (sum and count): from the first send to the grant
     - ``hold_seconds`` (sum and count): from the grant to the release or the loss
     - ``renewal_failures{reason}``: ``refused``, ``error``

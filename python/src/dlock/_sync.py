@@ -223,21 +223,6 @@ class Locks(common.Handles[Hold]):
     def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
         started = time.monotonic()
-        try:
-            state = self._try_acquire(request)
-        except NotAcquired:
-            self.metrics.acquire_failed("not_acquired")
-            raise
-        except BaseException:
-            self.metrics.acquire_failed("error")
-            raise
-        self.metrics.acquired(
-            request.resource, state.token, state.fence, time.monotonic() - started
-        )
-        return state
-
-    def _try_acquire(self, request: Request) -> LeaseState:
-        resource = request.resource
         plan = common.AcquirePlan(
             request.ttl,
             request.timeout,
@@ -245,6 +230,18 @@ class Locks(common.Handles[Hold]):
             self.request_timeout,
             ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
+        try:
+            state = self._try_acquire(request, plan)
+        except BaseException as error:
+            self.metrics.acquire_failed(common.acquire_failure(error, plan))
+            raise
+        self.metrics.acquired(
+            request.resource, state.token, state.fence, time.monotonic() - started
+        )
+        return state
+
+    def _try_acquire(self, request: Request, plan: common.AcquirePlan) -> LeaseState:
+        resource = request.resource
         watch: Watch | None = None
         channels: Channels | None = None
         try:

@@ -6,7 +6,8 @@
 Metric names (counters unless noted), the same as the Rust client's:
 
 - ``dlock_client_acquire_attempts_total``
-- ``dlock_client_acquire_failures_total{reason}``: ``not_acquired``, ``error``
+- ``dlock_client_acquire_failures_total{reason}``: ``held``, ``unreachable``, ``unknown``,
+  ``server`` (see :class:`dlock.Metrics`)
 - ``dlock_client_acquire_seconds`` (histogram): from the first send to the grant
 - ``dlock_client_hold_seconds`` (histogram): from the grant to the release or the loss
 - ``dlock_client_renewal_failures_total{reason}``: ``refused``, ``error``
