@@ -2,6 +2,7 @@
 //! that the lease was lost.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_proto::command;
@@ -170,9 +171,11 @@ impl Lease {
     /// `cancel_grace` to stop and is then dropped, and `run` returns [`RunError::LockLost`].
     /// When `work` ends, the lease is released; a failed release is [`RunError::NotReleased`].
     ///
-    /// A lease is lost when a renewal is refused, when no renewal is answered before its local
-    /// expiry, when the server announces its end ([`ClientOptions::watch_events`]), and at once
-    /// when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
+    /// A lease is lost when a renewal is refused, at its local expiry without an answered
+    /// renewal ([`LossReason::Unreachable`] when the last renewal sent got no answer,
+    /// [`LossReason::Stalled`] when none was waiting for one: this task did not run in time to
+    /// send it), when the server announces its end ([`ClientOptions::watch_events`]), and at
+    /// once when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
     /// RELEASE follows: the lease is gone).
     ///
     /// [`ClientOptions::watch_events`]: crate::ClientOptions::watch_events
@@ -192,13 +195,32 @@ impl Lease {
         // When the next renewal is due: an absolute instant, so that a loop pass for another
         // branch (a keyspace event, such as our own `dlock.renewed`) never postpones it.
         let mut next_renewal = Instant::now() + self.ttl / 3;
+        // Whether the last renewal sent got no answer (still outstanding, or failed): at the
+        // local expiry that is `Unreachable`; with none waiting for an answer, the process
+        // itself did not run in time (`Stalled`).
+        let awaiting_answer = AtomicBool::new(false);
+        let mut last_failed = false;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
-            let (client, resource, token, fence, ttl) =
-                (&self.client, &self.resource, &self.token, self.fence, self.ttl);
+            let (client, resource, token, fence, ttl, local_expiry) = (
+                &self.client,
+                &self.resource,
+                &self.token,
+                self.fence,
+                self.ttl,
+                self.local_expiry,
+            );
+            let awaiting = &awaiting_answer;
             let renewal = async move {
                 tokio::time::sleep_until(next_renewal.into()).await;
+                // Due after the local expiry (the process did not run in time): not sent, the
+                // expiry decides.
+                if Instant::now() >= local_expiry {
+                    std::future::pending::<()>().await;
+                }
+                awaiting.store(true, Ordering::Relaxed);
                 let renewed = renew_once(client, resource, token, fence, ttl).await;
+                awaiting.store(false, Ordering::Relaxed);
                 // Where the lease lives now (a slot may have moved): its channel is there.
                 let address = match renewed {
                     Ok(Some(_)) => client.node_address(resource).await,
@@ -233,6 +255,7 @@ impl Lease {
                 }
                 (renewed, address) = renewal => match renewed {
                     Ok(Some(expiry)) => {
+                        last_failed = false;
                         self.local_expiry = expiry;
                         next_renewal = Instant::now() + ttl / 3;
                         // Still listening: subscribed again if the subscriber went down, on
@@ -246,10 +269,19 @@ impl Lease {
                         break LossReason::Unreachable(error.to_string());
                     }
                     // Retry sooner, until the local expiry.
-                    Err(_) => next_renewal = Instant::now() + ttl / 10,
+                    Err(_) => {
+                        last_failed = true;
+                        next_renewal = Instant::now() + ttl / 10;
+                    }
                 },
                 // The lease may already be over on the server: stop at the local expiry.
-                _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
+                _ = expiry => {
+                    break if last_failed || awaiting_answer.load(Ordering::Relaxed) {
+                        LossReason::Unreachable("no renewal was answered in time".into())
+                    } else {
+                        LossReason::Stalled
+                    };
+                }
                 // An operator's DLOCK.REVOKE: the channel named this lease's fence.
                 reason = revoked => break LossReason::Revoked(reason),
                 message = event => match message {

@@ -9,8 +9,8 @@
 //! - `dlock_client_hold_seconds` (histogram): from the grant to the release or the loss
 //! - `dlock_client_renewal_failures_total{reason}`: `refused`, `error`
 //! - `dlock_client_release_failures_total`
-//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`,
-//!   `revoked`
+//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `stalled`,
+//!   `ended`, `revoked`
 //! - `dlock_client_stale_writes_total`: fenced writes refused (DLOCK.FENCED STALE or SQL)
 //! - `dlock_client_redirects_total`: `MOVED` and `ASK` replies followed (Redis Cluster)
 
