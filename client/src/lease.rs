@@ -148,7 +148,8 @@ impl Lease {
         }
     }
 
-    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held. A RELEASE
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held (counted and
+    /// logged as the loss `ended`, not as a release failure; only an `Err` is one). A RELEASE
     /// the server cannot have carried out (no connection could be opened to the resource's
     /// primary, or the cluster answered that it is failing over or migrating the slot:
     /// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`) is sent again, to the
@@ -161,8 +162,8 @@ impl Lease {
             Ok(released) => Ok(released == 1),
             Err(failure) => Err(RedisError::from(failure)),
         };
-        let ok = matches!(released, Ok(true));
-        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
+        let outcome = released.as_ref().ok().copied();
+        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), outcome);
         released
     }
 
@@ -176,7 +177,8 @@ impl Lease {
     /// [`LossReason::Stalled`] when none was waiting for one: this task did not run in time to
     /// send it), when the server announces its end ([`ClientOptions::watch_events`]), and at
     /// once when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
-    /// RELEASE follows: the lease is gone).
+    /// RELEASE follows: the lease is gone). The best-effort RELEASE after a loss is not a
+    /// release failure, whatever it answers.
     ///
     /// [`ClientOptions::watch_events`]: crate::ClientOptions::watch_events
     pub async fn run<F, Fut, T>(mut self, work: F) -> Result<T, RunError<T>>

@@ -41,7 +41,9 @@
 //!   executor thread, a stopped process; a renewal due after the local expiry is not sent), or
 //!   the server announcing the lease's end ([`ClientOptions::watch_events`]) cancel the work and
 //!   return [`RunError::LockLost`]; when the work ends, an owner-checked RELEASE is sent with a
-//!   bounded timeout and a failed release is reported, not swallowed.
+//!   bounded timeout and a failed release is reported, not swallowed. Only a RELEASE whose
+//!   outcome is unknown counts as a release failure: one answered 0 is the loss `ended`, and
+//!   the best-effort RELEASE after a loss counts as neither.
 //! - An operator's `DLOCK.REVOKE` ends the work at once: from its grant on, a lease listens on
 //!   its resource's channel (on the client's one subscriber connection per server, shared with
 //!   the ticket waiters; the subscription is made in the background, so the grant is not

@@ -58,12 +58,12 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
     assert!(lease.fenced::<String>(&write).await.is_err(), "stale");
     let lost = lease.run(|cancelled| async move { cancelled.cancelled().await }).await;
     assert!(matches!(lost, Err(RunError::LockLost(_))));
-    // A release that finds the lease gone.
+    // A release that finds the lease gone: the loss `ended`, not a release failure.
     let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
     let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
     assert!(!lease.release().await.expect("answered"));
     // A holder that did not run in time to renew (this thread, which polls `run`, blocked past
-    // the ttl): the loss `stalled`.
+    // the ttl): the loss `stalled`; its best-effort RELEASE is not a release failure either.
     let ttl = Duration::from_millis(300);
     let lease = dlock.acquire("job", ttl).await.expect("granted");
     let stalled = lease
@@ -93,11 +93,12 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
         counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "renewal_refused"))),
         1
     );
+    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "ended"))), 1);
     assert_eq!(
         counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "stalled"))),
         1
     );
-    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", None), 2);
-    assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 1);
+    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", None), 3);
+    assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 0);
     assert_eq!(counter(&snapshot, "dlock_client_stale_writes_total", None), 1);
 }
