@@ -147,21 +147,6 @@ class LeaseTest {
     }
 
     @Test
-    void aPausedServerIsALossAtTheLocalExpiry() throws Exception {
-        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url())) {
-            Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600)).requestTimeout(Duration.ofMillis(200)).noWait());
-            own.pause();
-            try {
-                LeaseLostException loss = lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
-                assertEquals(LossReason.UNREACHABLE, loss.reason());
-                assertTrue(System.nanoTime() - lease.localExpiryNanos() >= 0, "lost before the local expiry");
-            } finally {
-                own.resume();
-            }
-        }
-    }
-
-    @Test
     void aWaiterGetsTheLeaseWhenItsHolderReleasesAndClaimsIt() throws Exception {
         Lease holder = locks.hold("queued", SHORT);
         CompletableFuture<Lease> waiter = locks.holdAsync("queued", SHORT.waitFor(Duration.ofSeconds(5)));
