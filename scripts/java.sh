@@ -71,6 +71,11 @@ case "${1:-test}" in
     mvn_quiet -pl dlock-shedlock dependency:resolve-plugins
     shedlock=$(sed -n 's:.*<shedlock.version>\(.*\)</shedlock.version>.*:\1:p' java/pom.xml)
     mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-core:$shedlock"
+    # dlock-spring-integration the same way: spring-integration-core (with Spring Framework and
+    # Reactor, its dependencies) at the version java/pom.xml pins.
+    mvn_quiet -pl dlock-spring-integration dependency:resolve-plugins
+    spring_integration=$(sed -n 's:.*<spring-integration.version>\(.*\)</spring-integration.version>.*:\1:p' java/pom.xml)
+    mvn_quiet -N dependency:get -Dartifact="org.springframework.integration:spring-integration-core:$spring_integration"
     ;;
   test)
     DLOCK_MODULE=$(find_module)
