@@ -145,20 +145,18 @@ class LossTest {
 
     @Test
     void aPausedServerIsUnreachableNotStalled() throws Exception {
-        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url()).withMetrics(seen)) {
-            Lease lease = paused.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600))
-                    .requestTimeout(Duration.ofMillis(200)).noWait());
-            own.pause(); // the process runs, its renewals go unanswered
-            try {
-                LeaseLostException loss = lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
-                assertEquals(LossReason.UNREACHABLE, loss.reason());
-                assertTrue(System.nanoTime() - lease.localExpiryNanos() >= 0, "lost before the local expiry");
-                assertTrue(seen.renewalFailures.contains("error"), seen.renewalFailures.toString());
-                counted(1);
-                assertEquals(List.of(LossReason.UNREACHABLE), seen.lost);
-            } finally {
-                own.resume();
-            }
+        Lease lease = locks.hold("paused", HoldOptions.defaults().ttl(Duration.ofMillis(600))
+                .requestTimeout(Duration.ofMillis(200)).noWait());
+        server.pause(); // the process runs, its renewals go unanswered
+        try {
+            LeaseLostException loss = lease.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+            assertEquals(LossReason.UNREACHABLE, loss.reason());
+            assertTrue(System.nanoTime() - lease.localExpiryNanos() >= 0, "lost before the local expiry");
+            assertTrue(seen.renewalFailures.contains("error"), seen.renewalFailures.toString());
+            counted(1);
+            assertEquals(List.of(LossReason.UNREACHABLE), seen.lost);
+        } finally {
+            server.resume();
         }
     }
 
@@ -195,18 +193,17 @@ class LossTest {
 
     @Test
     void anUnansweredReleaseOfALiveLeaseIsAReleaseFailure() throws Exception {
-        try (Servers.Server own = Servers.start(); Locks paused = Locks.connect(own.url()).withMetrics(seen)) {
-            Lease lease = paused.hold("unanswered", HoldOptions.defaults().ttl(Duration.ofSeconds(10))
-                    .requestTimeout(Duration.ofMillis(200)).noWait());
-            own.pause();
-            try {
-                assertThrows(NotReleasedException.class, lease::close);
-            } finally {
-                own.resume();
-            }
-            assertEquals(1, seen.releaseFailures.get());
-            assertEquals(1, log.starting("dlock: release failed"), log.lines.toString());
-            assertEquals(List.of(), seen.lost);
+        Lease lease = locks.hold("unanswered", HoldOptions.defaults().ttl(Duration.ofSeconds(10))
+                .requestTimeout(Duration.ofMillis(200)).noWait());
+        server.pause();
+        try {
+            assertThrows(NotReleasedException.class, lease::close);
+        } finally {
+            server.resume();
         }
+        assertEquals(1, seen.releaseFailures.get());
+        assertEquals(1, log.starting("dlock: release failed"), log.lines.toString());
+        assertEquals(List.of(), seen.lost);
+        server.command("DEL", "unanswered"); // its 10 s ttl is no other test's business
     }
 }
