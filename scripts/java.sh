@@ -71,6 +71,8 @@ case "${1:-test}" in
     mvn_quiet -pl dlock-shedlock dependency:resolve-plugins
     shedlock=$(sed -n 's:.*<shedlock.version>\(.*\)</shedlock.version>.*:\1:p' java/pom.xml)
     mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-core:$shedlock"
+    # shedlock-spring (with Spring's context): the module's Spring example, a test dependency.
+    mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-spring:$shedlock"
     # dlock-spring-integration the same way: spring-integration-core (with Spring Framework and
     # Reactor, its dependencies) at the version java/pom.xml pins.
     mvn_quiet -pl dlock-spring-integration dependency:resolve-plugins
