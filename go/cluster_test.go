@@ -274,3 +274,108 @@ func TestInAClusterARevokedHolderHearsItOnItsShardChannelWhereverTheSlotIs(t *te
 		awaitSubscribers(t, owner.Client(t), channel, true, 0)
 	}
 }
+
+// The primary of a resource's slot fails over to its replica under a held lease, a ticket
+// waiter and an observer of the resource, which listen on its shard channel (SSUBSCRIBE on the
+// slot's primary): by CLUSTER FAILOVER (the old primary drops its shard channels'
+// subscribers), or killed (the pub/sub connection breaks, and the replica is elected after the
+// node timeout). The subscription follows to the new primary, where an operator's revocation
+// after the failover reaches the holder, and the hand-over to the ticket waiter (which its
+// refresh, a third of its 30 s ticket, would not cover) and the new leader reach the waiter and
+// the observer.
+func TestInAClusterSubscriptionsFollowTheirSlotsFailoverToTheReplica(t *testing.T) {
+	t.Parallel()
+	t.Run("failover", func(t *testing.T) {
+		t.Parallel()
+		cluster := testkit.StartClusterWithReplicas(t, 15*time.Second)
+		subscriptionsFollowFailover(t, cluster, func(primary, replica *testkit.Server) {
+			cluster.Failover(t, replica)
+		})
+	})
+	t.Run("primary killed", func(t *testing.T) {
+		t.Parallel()
+		cluster := testkit.StartClusterWithReplicas(t, 2*time.Second)
+		subscriptionsFollowFailover(t, cluster, func(primary, replica *testkit.Server) {
+			cluster.KillPrimary(t, primary, replica)
+		})
+	})
+}
+
+func subscriptionsFollowFailover(t *testing.T, cluster *testkit.Cluster, failover func(primary, replica *testkit.Server)) {
+	locks := newLocks(t, cluster.Client(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const resource = "invoice:{13}"
+	channel := dlock.ChannelName(resource)
+
+	holder, err := locks.Hold(ctx, resource, dlock.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := locks.Observe(ctx, resource)
+	if leader := <-leaders; leader == nil || leader.Token != holder.Token() {
+		t.Fatalf("the first leader observed: %+v", leader)
+	}
+	granted := make(chan *dlock.Lease, 1)
+	go func() {
+		lease, err := locks.Hold(ctx, resource, dlock.Tickets(30*time.Second), dlock.Wait(20*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- lease
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := locks.Info(ctx, resource); err == nil && info.Tickets == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the ticket is not in line")
+		}
+	}
+	primary := cluster.Owner(t, resource)
+	awaitSubscribers(t, primary.Client(t), channel, true, 1)
+	// The replica has the lease and the ticket before it takes over.
+	if n, err := primary.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT: %d, %v", n, err)
+	}
+
+	replica := cluster.ReplicaOf(t, primary)
+	failover(primary, replica)
+	if cluster.Owner(t, resource) != replica {
+		t.Fatal("the replica does not serve the slot")
+	}
+	awaitSubscribers(t, replica.Client(t), channel, true, 1)
+
+	const reason = "failed over"
+	if n, err := replica.Client(t).Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {
+		t.Fatalf("DLOCK.REVOKE on the new primary: %d, %v", n, err)
+	}
+	select {
+	case <-holder.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the revocation on the new primary did not reach the holder within 2 s")
+	}
+	revokedAs(t, holder.Err(), holder, reason)
+	var next *dlock.Lease
+	select {
+	case next = <-granted:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the ticket waiter was not handed the lease within 3 s of the revocation")
+	}
+	if next == nil {
+		t.FailNow()
+	}
+	for deadline := time.After(2 * time.Second); ; {
+		select {
+		case leader := <-leaders:
+			if leader != nil && leader.Token == next.Token() {
+				if err := next.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("the observer did not report the new leader within 2 s")
+		}
+	}
+}
