@@ -248,6 +248,17 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	return client
 }
 
+// Other is a node of the cluster other than not (in a cluster without replicas, another
+// primary).
+func (c *Cluster) Other(not *Server) *Server {
+	for _, n := range c.Nodes {
+		if n != not {
+			return n
+		}
+	}
+	return nil
+}
+
 // Owner is the node serving key's slot now.
 func (c *Cluster) Owner(t testing.TB, key string) *Server {
 	t.Helper()
