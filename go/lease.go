@@ -291,10 +291,14 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 }
 
 // Renew sends a RENEW now (the renewer also does, every ttl/3): true renewed; false refused, and
-// the lease is lost (ReasonRenewalRefused); an error when no answer came in time.
+// the lease is lost (ReasonRenewalRefused); an error when no answer came in time. Past the local
+// expiry nothing is sent: the lease is lost (as for Check) and that is the error.
 func (l *Lease) Renew(ctx context.Context) (bool, error) {
 	if err := l.Err(); err != nil {
 		return false, err
+	}
+	if l.loseIfExpired(time.Now()) {
+		return false, l.Err()
 	}
 	return l.renewOnce(ctx)
 }
