@@ -263,7 +263,13 @@ func (c *Cluster) Other(not *Server) *Server {
 func (c *Cluster) Owner(t testing.TB, key string) *Server {
 	t.Helper()
 	ctx := context.Background()
-	client := c.Nodes[0].Client(t)
+	var client *redis.Client
+	for _, n := range c.Nodes {
+		if n.cmd != nil { // not stopped
+			client = n.Client(t)
+			break
+		}
+	}
 	slot, err := client.ClusterKeySlot(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
