@@ -82,8 +82,14 @@ for (const [kind, make] of Object.entries(clients)) {
       assert.ok(lock.fence > 0);
       const expiration = lock.expiration;
       assert.ok(expiration > Date.now() && expiration <= Date.now() + 5_000);
-      // Held: another acquire with no retries is refused at once.
+      // Held: another acquire with no retries is refused at once; with 3 × 100 ms, after 0.3 s in line.
+      let started = performance.now();
       await assert.rejects(redlock.acquire(["rl:a"], 5_000, { retryCount: 0 }), NotAcquiredError);
+      assert.ok(performance.now() - started < 250, `refused after ${String(performance.now() - started)} ms`);
+      started = performance.now();
+      await assert.rejects(redlock.acquire(["rl:a"], 5_000, { retryCount: 3, retryDelay: 100 }), NotAcquiredError);
+      const waited = performance.now() - started;
+      assert.ok(waited >= 290 && waited < 800, `refused after ${String(waited)} ms`);
       lock = await lock.extend(5_000);
       assert.ok(lock.expiration >= expiration);
       lock = await redlock.extend(lock, 5_000);
