@@ -18,34 +18,6 @@ import (
 	"github.com/dlock-dev/dlock/go/internal/testkit"
 )
 
-// infoField reads one field of a DLOCK.INFO reply (a RESP3 map or a RESP2 flat list); "" when
-// there is no lease or no such field.
-func infoField(reply any, field string) string {
-	switch v := reply.(type) {
-	case map[any]any:
-		if value, ok := v[field]; ok && value != nil {
-			return fmt.Sprint(value)
-		}
-	case []any:
-		for i := 0; i+1 < len(v); i += 2 {
-			if v[i] == field && v[i+1] != nil {
-				return fmt.Sprint(v[i+1])
-			}
-		}
-	}
-	return ""
-}
-
-// otherNode is a node of cluster other than not.
-func otherNode(cluster *testkit.Cluster, not *testkit.Server) *testkit.Server {
-	for _, n := range cluster.Nodes {
-		if n != not {
-			return n
-		}
-	}
-	return nil
-}
-
 func TestInAClusterALeaseAndAWaiterFollowASKWhileTheirSlotMigrates(t *testing.T) {
 	t.Parallel()
 	cluster := testkit.StartCluster(t)
@@ -58,44 +30,33 @@ func TestInAClusterALeaseAndAWaiterFollowASKWhileTheirSlotMigrates(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type outcome struct {
-		lease *dlock.Lease
-		err   error
-	}
-	waited := make(chan outcome, 1)
-	go func() {
-		next, err := locks.Hold(ctx, resource, dlock.TTL(ttl), dlock.Wait(15*time.Second))
-		waited <- outcome{next, err}
-	}()
+	waited := testkit.Go(func() (*dlock.Lease, error) {
+		return locks.Hold(ctx, resource, dlock.TTL(ttl), dlock.Wait(15*time.Second))
+	})
 	from := cluster.Owner(t, resource)
 	source := from.Client(t)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if infoField(source.Do(ctx, "DLOCK.INFO", resource).Val(), "waiters") == "1" {
-			break
+	testkit.Await(t, 5*time.Second, func() error {
+		if info := source.Do(ctx, "DLOCK.INFO", resource).Val(); testkit.InfoField(info, "waiters") != "1" {
+			return fmt.Errorf("the waiter is not in line on the slot's node: %v", info)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter is not in line on the slot's node")
-		}
-	}
+		return nil
+	})
 
 	// The lease's key moves to the importing node: the source cuts its wait short and answers
 	// ASK from then on.
-	move := cluster.BeginSlotMove(t, resource, otherNode(cluster, from))
+	move := cluster.BeginSlotMove(t, resource, cluster.Other(from))
 	move.MigrateKeys(t)
 	migrated := time.Now()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		info, err := move.Asking(t, "DLOCK.INFO", resource)
-		if err == nil && infoField(info, "waiters") == "1" {
-			break
+	testkit.Await(t, 5*time.Second, func() error {
+		if info, err := move.Asking(t, "DLOCK.INFO", resource); err != nil || testkit.InfoField(info, "waiters") != "1" {
+			return fmt.Errorf("the waiter did not follow ASK to the importing node: %v %v", info, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiter did not follow ASK to the importing node: %v %v", info, err)
-		}
-	}
+		return nil
+	})
 	// Renewals follow ASK: the lease outlives its ttl on the importing node.
 	time.Sleep(time.Until(migrated.Add(ttl + 500*time.Millisecond)))
 	info, err := move.Asking(t, "DLOCK.INFO", resource)
-	if lease.Err() != nil || err != nil || infoField(info, "owner") != lease.Token() {
+	if lease.Err() != nil || err != nil || testkit.InfoField(info, "owner") != lease.Token() {
 		t.Fatalf("the lease during the migration: %v; the importing node: %v, %v", lease.Err(), info, err)
 	}
 	// A resource of the slot without a key anywhere is granted by the importing node.
@@ -103,7 +64,7 @@ func TestInAClusterALeaseAndAWaiterFollowASKWhileTheirSlotMigrates(t *testing.T)
 	if err != nil {
 		t.Fatalf("a new resource of the migrating slot: %v", err)
 	}
-	if info, _ := move.Asking(t, "DLOCK.INFO", "report:{5}"); infoField(info, "owner") != other.Token() {
+	if info, _ := move.Asking(t, "DLOCK.INFO", "report:{5}"); testkit.InfoField(info, "owner") != other.Token() {
 		t.Fatalf("the new resource is not held on the importing node: %v", info)
 	}
 	// The release follows ASK, and the importing node hands the lease to the waiter in its line.
@@ -111,18 +72,19 @@ func TestInAClusterALeaseAndAWaiterFollowASKWhileTheirSlotMigrates(t *testing.T)
 	if err := lease.Release(ctx); err != nil {
 		t.Fatalf("the release during the migration: %v", err)
 	}
-	next := <-waited
-	if next.err != nil {
-		t.Fatalf("the waiter: %v", next.err)
+	waiter := <-waited
+	if waiter.Err != nil {
+		t.Fatalf("the waiter: %v", waiter.Err)
 	}
+	next := waiter.Value
 	if took := time.Since(released); took > time.Second {
 		t.Fatalf("the waiter got the lease %v after the release", took)
 	}
-	if info, _ := move.Asking(t, "DLOCK.INFO", resource); infoField(info, "owner") != next.lease.Token() || next.lease.Fence() <= lease.Fence() {
-		t.Fatalf("the waiter's fence %d (the first %d); the importing node: %v", next.lease.Fence(), lease.Fence(), info)
+	if info, _ := move.Asking(t, "DLOCK.INFO", resource); testkit.InfoField(info, "owner") != next.Token() || next.Fence() <= lease.Fence() {
+		t.Fatalf("the waiter's fence %d (the first %d); the importing node: %v", next.Fence(), lease.Fence(), info)
 	}
 	move.Finish(t)
-	if err := next.lease.Release(ctx); err != nil {
+	if err := next.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := other.Release(ctx); err != nil {
@@ -135,16 +97,15 @@ func TestInAClusterAnUnknownGrantOnTheImportingNodeIsReleasedThroughASK(t *testi
 	cluster := testkit.StartCluster(t)
 	const resource = "invoice:{3}"
 	from := cluster.Owner(t, resource)
-	move := cluster.BeginSlotMove(t, resource, otherNode(cluster, from))
+	move := cluster.BeginSlotMove(t, resource, cluster.Other(from))
 	// The importing node takes the resource (it answers TRYAGAIN until the source told it its
 	// fence counter), and frees it again.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := move.Asking(t, "DLOCK.ACQUIRE", resource, "someone-else", 30000); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the importing node grants nothing: %v", err)
+	testkit.Await(t, 5*time.Second, func() error {
+		if _, err := move.Asking(t, "DLOCK.ACQUIRE", resource, "someone-else", 30000); err != nil {
+			return fmt.Errorf("the importing node grants nothing: %w", err)
 		}
-	}
+		return nil
+	})
 	if _, err := move.Asking(t, "DLOCK.RELEASE", resource, "someone-else"); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +132,7 @@ func TestInAClusterAnUnknownGrantOnTheImportingNodeIsReleasedThroughASK(t *testi
 		t.Fatal("no ACQUIRE reached the importing node")
 	}
 	// The RELEASE of the token followed ASK to the importing node and freed the grant.
-	if info, err := move.Asking(t, "DLOCK.INFO", resource); (err != nil && !errors.Is(err, redis.Nil)) || infoField(info, "owner") != "" {
+	if info, err := move.Asking(t, "DLOCK.INFO", resource); (err != nil && !errors.Is(err, redis.Nil)) || testkit.InfoField(info, "owner") != "" {
 		t.Fatalf("the unknown grant is still held on the importing node: %v %v", info, err)
 	}
 	if !failed.Released {

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -183,60 +184,20 @@ func TestInAClusterSubscriptionsFollowTheirSlotToItsNewNode(t *testing.T) {
 	defer cancel()
 	const resource = "queue:{8}"
 
-	holder, err := locks.Hold(ctx, resource, dlock.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaders := locks.Observe(ctx, resource)
-	if leader := <-leaders; leader == nil || leader.Token != holder.Token() {
-		t.Fatalf("the first leader observed: %+v", leader)
-	}
-	granted := make(chan *dlock.Lease, 1)
-	go func() {
-		lease, err := locks.Hold(ctx, resource, dlock.Tickets(30*time.Second), dlock.Wait(20*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- lease
-	}()
+	holder, leaders, granted := watchedHold(t, ctx, locks, resource)
 	from := cluster.Owner(t, resource)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := locks.Info(ctx, resource); err == nil && info.Tickets == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the ticket is not in line")
-		}
-	}
 
 	// The lease's key moves with the slot; the ticket does not (the waiter queues again).
-	cluster.MoveSlot(t, resource, otherNode(cluster, from))
+	cluster.MoveSlot(t, resource, cluster.Other(from))
 	time.Sleep(300 * time.Millisecond)
 	released := time.Now()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var next *dlock.Lease
-	select {
-	case next = <-granted:
-	case <-time.After(3 * time.Second):
-		t.Fatal("the ticket waiter was not woken on the slot's new node within 3 s of the release")
-	}
-	if next == nil {
-		t.FailNow()
-	}
+	next := handedOver(t, granted, leaders, "the release")
 	t.Logf("the ticket waiter got the lease %v after the release", time.Since(released).Round(time.Millisecond))
-	// The observer hears the new leader on the new node.
-	for deadline := time.After(2 * time.Second); ; {
-		select {
-		case leader := <-leaders:
-			if leader != nil && leader.Token == next.Token() {
-				_ = next.Release(ctx)
-				return
-			}
-		case <-deadline:
-			t.Fatal("the observer did not report the new leader within 2 s")
-		}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -256,13 +217,13 @@ func TestInAClusterARevokedHolderHearsItOnItsShardChannelWhereverTheSlotIs(t *te
 			t.Fatal(err)
 		}
 		owner := cluster.Owner(t, resource)
-		awaitSubscribers(t, owner.Client(t), channel, true, 1)
+		testkit.AwaitSubscribers(t, owner.Client(t), channel, true, 1)
 		if move {
 			// The old primary drops the shard channel's subscribers; the holder subscribes
 			// again on the new one.
-			owner = otherNode(cluster, owner)
+			owner = cluster.Other(owner)
 			cluster.MoveSlot(t, resource, owner)
-			awaitSubscribers(t, owner.Client(t), channel, true, 1)
+			testkit.AwaitSubscribers(t, owner.Client(t), channel, true, 1)
 		}
 		reason := "incident " + strconv.FormatBool(move)
 		if n, err := owner.Client(t).Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {
@@ -271,6 +232,127 @@ func TestInAClusterARevokedHolderHearsItOnItsShardChannelWhereverTheSlotIs(t *te
 		<-lease.Done()
 		revokedAs(t, lease.Err(), lease, reason)
 		revokedAs(t, lease.Release(ctx), lease, reason)
-		awaitSubscribers(t, owner.Client(t), channel, true, 0)
+		testkit.AwaitSubscribers(t, owner.Client(t), channel, true, 0)
+	}
+}
+
+// The primary of a resource's slot fails over to its replica under a held lease, a ticket
+// waiter and an observer of the resource, which listen on its shard channel (SSUBSCRIBE on the
+// slot's primary): by CLUSTER FAILOVER (the old primary drops its shard channels'
+// subscribers), or killed (the pub/sub connection breaks, and the replica is elected after the
+// node timeout). The subscription follows to the new primary, where an operator's revocation
+// after the failover reaches the holder, and the hand-over to the ticket waiter (which its
+// refresh, a third of its 30 s ticket, would not cover) and the new leader reach the waiter and
+// the observer.
+func TestInAClusterSubscriptionsFollowTheirSlotsFailoverToTheReplica(t *testing.T) {
+	t.Parallel()
+	// One cluster, two shards: one fails over by CLUSTER FAILOVER, the other's primary is
+	// killed (elected after 2 s).
+	cluster := testkit.StartClusterWithReplicas(t, 2*time.Second)
+	const taken = "invoice:{13}"
+	killed := "job:{0}"
+	for i := 1; cluster.Owner(t, killed) == cluster.Owner(t, taken); i++ {
+		killed = "job:{" + strconv.Itoa(i) + "}"
+	}
+	t.Run("failover", func(t *testing.T) {
+		subscriptionsFollowFailover(t, cluster, taken, func(primary, replica *testkit.Server) {
+			cluster.Failover(t, replica)
+		})
+	})
+	t.Run("primary killed", func(t *testing.T) {
+		subscriptionsFollowFailover(t, cluster, killed, func(primary, replica *testkit.Server) {
+			cluster.KillPrimary(t, primary, replica)
+		})
+	})
+}
+
+func subscriptionsFollowFailover(t *testing.T, cluster *testkit.Cluster, resource string, failover func(primary, replica *testkit.Server)) {
+	locks := newLocks(t, cluster.Client(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	channel := dlock.ChannelName(resource)
+
+	holder, leaders, granted := watchedHold(t, ctx, locks, resource)
+	primary := cluster.Owner(t, resource)
+	testkit.AwaitSubscribers(t, primary.Client(t), channel, true, 1)
+	// The replica has the lease and the ticket before it takes over.
+	if n, err := primary.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT: %d, %v", n, err)
+	}
+
+	replica := cluster.ReplicaOf(t, primary)
+	failover(primary, replica)
+	if cluster.Owner(t, resource) != replica {
+		t.Fatal("the replica does not serve the slot")
+	}
+	testkit.AwaitSubscribers(t, replica.Client(t), channel, true, 1)
+
+	const reason = "failed over"
+	if n, err := replica.Client(t).Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {
+		t.Fatalf("DLOCK.REVOKE on the new primary: %d, %v", n, err)
+	}
+	select {
+	case <-holder.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the revocation on the new primary did not reach the holder within 2 s")
+	}
+	revokedAs(t, holder.Err(), holder, reason)
+	next := handedOver(t, granted, leaders, "the revocation")
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// watchedHold holds resource (ttl 20 s) and watches it, through locks: an observer (which
+// reports the holder first), and a ticket waiter (its ticket 30 s, refreshed every 10 s; its
+// wait 20 s), in line when watchedHold returns.
+func watchedHold(t *testing.T, ctx context.Context, locks *dlock.Locks, resource string) (
+	holder *dlock.Lease, leaders <-chan *dlock.Leader, granted <-chan testkit.Outcome[*dlock.Lease],
+) {
+	t.Helper()
+	holder, err := locks.Hold(ctx, resource, dlock.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders = locks.Observe(ctx, resource)
+	if leader := <-leaders; leader == nil || leader.Token != holder.Token() {
+		t.Fatalf("the first leader observed: %+v", leader)
+	}
+	granted = testkit.Go(func() (*dlock.Lease, error) {
+		return locks.Hold(ctx, resource, dlock.Tickets(30*time.Second), dlock.Wait(20*time.Second))
+	})
+	testkit.Await(t, 5*time.Second, func() error {
+		if info, err := locks.Info(ctx, resource); err != nil || info.Tickets != 1 {
+			return fmt.Errorf("the ticket is not in line: %+v, %v", info, err)
+		}
+		return nil
+	})
+	return holder, leaders, granted
+}
+
+// handedOver is the lease watchedHold's ticket waiter was granted within 3 s (after the end of
+// the holder's, which the channel told it, not its refresh), once the observer reported it
+// (within 2 s more).
+func handedOver(t *testing.T, granted <-chan testkit.Outcome[*dlock.Lease], leaders <-chan *dlock.Leader, after string) *dlock.Lease {
+	t.Helper()
+	var next *dlock.Lease
+	select {
+	case waiter := <-granted:
+		if waiter.Err != nil {
+			t.Fatalf("the ticket waiter: %v", waiter.Err)
+		}
+		next = waiter.Value
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the ticket waiter was not handed the lease within 3 s of %s", after)
+	}
+	for deadline := time.After(2 * time.Second); ; {
+		select {
+		case leader := <-leaders:
+			if leader != nil && leader.Token == next.Token() {
+				return next
+			}
+		case <-deadline:
+			t.Fatal("the observer did not report the new leader within 2 s")
+		}
 	}
 }

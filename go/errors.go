@@ -44,9 +44,14 @@ var (
 const (
 	ReasonRenewalRefused = "renewal_refused"
 	ReasonUnreachable    = "unreachable"
-	ReasonMaxHold        = "max_hold"
-	ReasonEnded          = "ended"
-	ReasonRevoked        = "revoked"
+	// ReasonStalled: the local expiry passed with no renewal awaiting an answer: this process
+	// did not run in time to send the renewal that was due (a stopped process, a long pause),
+	// while the server, as far as the client knows, was reachable. ReasonUnreachable instead
+	// when the last renewal sent failed, timed out or was still awaited.
+	ReasonStalled = "stalled"
+	ReasonMaxHold = "max_hold"
+	ReasonEnded   = "ended"
+	ReasonRevoked = "revoked"
 )
 
 // Outcomes of an acquire that did not grant (AcquireError.Outcome).
@@ -106,8 +111,8 @@ func (e *AcquireError) Is(target error) bool {
 type LeaseLostError struct {
 	Resource string
 	Fence    uint64
-	// Reason: ReasonRenewalRefused, ReasonUnreachable, ReasonMaxHold, ReasonEnded or
-	// ReasonRevoked.
+	// Reason: ReasonRenewalRefused, ReasonUnreachable, ReasonStalled, ReasonMaxHold,
+	// ReasonEnded or ReasonRevoked.
 	Reason string
 	// Detail: with ReasonRevoked, the reason the operator gave DLOCK.REVOKE (empty if none);
 	// empty for the other reasons.

@@ -21,6 +21,9 @@ import (
 var addr string
 
 func TestMain(m *testing.M) {
+	if holder := os.Getenv(stalledHolderEnv); holder != "" {
+		os.Exit(stalledHolder(holder)) // the child process of TestAStoppedHolderLosesItsLeaseAsStalled
+	}
 	server, err := testkit.Start([]string{"--save", "", "--appendonly", "no"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

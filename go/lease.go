@@ -35,9 +35,15 @@ type Lease struct {
 	mu          sync.Mutex
 	localExpiry time.Time // conservative: the answered request's send time plus the ttl
 	nextRenewal time.Time
-	ended       error // *LeaseLostError or ErrReleased, once
-	released    error // Release's result, once it ran
-	releasing   bool
+	// renewing counts the RENEWs sent and not yet answered (nor timed out); renewalFailed says
+	// that the last one to end got no answer. At the local expiry they pick the loss's reason:
+	// unreachable if a renewal is awaited or failed, else stalled (the process did not run in
+	// time to send the renewal that was due).
+	renewing      int
+	renewalFailed bool
+	ended         error // *LeaseLostError or ErrReleased, once
+	released      error // Release's result, once it ran
+	releasing     bool
 
 	stop     chan struct{} // closed by Release: the renewer exits
 	finished chan struct{} // closed by the renewer when it exits
@@ -111,15 +117,30 @@ func (l *Lease) LocalExpiry() time.Time {
 }
 
 // Check returns the *LeaseLostError if the lease is lost, or if its local expiry passed without
-// an answered renewal (it counts as lost from then on); nil while it holds.
+// an answered renewal (it counts as lost from then on: ReasonUnreachable or ReasonStalled); nil
+// while it holds.
 func (l *Lease) Check() error {
-	l.mu.Lock()
-	expired := l.ended == nil && !time.Now().Before(l.localExpiry)
-	l.mu.Unlock()
-	if expired {
-		l.lose(ReasonUnreachable)
-	}
+	l.loseIfExpired(time.Now())
 	return l.lost()
+}
+
+// loseIfExpired loses the lease if its local expiry is not after now: ReasonUnreachable when the
+// last renewal sent got no answer (it failed, timed out or is still awaited), ReasonStalled when
+// none was awaited (the process did not run in time to send the one that was due, or to read
+// its answer). True if the local expiry passed (lost now or before).
+func (l *Lease) loseIfExpired(now time.Time) bool {
+	l.mu.Lock()
+	if now.Before(l.localExpiry) {
+		l.mu.Unlock()
+		return false
+	}
+	reason := ReasonStalled
+	if l.renewing > 0 || l.renewalFailed {
+		reason = ReasonUnreachable
+	}
+	l.mu.Unlock()
+	l.lose(reason)
+	return true
 }
 
 // lost is the *LeaseLostError if the lease was lost, else nil.
@@ -202,8 +223,8 @@ func (l *Lease) renew() {
 			l.lose(ReasonMaxHold)
 			continue
 		}
-		if !now.Before(l.LocalExpiry()) {
-			l.lose(ReasonUnreachable)
+		// The expiry first: a renewal found due after it is not sent.
+		if l.loseIfExpired(now) {
 			continue
 		}
 		l.mu.Lock()
@@ -223,6 +244,9 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 		// Never past MaxHold: the server's lease ends with the hold.
 		ttl = min(ttl, time.Until(l.holdEnd))
 	}
+	l.mu.Lock()
+	l.renewing++
+	l.mu.Unlock()
 	sent := time.Now()
 	timeout := min(l.set.requestTimeout, l.LocalExpiry().Sub(sent))
 	if timeout <= 0 {
@@ -231,27 +255,31 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	reply, err := l.locks.call(ctx, l.resource, timeout, func(addr string) []any {
 		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(addr, cmdRenew, l.fence))
 	})
+	var n int64
 	if err == nil {
-		var n int64
 		n, err = asInt(reply)
-		if err == nil && n == 1 {
-			l.mu.Lock()
-			l.localExpiry = sent.Add(asSent(ttl))
-			l.nextRenewal = time.Now().Add(renewEvery(l.ttl))
-			l.mu.Unlock()
-			return true, nil
+	}
+	l.mu.Lock()
+	l.renewing--
+	l.renewalFailed = err != nil
+	if err == nil && n == 1 {
+		l.localExpiry = sent.Add(asSent(ttl))
+		l.nextRenewal = time.Now().Add(renewEvery(l.ttl))
+	}
+	l.mu.Unlock()
+	if err == nil && n == 1 {
+		return true, nil
+	}
+	if err == nil {
+		l.metrics.RenewalFailed("refused")
+		logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence, slog.String("reason", "refused"))
+		l.mu.Lock()
+		releasing := l.releasing
+		l.mu.Unlock()
+		if !releasing { // a RENEW in flight as Release ran may be refused: not a loss
+			l.lose(ReasonRenewalRefused)
 		}
-		if err == nil {
-			l.metrics.RenewalFailed("refused")
-			logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence, slog.String("reason", "refused"))
-			l.mu.Lock()
-			releasing := l.releasing
-			l.mu.Unlock()
-			if !releasing { // a RENEW in flight as Release ran may be refused: not a loss
-				l.lose(ReasonRenewalRefused)
-			}
-			return false, nil
-		}
+		return false, nil
 	}
 	l.metrics.RenewalFailed("error")
 	logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence,
@@ -263,10 +291,14 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 }
 
 // Renew sends a RENEW now (the renewer also does, every ttl/3): true renewed; false refused, and
-// the lease is lost (ReasonRenewalRefused); an error when no answer came in time.
+// the lease is lost (ReasonRenewalRefused); an error when no answer came in time. Past the local
+// expiry nothing is sent: the lease is lost (as for Check) and that is the error.
 func (l *Lease) Renew(ctx context.Context) (bool, error) {
 	if err := l.Err(); err != nil {
 		return false, err
+	}
+	if l.loseIfExpired(time.Now()) {
+		return false, l.Err()
 	}
 	return l.renewOnce(ctx)
 }
@@ -289,9 +321,12 @@ func (l *Lease) forgetAfterLoss() {
 
 // Release stops the renewals and releases the lease (DLOCK.RELEASE with FENCE), in one request
 // bounded by the release timeout, whether or not ctx is cancelled (ctx gives its values only).
-// It returns nil when released; the *LeaseLostError when the lease was lost before (or found gone
-// now: ReasonEnded); a *ReleaseError when the server did not answer (the lease then ends with its
-// ttl). Later calls return the same.
+// It returns nil when released; the *LeaseLostError when the lease was lost before, or is found
+// lost now: gone on the server (ReasonEnded), or its local expiry passed (ReasonStalled or
+// ReasonUnreachable, as for Check; a best-effort RELEASE is still sent); a *ReleaseError when
+// the server did not answer (the lease then ends with its ttl). Only that last one counts as a
+// release failure (Metrics.ReleaseFailed, logged "dlock: release failed"); a loss is counted
+// once, as a loss. Later calls return the same.
 func (l *Lease) Release(ctx context.Context) error {
 	l.once.Do(func() {
 		l.mu.Lock()
@@ -302,6 +337,13 @@ func (l *Lease) Release(ctx context.Context) error {
 		defer l.leaveChannel() // after the RELEASE: a revocation until then is still heard
 		if lost := l.lost(); lost != nil {
 			l.released = lost
+			return
+		}
+		if l.loseIfExpired(time.Now()) {
+			// Past the local expiry the lease counts as lost (Check): the work's end was not
+			// protected. The RELEASE that follows is the best effort after a loss.
+			l.forgetAfterLoss()
+			l.released = l.lost()
 			return
 		}
 		l.released = l.release(ctx)
@@ -329,13 +371,14 @@ func (l *Lease) release(ctx context.Context) error {
 		logLease(l.log, slog.LevelInfo, logReleased, l.resource, l.token, l.fence)
 		return nil
 	}
-	l.metrics.ReleaseFailed()
 	if err == nil {
-		// Gone before the work ended: the end of the work was not protected.
-		logLease(l.log, slog.LevelWarn, logReleaseFailed, l.resource, l.token, l.fence, slog.String("reason", ReasonEnded))
+		// Gone before the work ended: the end of the work was not protected. That is the loss
+		// (ended), logged and counted as one, not a release failure as well.
 		l.lose(ReasonEnded)
 		return l.lost()
 	}
+	// No answer (or an error reply) for a lease believed live: a release failure.
+	l.metrics.ReleaseFailed()
 	logLease(l.log, slog.LevelWarn, logReleaseFailed, l.resource, l.token, l.fence, slog.String("error", err.Error()))
 	if !time.Now().Before(l.LocalExpiry()) {
 		l.lose(ReasonUnreachable)

@@ -15,8 +15,11 @@ import (
 //   - Acquired: dlock_client_acquire_seconds (from the first send to the grant)
 //   - Held: dlock_client_hold_seconds (from the grant to the release or the loss)
 //   - RenewalFailed: dlock_client_renewal_failures_total{reason}: refused, error
-//   - ReleaseFailed: dlock_client_release_failures_total
-//   - LeaseLost: dlock_client_leases_lost_total{reason}: the loss reasons
+//   - ReleaseFailed: dlock_client_release_failures_total: a RELEASE with no answer (or an error
+//     reply) for a lease believed live. Not a RELEASE answered 0 (that is the loss ended,
+//     counted by LeaseLost), nor the best-effort RELEASE after a loss already counted.
+//   - LeaseLost: dlock_client_leases_lost_total{reason}: the loss reasons (renewal_refused,
+//     unreachable, stalled, max_hold, ended, revoked), once per lease
 //   - StaleWrite: dlock_client_stale_writes_total
 //   - Redirect: dlock_client_redirects_total (MOVED and ASK followed)
 //

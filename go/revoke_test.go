@@ -22,37 +22,6 @@ import (
 	"github.com/dlock-dev/dlock/go/internal/testkit"
 )
 
-// subscribers is how many clients the server has subscribed to channel (PUBSUB NUMSUB, or
-// SHARDNUMSUB for a shard channel).
-func subscribers(t *testing.T, rdb *redis.Client, channel string, sharded bool) int64 {
-	t.Helper()
-	var (
-		counts map[string]int64
-		err    error
-	)
-	if sharded {
-		counts, err = rdb.PubSubShardNumSub(context.Background(), channel).Result()
-	} else {
-		counts, err = rdb.PubSubNumSub(context.Background(), channel).Result()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return counts[channel]
-}
-
-// awaitSubscribers waits until the server counts want subscribers of channel: the holder
-// listens before the test revokes (a revocation that races the subscription is caught by the
-// renewal instead, which these tests do not measure).
-func awaitSubscribers(t *testing.T, rdb *redis.Client, channel string, sharded bool, want int64) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); subscribers(t, rdb, channel, sharded) != want; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d subscribers, not %d", channel, subscribers(t, rdb, channel, sharded), want)
-		}
-	}
-}
-
 // connectionsReceived is how many connections the server accepted so far.
 func connectionsReceived(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
@@ -150,7 +119,7 @@ func TestARevokedHolderLosesItsLeaseAtOnceWithTheOperatorsReason(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		awaitSubscribers(t, operator, channel, false, 1)
+		testkit.AwaitSubscribers(t, operator, channel, false, 1)
 		lostAt := make(chan time.Time, 1)
 		go func() {
 			<-lease.Done()
@@ -166,7 +135,7 @@ func TestARevokedHolderLosesItsLeaseAtOnceWithTheOperatorsReason(t *testing.T) {
 		revokedAs(t, context.Cause(lease.Context()), lease, reason)
 		revokedAs(t, lease.Release(ctx), lease, reason)
 		// The lease ended: the channel is left (nobody else listens there).
-		awaitSubscribers(t, operator, channel, false, 0)
+		testkit.AwaitSubscribers(t, operator, channel, false, 0)
 	}
 	// One pub/sub connection served every lease: none was opened after the first round.
 	if opened := connectionsReceived(t, operator) - connections; opened != 0 {
@@ -192,7 +161,7 @@ func TestARevokedHolderLosesItsLeaseAtOnceWithTheOperatorsReason(t *testing.T) {
 	case err := <-done:
 		t.Fatal(err)
 	}
-	awaitSubscribers(t, operator, channel, false, 1)
+	testkit.AwaitSubscribers(t, operator, channel, false, 1)
 	if n, err := operator.Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {
 		t.Fatalf("DLOCK.REVOKE: %d, %v", n, err)
 	}
@@ -237,7 +206,7 @@ func TestARevocationOfAnotherLeaseLeavesTheHolderAlone(t *testing.T) {
 		readers = append(readers, reader)
 	}
 	holder, other, last := readers[0], readers[1], readers[2]
-	awaitSubscribers(t, operator, dlock.ChannelName(resource), false, 1)
+	testkit.AwaitSubscribers(t, operator, dlock.ChannelName(resource), false, 1)
 	for _, revoked := range []*dlock.Lease{other, last} {
 		if n, err := operator.Do(ctx, "DLOCK.REVOKE", resource, "FENCE", revoked.Fence()).Int(); err != nil || n != 1 {
 			t.Fatalf("DLOCK.REVOKE FENCE: %d, %v", n, err)
@@ -257,5 +226,5 @@ func TestARevocationOfAnotherLeaseLeavesTheHolderAlone(t *testing.T) {
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	awaitSubscribers(t, operator, dlock.ChannelName(resource), false, 0)
+	testkit.AwaitSubscribers(t, operator, dlock.ChannelName(resource), false, 0)
 }

@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -29,33 +30,25 @@ func TestWithSentinelALeaseAndItsWaitersFollowTheFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type outcome struct {
-		lease *dlock.Lease
-		err   error
-	}
-	granted := make(chan outcome, 2)
+	var granted []<-chan testkit.Outcome[*dlock.Lease]
 	for _, strategy := range []dlock.Option{dlock.Blocking(), dlock.Tickets(3 * time.Second)} {
-		go func() {
-			next, err := locks.Hold(ctx, resource, dlock.TTL(ttl), dlock.Wait(30*time.Second), strategy)
-			granted <- outcome{next, err}
-		}()
+		granted = append(granted, testkit.Go(func() (*dlock.Lease, error) {
+			return locks.Hold(ctx, resource, dlock.TTL(ttl), dlock.Wait(30*time.Second), strategy)
+		}))
 	}
 	// Both wait in the old primary's line, and the replica has the lease.
 	replica := newLocks(t, s.Replica.Client(t))
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testkit.Await(t, 5*time.Second, func() error {
 		onPrimary, err := locks.Info(ctx, resource)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		onReplica, _ := replica.Info(ctx, resource)
-		if onPrimary.Waiters == 1 && onPrimary.Tickets == 1 && onReplica != nil && onReplica.Owner != nil {
-			break
+		if onPrimary.Waiters != 1 || onPrimary.Tickets != 1 || onReplica == nil || onReplica.Owner == nil {
+			return fmt.Errorf("waiters not queued: %+v, the replica: %+v", onPrimary, onReplica)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiters not queued: %+v", onPrimary)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	started := time.Now()
 	s.Failover(t)
@@ -79,16 +72,21 @@ func TestWithSentinelALeaseAndItsWaitersFollowTheFailover(t *testing.T) {
 	// there in turn.
 	last := lease.Fence()
 	for i := 0; i < 2; i++ {
-		next := <-granted
-		if next.err != nil {
-			t.Fatalf("a waiter: %v", next.err)
+		var waiter testkit.Outcome[*dlock.Lease]
+		select {
+		case waiter = <-granted[0]:
+		case waiter = <-granted[1]:
 		}
+		if waiter.Err != nil {
+			t.Fatalf("a waiter: %v", waiter.Err)
+		}
+		next := waiter.Value
 		info, err := replica.Info(ctx, resource)
-		if err != nil || info == nil || *info.Owner != next.lease.Token() || next.lease.Fence() <= last {
-			t.Fatalf("a waiter holds fence %d (the last %d); the new primary: %+v, %v", next.lease.Fence(), last, info, err)
+		if err != nil || info == nil || *info.Owner != next.Token() || next.Fence() <= last {
+			t.Fatalf("a waiter holds fence %d (the last %d); the new primary: %+v, %v", next.Fence(), last, info, err)
 		}
-		last = next.lease.Fence()
-		if err := next.lease.Release(ctx); err != nil {
+		last = next.Fence()
+		if err := next.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

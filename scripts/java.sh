@@ -2,7 +2,7 @@
 # The Java client (java/, Maven): mvn -B -q verify (compiles with -Xlint:all -Werror and the public
 # API's Javadoc checked, runs the unit tests on protocol/vectors and the tests against real
 # servers) with dependencies from Maven Central only; then again against Valkey 9 unless
-# DLOCK_JAVA_VALKEY=0.
+# DLOCK_JAVA_VALKEY=0 (all but dlock-spring-integration).
 #   bash scripts/java.sh             all of it
 #   bash scripts/java.sh download    only fetch the dependencies and plugins
 #   bash scripts/java.sh driver      build the conformance driver (java/dlock-conformance) and print
@@ -71,6 +71,13 @@ case "${1:-test}" in
     mvn_quiet -pl dlock-shedlock dependency:resolve-plugins
     shedlock=$(sed -n 's:.*<shedlock.version>\(.*\)</shedlock.version>.*:\1:p' java/pom.xml)
     mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-core:$shedlock"
+    # shedlock-spring (with Spring's context): the module's Spring example, a test dependency.
+    mvn_quiet -N dependency:get -Dartifact="net.javacrumbs.shedlock:shedlock-spring:$shedlock"
+    # dlock-spring-integration the same way: spring-integration-core (with Spring Framework and
+    # Reactor, its dependencies) at the version java/pom.xml pins.
+    mvn_quiet -pl dlock-spring-integration dependency:resolve-plugins
+    spring_integration=$(sed -n 's:.*<spring-integration.version>\(.*\)</spring-integration.version>.*:\1:p' java/pom.xml)
+    mvn_quiet -N dependency:get -Dartifact="org.springframework.integration:spring-integration-core:$spring_integration"
     ;;
   test)
     DLOCK_MODULE=$(find_module)
@@ -81,7 +88,9 @@ case "${1:-test}" in
     if [ "${DLOCK_JAVA_VALKEY:-1}" != 0 ]; then
       DLOCK_SERVER=$(bash scripts/valkey.sh)
       echo "java: mvn verify against Valkey ($DLOCK_SERVER)" >&2
-      DLOCK_SERVER=$DLOCK_SERVER mvn_quiet verify
+      # Not dlock-spring-integration: it sends nothing of its own, only the core's requests,
+      # which the other modules' tests cover on Valkey.
+      DLOCK_SERVER=$DLOCK_SERVER mvn_quiet verify -pl '!dlock-spring-integration'
     fi
     ;;
   driver)

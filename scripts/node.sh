@@ -6,7 +6,9 @@
 #   bash scripts/node.sh             all of it
 #   bash scripts/node.sh install     only npm ci
 # The tests start their own servers with the module: DLOCK_MODULE, else the newest of
-# target/release and target/debug (build it first: cargo build -p dlock).
+# target/release and target/debug (build it first: cargo build -p dlock), and a throwaway
+# PostgreSQL for the invoice example (DLOCK_PG_BIN, else /usr/lib/postgresql/*/bin; Debian's
+# postgresql package is installed with apt-get if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -15,6 +17,19 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "node: Node.js 20 or later with npm is needed" >&2
   exit 1
 fi
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+need_postgres() {
+  if [ -z "${DLOCK_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "node: installing postgresql" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  fi
+}
 
 install() {
   (cd node && npm ci --no-audit --no-fund --silent)
@@ -44,12 +59,14 @@ case "${1:-test}" in
     ;;
   test)
     install
+    need_postgres
     cd node
     npm run --silent build
     npm run --silent typecheck
     npm run --silent lint
     DLOCK_MODULE=$(cd "$repo" && find_module)
-    export DLOCK_MODULE
+    # The invoice example's test fails, rather than skips, without PostgreSQL.
+    export DLOCK_MODULE DLOCK_REQUIRE_POSTGRES=1
     echo "node: module $DLOCK_MODULE; node --test against $(redis-server --version | cut -d' ' -f1-3)" >&2
     node --test --test-concurrency=4 build/test/*.test.js
     if [ "${DLOCK_NODE_VALKEY:-1}" != 0 ]; then

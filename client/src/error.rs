@@ -160,8 +160,14 @@ impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
 pub enum LossReason {
     /// The server refused a renewal: the lease had expired or belongs to someone else.
     RenewalRefused,
-    /// Renewals failed until the lease's conservative local expiry passed.
+    /// The lease's conservative local expiry passed while the last renewal sent had no answer:
+    /// it failed, timed out, or was still outstanding.
     Unreachable(String),
+    /// The lease's conservative local expiry passed with no renewal waiting for an answer: the
+    /// process did not run in time to send the due renewal (a stopped process, a blocked
+    /// executor thread, a long pause), while the server, as far as the client knows, was
+    /// reachable. A renewal found due after the local expiry is not sent.
+    Stalled,
     /// The server announced the lease's end (a `dlock.expired` keyspace event, or a deletion
     /// confirmed by FENCECHECK) before a renewal noticed.
     Ended(String),
@@ -173,12 +179,13 @@ pub enum LossReason {
 }
 
 impl LossReason {
-    /// A short label for metrics and logs: `renewal_refused`, `unreachable`, `ended`,
-    /// `revoked`.
+    /// A short label for metrics and logs: `renewal_refused`, `unreachable`, `stalled`,
+    /// `ended`, `revoked`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::RenewalRefused => "renewal_refused",
             Self::Unreachable(_) => "unreachable",
+            Self::Stalled => "stalled",
             Self::Ended(_) => "ended",
             Self::Revoked(_) => "revoked",
         }
@@ -190,6 +197,9 @@ impl std::fmt::Display for LossReason {
         match self {
             Self::RenewalRefused => write!(f, "the server refused the renewal"),
             Self::Unreachable(detail) => write!(f, "no renewal before the local expiry: {detail}"),
+            Self::Stalled => {
+                write!(f, "the process did not run in time to renew before the local expiry")
+            }
             Self::Ended(event) => write!(f, "the server ended the lease ({event})"),
             Self::Revoked(reason) if reason.is_empty() => {
                 write!(f, "an operator revoked the lease")

@@ -2,6 +2,7 @@
 //! that the lease was lost.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_proto::command;
@@ -147,7 +148,8 @@ impl Lease {
         }
     }
 
-    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held. A RELEASE
+    /// Releases the lease: `Ok(true)` released, `Ok(false)` it was no longer held (counted and
+    /// logged as the loss `ended`, not as a release failure; only an `Err` is one). A RELEASE
     /// the server cannot have carried out (no connection could be opened to the resource's
     /// primary, or the cluster answered that it is failing over or migrating the slot:
     /// `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`) is sent again, to the
@@ -160,8 +162,8 @@ impl Lease {
             Ok(released) => Ok(released == 1),
             Err(failure) => Err(RedisError::from(failure)),
         };
-        let ok = matches!(released, Ok(true));
-        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), ok);
+        let outcome = released.as_ref().ok().copied();
+        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), outcome);
         released
     }
 
@@ -170,10 +172,13 @@ impl Lease {
     /// `cancel_grace` to stop and is then dropped, and `run` returns [`RunError::LockLost`].
     /// When `work` ends, the lease is released; a failed release is [`RunError::NotReleased`].
     ///
-    /// A lease is lost when a renewal is refused, when no renewal is answered before its local
-    /// expiry, when the server announces its end ([`ClientOptions::watch_events`]), and at once
-    /// when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
-    /// RELEASE follows: the lease is gone).
+    /// A lease is lost when a renewal is refused, at its local expiry without an answered
+    /// renewal ([`LossReason::Unreachable`] when the last renewal sent got no answer,
+    /// [`LossReason::Stalled`] when none was waiting for one: this task did not run in time to
+    /// send it), when the server announces its end ([`ClientOptions::watch_events`]), and at
+    /// once when the resource's channel says an operator revoked it ([`LossReason::Revoked`], no
+    /// RELEASE follows: the lease is gone). The best-effort RELEASE after a loss is not a
+    /// release failure, whatever it answers.
     ///
     /// [`ClientOptions::watch_events`]: crate::ClientOptions::watch_events
     pub async fn run<F, Fut, T>(mut self, work: F) -> Result<T, RunError<T>>
@@ -192,13 +197,32 @@ impl Lease {
         // When the next renewal is due: an absolute instant, so that a loop pass for another
         // branch (a keyspace event, such as our own `dlock.renewed`) never postpones it.
         let mut next_renewal = Instant::now() + self.ttl / 3;
+        // Whether the last renewal sent got no answer (still outstanding, or failed): at the
+        // local expiry that is `Unreachable`; with none waiting for an answer, the process
+        // itself did not run in time (`Stalled`).
+        let awaiting_answer = AtomicBool::new(false);
+        let mut last_failed = false;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
-            let (client, resource, token, fence, ttl) =
-                (&self.client, &self.resource, &self.token, self.fence, self.ttl);
+            let (client, resource, token, fence, ttl, local_expiry) = (
+                &self.client,
+                &self.resource,
+                &self.token,
+                self.fence,
+                self.ttl,
+                self.local_expiry,
+            );
+            let awaiting = &awaiting_answer;
             let renewal = async move {
                 tokio::time::sleep_until(next_renewal.into()).await;
+                // Due after the local expiry (the process did not run in time): not sent, the
+                // expiry decides.
+                if Instant::now() >= local_expiry {
+                    std::future::pending::<()>().await;
+                }
+                awaiting.store(true, Ordering::Relaxed);
                 let renewed = renew_once(client, resource, token, fence, ttl).await;
+                awaiting.store(false, Ordering::Relaxed);
                 // Where the lease lives now (a slot may have moved): its channel is there.
                 let address = match renewed {
                     Ok(Some(_)) => client.node_address(resource).await,
@@ -233,6 +257,7 @@ impl Lease {
                 }
                 (renewed, address) = renewal => match renewed {
                     Ok(Some(expiry)) => {
+                        last_failed = false;
                         self.local_expiry = expiry;
                         next_renewal = Instant::now() + ttl / 3;
                         // Still listening: subscribed again if the subscriber went down, on
@@ -246,10 +271,19 @@ impl Lease {
                         break LossReason::Unreachable(error.to_string());
                     }
                     // Retry sooner, until the local expiry.
-                    Err(_) => next_renewal = Instant::now() + ttl / 10,
+                    Err(_) => {
+                        last_failed = true;
+                        next_renewal = Instant::now() + ttl / 10;
+                    }
                 },
                 // The lease may already be over on the server: stop at the local expiry.
-                _ = expiry => break LossReason::Unreachable("no renewal was answered in time".into()),
+                _ = expiry => {
+                    break if last_failed || awaiting_answer.load(Ordering::Relaxed) {
+                        LossReason::Unreachable("no renewal was answered in time".into())
+                    } else {
+                        LossReason::Stalled
+                    };
+                }
                 // An operator's DLOCK.REVOKE: the channel named this lease's fence.
                 reason = revoked => break LossReason::Revoked(reason),
                 message = event => match message {

@@ -35,11 +35,15 @@
 //!   channel (one subscriber connection per client), so any number of them cost two
 //!   connections; one that gives up or is dropped leaves the line and releases its token.
 //! - [`Lease::run`] renews every third of the ttl only while the work runs, in the same task (the
-//!   renewal cannot outlive `run`); a refused renewal, renewals failing until the lease's
-//!   conservative local expiry, or the server announcing the lease's end
-//!   ([`ClientOptions::watch_events`]) cancel the work and return [`RunError::LockLost`]; when
-//!   the work ends, an owner-checked RELEASE is sent with a bounded timeout and a failed release
-//!   is reported, not swallowed.
+//!   renewal cannot outlive `run`); a refused renewal, the lease's conservative local expiry
+//!   without an answered renewal ([`LossReason::Unreachable`] when the last renewal sent got no
+//!   answer, [`LossReason::Stalled`] when the task did not run in time to send it: a blocked
+//!   executor thread, a stopped process; a renewal due after the local expiry is not sent), or
+//!   the server announcing the lease's end ([`ClientOptions::watch_events`]) cancel the work and
+//!   return [`RunError::LockLost`]; when the work ends, an owner-checked RELEASE is sent with a
+//!   bounded timeout and a failed release is reported, not swallowed. Only a RELEASE whose
+//!   outcome is unknown counts as a release failure: one answered 0 is the loss `ended`, and
+//!   the best-effort RELEASE after a loss counts as neither.
 //! - An operator's `DLOCK.REVOKE` ends the work at once: from its grant on, a lease listens on
 //!   its resource's channel (on the client's one subscriber connection per server, shared with
 //!   the ticket waiters; the subscription is made in the background, so the grant is not

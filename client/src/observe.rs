@@ -8,9 +8,11 @@
 //! - `dlock_client_acquire_seconds` (histogram): from the first send to the grant
 //! - `dlock_client_hold_seconds` (histogram): from the grant to the release or the loss
 //! - `dlock_client_renewal_failures_total{reason}`: `refused`, `error`
-//! - `dlock_client_release_failures_total`
-//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `ended`,
-//!   `revoked`
+//! - `dlock_client_release_failures_total`: a RELEASE whose outcome is unknown (no answer, a
+//!   connection or server error); one answered 0 is the loss `ended`, and the best-effort
+//!   RELEASE after a loss is not counted
+//! - `dlock_client_leases_lost_total{reason}`: `renewal_refused`, `unreachable`, `stalled`,
+//!   `ended`, `revoked`
 //! - `dlock_client_stale_writes_total`: fenced writes refused (DLOCK.FENCED STALE or SQL)
 //! - `dlock_client_redirects_total`: `MOVED` and `ASK` replies followed (Redis Cluster)
 
@@ -38,13 +40,28 @@ pub(crate) fn renewal_failed(resource: &str, token: &str, fence: u64, refused: b
     tracing::warn!(resource, owner = token, fence, reason, "dlock: renewal failed");
 }
 
-pub(crate) fn released(resource: &str, token: &str, fence: u64, held: Duration, ok: bool) {
+/// The end of a hold by RELEASE: `Some(true)` released; `Some(false)` answered 0, the lease had
+/// already ended on the server (the loss `ended`, not a release failure); `None` the outcome is
+/// unknown (no answer, a connection or server error): a release failure.
+pub(crate) fn released(
+    resource: &str,
+    token: &str,
+    fence: u64,
+    held: Duration,
+    released: Option<bool>,
+) {
     metrics::histogram!("dlock_client_hold_seconds").record(held.as_secs_f64());
-    if ok {
-        tracing::info!(resource, owner = token, fence, "dlock: lease released");
-    } else {
-        metrics::counter!("dlock_client_release_failures_total").increment(1);
-        tracing::warn!(resource, owner = token, fence, "dlock: release failed");
+    match released {
+        Some(true) => tracing::info!(resource, owner = token, fence, "dlock: lease released"),
+        Some(false) => {
+            let reason = "ended";
+            metrics::counter!("dlock_client_leases_lost_total", "reason" => reason).increment(1);
+            tracing::warn!(resource, owner = token, fence, reason, "dlock: lease lost");
+        }
+        None => {
+            metrics::counter!("dlock_client_release_failures_total").increment(1);
+            tracing::warn!(resource, owner = token, fence, "dlock: release failed");
+        }
     }
 }
 

@@ -596,3 +596,23 @@ async fn a_lease_on_a_stopped_server_is_reported_lost_at_its_local_expiry_not_a_
     // that does not answer) must not delay the news by the request timeout (2 s).
     assert!(after < ttl + Duration::from_millis(400), "reported {after:?} after the pause");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_holder_whose_thread_is_blocked_past_its_ttl_loses_the_lease_as_stalled_and_sends_no_late_renewal()
+ {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let ttl = Duration::from_millis(600);
+    let lease = dlock.acquire("invoice:{11}", ttl).await.expect("granted");
+    let outcome = lease
+        .run(|cancelled| async move {
+            // Blocks the runtime's only thread past the ttl: the renewal due at a third of it
+            // never gets to run, while the server answers all along.
+            std::thread::sleep(ttl + Duration::from_millis(300));
+            cancelled.cancelled().await;
+        })
+        .await;
+    assert!(matches!(outcome, Err(RunError::LockLost(LossReason::Stalled))), "{outcome:?}");
+    // The renewal found due after the local expiry was not sent: the expiry was checked first.
+    assert_eq!(renew_count(&mut server.client()), 0);
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_client::{AcquireError, Client, RunError};
+use dlock_client::{AcquireError, Client, LossReason, RunError};
 use dlock_testkit::*;
 use metrics::{SharedString, Unit};
 use metrics_util::CompositeKey;
@@ -58,20 +58,33 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
     assert!(lease.fenced::<String>(&write).await.is_err(), "stale");
     let lost = lease.run(|cancelled| async move { cancelled.cancelled().await }).await;
     assert!(matches!(lost, Err(RunError::LockLost(_))));
-    // A release that finds the lease gone.
+    // A release that finds the lease gone: the loss `ended`, not a release failure.
     let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
     let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
     assert!(!lease.release().await.expect("answered"));
+    // A holder that did not run in time to renew (this thread, which polls `run`, blocked past
+    // the ttl): the loss `stalled`; its best-effort RELEASE is not a release failure either.
+    let ttl = Duration::from_millis(300);
+    let lease = dlock.acquire("job", ttl).await.expect("granted");
+    let stalled = lease
+        .run(|cancelled| async move {
+            std::thread::sleep(ttl + Duration::from_millis(200));
+            cancelled.cancelled().await;
+        })
+        .await;
+    assert!(matches!(stalled, Err(RunError::LockLost(LossReason::Stalled))), "{stalled:?}");
+    // The best-effort RELEASEs after the losses run in the background: let them answer.
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
     // One snapshot: taking one drains the histograms.
     let snapshot = snapshotter.snapshot().into_vec();
-    assert_eq!(counter(&snapshot, "dlock_client_acquire_attempts_total", None), 4);
+    assert_eq!(counter(&snapshot, "dlock_client_acquire_attempts_total", None), 5);
     assert_eq!(
         counter(&snapshot, "dlock_client_acquire_failures_total", Some(("reason", "held"))),
         1
     );
-    assert_eq!(histogram_samples(&snapshot, "dlock_client_acquire_seconds"), 3);
-    assert_eq!(histogram_samples(&snapshot, "dlock_client_hold_seconds"), 3);
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_acquire_seconds"), 4);
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_hold_seconds"), 4);
     assert_eq!(
         counter(&snapshot, "dlock_client_renewal_failures_total", Some(("reason", "refused"))),
         1
@@ -80,6 +93,12 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
         counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "renewal_refused"))),
         1
     );
-    assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 1);
+    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "ended"))), 1);
+    assert_eq!(
+        counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "stalled"))),
+        1
+    );
+    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", None), 3);
+    assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 0);
     assert_eq!(counter(&snapshot, "dlock_client_stale_writes_total", None), 1);
 }

@@ -45,7 +45,7 @@ func New(registerer prom.Registerer) *Metrics {
 		renewalFailures: prom.NewCounterVec(prom.CounterOpts{Name: "dlock_client_renewal_failures_total",
 			Help: "Renewals refused by the server or not answered in time."}, []string{"reason"}),
 		releaseFailures: prom.NewCounter(prom.CounterOpts{Name: "dlock_client_release_failures_total",
-			Help: "Releases that failed or found the lease already gone."}),
+			Help: "Releases of a lease believed live that got no answer or an error reply (the lease ends with its ttl)."}),
 		leasesLost: prom.NewCounterVec(prom.CounterOpts{Name: "dlock_client_leases_lost_total",
 			Help: "Leases lost before their work ended, by loss reason."}, []string{"reason"}),
 		staleWrites: prom.NewCounter(prom.CounterOpts{Name: "dlock_client_stale_writes_total",

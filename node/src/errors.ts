@@ -3,8 +3,16 @@
 
 import type { ErrorClass } from "./protocol.js";
 
-/** Loss reasons (docs/protocol.md, section 4): LeaseLostError.reason, the log field. */
-export type LossReason = "renewal_refused" | "unreachable" | "max_hold" | "ended" | "revoked";
+/**
+ * Loss reasons (docs/protocol.md, section 4): LeaseLostError.reason, the log field, the metrics
+ * label. `renewal_refused`: a RENEW answered 0. `unreachable`: the local expiry passed while the
+ * last RENEW sent had no answer (it failed, timed out, or was still outstanding). `stalled`: the
+ * local expiry passed with no RENEW awaiting an answer: this process did not run in time to
+ * renew (a blocked event loop, a stopped process). `max_hold`: the caller's bound on the hold.
+ * `ended`: the RELEASE at the hold's end found the lease gone. `revoked`: an operator's
+ * DLOCK.REVOKE.
+ */
+export type LossReason = "renewal_refused" | "unreachable" | "stalled" | "max_hold" | "ended" | "revoked";
 
 /** Outcomes of an acquire that did not grant. */
 export type Outcome = "held" | "unreachable" | "unknown" | "server";

@@ -1,7 +1,10 @@
 // A granted lease: its token owns the resource with `fence` until the server's deadline, kept
 // alive by renewals (every ttl/3, with FENCE) until release() or the loss. The renewer is a timer
-// of this lease: it lives and dies with it. While held, the lease listens on its resource's
-// channel: an operator's DLOCK.REVOKE of its fence ends it there and then (revoked).
+// of this lease: it lives and dies with it. At the local expiry without an answered renewal the
+// lease is lost: unreachable when the last RENEW sent got no answer, stalled when none was
+// awaiting one (the event loop did not run in time: a renewal found due after the expiry is
+// never sent). While held, the lease listens on its resource's channel: an operator's
+// DLOCK.REVOKE of its fence ends it there and then (revoked).
 
 import { EventEmitter } from "node:events";
 import { performance } from "node:perf_hooks";
@@ -24,8 +27,8 @@ export interface Settled {
 /**
  * A granted lease. `signal` is aborted (with the LeaseLostError as its reason) the moment the
  * lease is known lost; `check()` throws it. Events: `lost` (LeaseLostError), `renewed` (the new
- * local expiry, ms on performance.now()), `error` (a failed renewal or release; emitted only
- * when someone listens).
+ * local expiry, ms on performance.now()), `error` (a failed renewal or release, the best-effort
+ * RELEASE after a loss included; emitted only when someone listens).
  */
 export class Lease extends EventEmitter {
   readonly resource: string;
@@ -46,6 +49,8 @@ export class Lease extends EventEmitter {
   private lostError: LeaseLostError | null = null;
   private releasing: Promise<Settled> | null = null;
   private renewing: Promise<boolean> | null = null;
+  /** The last RENEW sent has no answer yet, or got none (failed, timed out). */
+  private unanswered = false;
   private watch: Watch | null = null;
   private finished = false;
 
@@ -126,10 +131,20 @@ export class Lease extends EventEmitter {
 
   /** Throws the LeaseLostError if the lease is lost, or if its local expiry passed. */
   check(): void {
-    if (this.lostError === null && performance.now() >= this.localExpiry && this.releasing === null) {
-      this.lose("unreachable");
-    }
+    if (this.releasing === null) this.expired();
     if (this.lostError !== null) throw this.lostError;
+  }
+
+  /**
+   * Loses the lease if its local expiry passed (true then): unreachable when the last renewal
+   * sent got no answer (failed, timed out, or still outstanding), stalled when none was awaiting
+   * one: this process did not run in time to renew.
+   */
+  private expired(): boolean {
+    if (this.lostError !== null) return true;
+    if (performance.now() < this.localExpiry) return false;
+    this.lose(this.unanswered ? "unreachable" : "stalled");
+    return true;
   }
 
   private schedule(): void {
@@ -151,10 +166,8 @@ export class Lease extends EventEmitter {
       this.lose("max_hold");
       return;
     }
-    if (now >= this.localExpiry) {
-      this.lose("unreachable");
-      return;
-    }
+    // The expiry first: a renewal found due after it is never sent.
+    if (this.expired()) return;
     if (now >= this.nextRenewal) await this.renewOnce().catch(() => false);
     this.schedule();
   }
@@ -180,12 +193,11 @@ export class Lease extends EventEmitter {
     this.emit("lost", lost);
     if (this.releasing === null) {
       // A best-effort RELEASE with FENCE: a lease the server still holds passes on at once.
-      // Nobody may await it: its failure is logged, counted and emitted here, never rejected.
+      // Nobody may await it: it never rejects. Whatever it answers, it is no release failure
+      // (neither logged nor counted: the loss was, once); a failure is only emitted as `error`.
       this.releasing = this.sendRelease().then(
         () => ({ lost, notReleased: null }),
         (error: unknown) => {
-          this.set.metrics.releaseFailed?.();
-          this.log("warn", "dlock: release failed", { error: String(error) });
           this.report(error);
           return { lost, notReleased: null };
         },
@@ -198,7 +210,8 @@ export class Lease extends EventEmitter {
    * then lost: renewal_refused). Rejects when no answer came in time.
    */
   renew(): Promise<boolean> {
-    if (this.lostError !== null) return Promise.resolve(false);
+    // Not sent once the local expiry passed: the lease is lost then.
+    if (this.releasing === null ? this.expired() : this.lostError !== null) return Promise.resolve(false);
     this.renewing ??= this.renewOnce().finally(() => {
       this.renewing = null;
     });
@@ -211,10 +224,12 @@ export class Lease extends EventEmitter {
     ttl = millis(ttl);
     const sent = performance.now();
     const timeout = Math.max(1, Math.min(this.set.requestTimeout, this.localExpiry - sent));
+    this.unanswered = true;
     try {
       const reply = await this.locks.call(this.resource, timeout, () =>
         renewArgs(this.resource, this.token, ttl, this.locks.fenceArg(RENEW, this.fence)),
       );
+      this.unanswered = false;
       if (flagOf(reply)) {
         this.localExpiry = sent + ttl;
         this.nextRenewal = performance.now() + this.ttl / 3;
@@ -246,6 +261,16 @@ export class Lease extends EventEmitter {
 
   /** @internal Stops the renewals and releases (once); never throws. */
   settle(): Promise<Settled> {
+    if (this.releasing === null) {
+      // The work ended after the local expiry (its event loop blocked past it, say): it was not
+      // protected to its end. Lost, not released: the loss sends the best-effort RELEASE.
+      try {
+        this.expired();
+      } catch (error) {
+        // A `lost` listener threw: emitted, never thrown from here.
+        this.report(error);
+      }
+    }
     this.releasing ??= this.releaseOnce();
     return this.releasing;
   }
@@ -268,13 +293,13 @@ export class Lease extends EventEmitter {
         this.log("info", "dlock: lease released", {});
         return { lost: null, notReleased: null };
       }
-      // Gone before the work ended: the end of the work was not protected.
-      this.set.metrics.releaseFailed?.();
-      this.log("warn", "dlock: release failed", { reason: "ended" });
+      // Gone before the work ended: the end of the work was not protected. The loss `ended`,
+      // logged and counted as such, not as a release failure too.
       this.releasing = Promise.resolve({ lost: null, notReleased: null });
       this.lose("ended");
       return { lost: this.lostError, notReleased: null };
     } catch (error) {
+      // Outcome unknown for a lease believed live: a release failure.
       this.set.metrics.releaseFailed?.();
       this.log("warn", "dlock: release failed", { error: String(error) });
       this.report(error);

@@ -2,7 +2,14 @@
 
 import type { LossReason } from "./errors.js";
 
-/** Where the ownership log lines go (console, pino, winston… fit). Default: nowhere. */
+/**
+ * Where the ownership log lines go (console, pino, winston… fit). Default: nowhere. Lines, with
+ * the fields resource, owner (the token) and fence: `dlock: lease acquired` (info, with mode),
+ * `dlock: lease released` (info), `dlock: renewal failed` (warn, reason refused or error),
+ * `dlock: lease lost` (warn, reason; detail for a revocation), `dlock: release failed` (warn,
+ * error: a RELEASE with no answer for a lease still believed live, never after a loss), and
+ * `dlock: stale operation rejected` (warn; resource, fence and the server's reply as reason).
+ */
 export interface Logger {
   info(message: string, fields: Record<string, unknown>): void;
   warn(message: string, fields: Record<string, unknown>): void;
@@ -21,9 +28,16 @@ export interface Metrics {
   held?(seconds: number): void;
   /** dlock_client_renewal_failures_total{reason}: refused, error */
   renewalFailed?(reason: "refused" | "error"): void;
-  /** dlock_client_release_failures_total */
+  /**
+   * dlock_client_release_failures_total: a RELEASE whose outcome is unknown (no answer, a
+   * connection or server error) for a lease still believed live. Not a RELEASE answered 0 at the
+   * hold's end (that is the loss `ended`), nor the best-effort RELEASE after a loss.
+   */
   releaseFailed?(): void;
-  /** dlock_client_leases_lost_total{reason} */
+  /**
+   * dlock_client_leases_lost_total{reason}: once per lost lease; reason renewal_refused,
+   * unreachable, stalled, max_hold, ended or revoked.
+   */
   leaseLost?(reason: LossReason): void;
   /** dlock_client_stale_writes_total */
   staleWrite?(): void;

@@ -25,10 +25,10 @@ function project(name, type) {
 test("ESM: import { Locks, StaleError } from '@dlock/client'", () => {
   const dir = project("esm-user", "module");
   writeFileSync(join(dir, "main.js"), `import { Locks, StaleError, DlockError, keySlot } from "@dlock/client";
-import { Redlock } from "@dlock/client/redlock";
+import Redlock, { Redlock as Named } from "@dlock/client/redlock";
 const e = new StaleError("r", 1, "x");
-console.log(typeof Locks, e instanceof DlockError, e.code, keySlot("foo"), typeof Redlock);`);
-  assert.equal(execFileSync("node", ["main.js"], { cwd: dir }).toString().trim(), "function true ERR_DLOCK_STALE 12182 function");
+console.log(typeof Locks, e instanceof DlockError, e.code, keySlot("foo"), typeof Redlock, Redlock === Named);`);
+  assert.equal(execFileSync("node", ["main.js"], { cwd: dir }).toString().trim(), "function true ERR_DLOCK_STALE 12182 function true");
 });
 
 test("CommonJS: require('@dlock/client')", () => {
@@ -36,14 +36,17 @@ test("CommonJS: require('@dlock/client')", () => {
   writeFileSync(join(dir, "main.js"), `const { Locks, StaleError, DlockError, keySlot } = require("@dlock/client");
 const { Redlock } = require("@dlock/client/redlock");
 const e = new StaleError("r", 1, "x");
-console.log(typeof Locks, e instanceof DlockError, e.code, keySlot("foo"), typeof Redlock);`);
-  assert.equal(execFileSync("node", ["main.js"], { cwd: dir }).toString().trim(), "function true ERR_DLOCK_STALE 12182 function");
+// node-redlock's CommonJS spelling: require("redlock").default
+console.log(typeof Locks, e instanceof DlockError, e.code, keySlot("foo"), typeof Redlock, require("@dlock/client/redlock").default === Redlock);`);
+  assert.equal(execFileSync("node", ["main.js"], { cwd: dir }).toString().trim(), "function true ERR_DLOCK_STALE 12182 function true");
 });
 
 test("the types resolve from both module systems (tsc, NodeNext)", () => {
   const dir = join(work, "esm-user");
   writeFileSync(join(dir, "check.ts"), `import { Locks, type Lease } from "@dlock/client";
-export async function f(redis: object): Promise<number> { const lease: Lease = await new Locks(redis).hold("x"); return lease.fence; }`);
+import Redlock, { type Lock } from "@dlock/client/redlock";
+export async function f(redis: object): Promise<number> { const lease: Lease = await new Locks(redis).hold("x"); return lease.fence; }
+export async function g(redis: object): Promise<number> { const lock: Lock = await new Redlock([redis], { retryCount: 0 }).acquire(["x"], 5000); return lock.fence; }`);
   writeFileSync(join(dir, "check.cts"), `import dlock = require("@dlock/client");
 export const fence: (l: dlock.Lease) => number = (l) => l.fence;`);
   execFileSync(process.execPath, [join(root, "node_modules/typescript/bin/tsc"), "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--skipLibCheck", "--types", "node", "--typeRoots", join(root, "node_modules/@types"), "check.ts", "check.cts"], { cwd: dir, stdio: "inherit" });

@@ -6,6 +6,7 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 
 import { Server } from "./kit.js";
 
@@ -18,10 +19,14 @@ after(() => {
 });
 
 for (const client of ["ioredis", "node-redis"]) {
-  test(`the driver (${client}) answers every request and reports a loss`, { timeout: 20_000 }, async () => {
+  test(`the driver (${client}) answers every request and reports a loss`, { timeout: 20_000 }, async (t) => {
     const driver = spawn(process.execPath, [join(import.meta.dirname, "..", "..", "dist", "esm", "driver.js")], {
       env: { ...process.env, DLOCK_URL: server.url, DLOCK_CLIENT: client },
       stdio: ["pipe", "pipe", "inherit"],
+    });
+    // A failed assertion leaves it running: it must not keep the test process alive.
+    t.after(() => {
+      if (driver.exitCode === null) driver.kill("SIGKILL");
     });
     const lines = createInterface({ input: driver.stdout })[Symbol.asyncIterator]();
     const next = async (): Promise<Record<string, unknown>> => {
@@ -51,6 +56,13 @@ for (const client of ["ioredis", "node-redis"]) {
     assert.equal(stale["id"], 5);
     assert.equal(kind(stale), "stale");
     assert.equal(kind(await send({ id: 6, op: "semaphore", lease: "s", resource: "p", permits: 0, ttl_ms: 900 })), "usage");
+    // Stopped (SIGSTOP) past its ttl with the server reachable, then resumed: it never got to
+    // renew (stalled), and no RENEW was sent after the local expiry.
+    await send({ id: 7, op: "hold", lease: "d", resource: `${r}:stopped`, ttl_ms: 600 });
+    driver.kill("SIGSTOP");
+    await sleep(900);
+    driver.kill("SIGCONT");
+    assert.deepEqual(await next(), { event: "lost", lease: "d", reason: "stalled" });
     const done = new Promise<number | null>((resolve) => driver.once("exit", resolve));
     driver.stdin.end();
     assert.equal(await done, 0);

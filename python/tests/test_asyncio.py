@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from typing import Any, Callable
@@ -241,10 +242,11 @@ def test_a_loss_seen_by_check_in_a_blocking_body_is_raised_once(own_server: Serv
             with pytest.raises(dlock.LeaseLost) as raised:
                 async with locks.hold("blocking", ttl=0.5) as lease:
                     own_server.stop_process()
-                    # A body that blocks the loop: no renewal can run; check() sees the expiry.
+                    # A body that blocks the loop: no renewal can run; check() sees the expiry,
+                    # with no renewal sent: the process did not run in time, whatever the server.
                     time.sleep(max(0.0, lease.local_expiry - time.monotonic()) + 0.01)  # noqa: ASYNC251
                     lease.check()
-            assert raised.value.reason == "unreachable"
+            assert raised.value.reason == "stalled"
             own_server.continue_process()
             # The cancellation the loss asked for does not leak out of the block.
             await asyncio.sleep(0.05)
@@ -254,6 +256,33 @@ def test_a_loss_seen_by_check_in_a_blocking_body_is_raised_once(own_server: Serv
         await r.aclose()
 
     run(test)
+
+
+def test_a_body_that_blocks_the_loop_past_the_ttl_loses_the_lease_as_stalled(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server answers all along, but the renewal task cannot run: the lease is lost as
+    ``stalled`` (not ``unreachable``), counted once, and its RELEASE after the loss is not a
+    release failure."""
+    caplog.set_level(logging.WARNING, logger="dlock")
+
+    async def test() -> None:
+        r = redis.asyncio.Redis(port=server.port)
+        locks = dlock.asyncio.Locks(r)
+        ttl = 0.6
+        with pytest.raises(dlock.LeaseLost) as raised:
+            async with locks.hold("blocked", ttl=ttl):
+                time.sleep(ttl + 0.2)  # noqa: ASYNC251 (the point: the loop is blocked)
+                await asyncio.sleep(5)  # cancelled by the loss
+        assert raised.value.reason == "stalled"
+        assert locks.metrics.get("leases_lost", "stalled") == 1
+        assert locks.metrics.get("release_failures") == 0
+        await locks.aclose()
+        await r.aclose()
+
+    run(test)
+    assert "release failed" not in caplog.text
+    assert caplog.text.count("dlock: lease lost") == 1
 
 
 def test_mutual_exclusion_under_contention(server: Server) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, Callable
 
 import pytest
@@ -153,6 +154,40 @@ def shard(replicated: Cluster) -> Cluster:
     return replicated
 
 
+def on_every_shard(cluster: Cluster, prefix: str) -> list[str]:
+    """Six resources, ``prefix:{0}`` to ``prefix:{5}``, that the three primaries share."""
+    resources = [f"{prefix}:{{{n}}}" for n in range(6)]
+    assert len({cluster.owner(resource).port for resource in resources}) == 3
+    return resources
+
+
+@contextlib.contextmanager
+def cluster_locks(cluster: Cluster, **options: Any) -> Iterator[dlock.Locks]:
+    """A ``dlock.Locks`` (with ``options``) on a Cluster client that starts from the first
+    node; both closed after."""
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    locks = dlock.Locks(client, **options)
+    try:
+        yield locks
+    finally:
+        client.close()
+        locks.close()
+
+
+@contextlib.asynccontextmanager
+async def asyncio_cluster_locks(
+    cluster: Cluster, **options: Any
+) -> AsyncIterator[dlock.asyncio.Locks]:
+    """:func:`cluster_locks` for ``dlock.asyncio``."""
+    client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    locks = dlock.asyncio.Locks(client, **options)
+    try:
+        yield locks
+    finally:
+        await locks.aclose()
+        await client.aclose()
+
+
 def test_holds_follow_each_resource_to_its_shard(cluster: Cluster) -> None:
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
     locks = dlock.Locks(client)
@@ -203,49 +238,40 @@ def test_a_wait_in_a_cluster_is_one_wait_on_the_owner(cluster: Cluster) -> None:
 
 
 def test_a_deleted_lease_is_lost_in_a_cluster(cluster: Cluster) -> None:
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-    locks = dlock.Locks(client)
-    with pytest.raises(dlock.LeaseLost), locks.hold("gone:{x}", ttl=1.5) as lease:
-        client.delete("gone:{x}")
+    with (
+        cluster_locks(cluster) as locks,
+        pytest.raises(dlock.LeaseLost),
+        locks.hold("gone:{x}", ttl=1.5) as lease,
+    ):
+        locks.client.delete("gone:{x}")
         assert lease.lost.wait(1.5)
-    client.close()
-    locks.close()
 
 
 def test_shared_leases_on_every_shard(cluster: Cluster) -> None:
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-    locks = dlock.Locks(client)
-    resources = [f"shelf:{{{n}}}" for n in range(6)]
-    assert len({cluster.owner(resource).port for resource in resources}) == 3
-    for resource in resources:
-        with (
-            locks.read(resource, ttl=5, timeout=1) as a,
-            locks.semaphore(f"{resource}:pool", 2, ttl=5, timeout=1) as permit,
-            locks.read(resource, ttl=5, timeout=0) as b,
-        ):
-            # Each node is asked for its own options: SHARED and LIMIT are there on all.
-            with cluster.owner(resource).client() as direct:
-                assert fields(cmd(direct, "DLOCK.INFO", resource))[b"holders"] == 2
-            b.fenced("SET", f"{resource}:x", str(b.fence))
-            a.fenced("SET", f"{resource}:y", str(a.fence))
-            assert permit.mode == "shared"
-    client.close()
-    locks.close()
+    with cluster_locks(cluster) as locks:
+        for resource in on_every_shard(cluster, "shelf"):
+            with (
+                locks.read(resource, ttl=5, timeout=1) as a,
+                locks.semaphore(f"{resource}:pool", 2, ttl=5, timeout=1) as permit,
+                locks.read(resource, ttl=5, timeout=0) as b,
+            ):
+                # Each node is asked for its own options: SHARED and LIMIT are there on all.
+                with cluster.owner(resource).client() as direct:
+                    assert fields(cmd(direct, "DLOCK.INFO", resource))[b"holders"] == 2
+                b.fenced("SET", f"{resource}:x", str(b.fence))
+                a.fenced("SET", f"{resource}:y", str(a.fence))
+                assert permit.mode == "shared"
 
 
 def test_asyncio_in_a_cluster(cluster: Cluster) -> None:
     async def test() -> None:
-        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-        locks = dlock.asyncio.Locks(client)
-        for n in range(6):
-            resource = f"async:{{{n}}}"
-            async with locks.hold(resource, ttl=5, timeout=1) as lease:
-                await lease.fenced("SET", f"{resource}:x", str(lease.fence))
-                owner = cluster.owner(resource)
-                with owner.client() as direct:
-                    assert cmd(direct, "DLOCK.FENCECHECK", resource, lease.fence) == 1
-        await locks.aclose()
-        await client.aclose()
+        async with asyncio_cluster_locks(cluster) as locks:
+            for resource in on_every_shard(cluster, "async"):
+                async with locks.hold(resource, ttl=5, timeout=1) as lease:
+                    await lease.fenced("SET", f"{resource}:x", str(lease.fence))
+                    owner = cluster.owner(resource)
+                    with owner.client() as direct:
+                        assert cmd(direct, "DLOCK.FENCECHECK", resource, lease.fence) == 1
 
     asyncio.run(asyncio.wait_for(test(), 30))
 
@@ -256,25 +282,21 @@ def test_a_fenced_write_outside_the_resources_slot_is_cross_slot_and_writes_noth
     """redis-py's Cluster clients refuse a command whose keys span slots before sending it; the
     lease's fenced write reports that as the contract's ``cross_slot`` class, as the server's
     own ``CROSSSLOT`` would be."""
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-    locks = dlock.Locks(client)
-    with locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease:
-        with pytest.raises(redis.exceptions.ClusterCrossSlotError) as refused:
-            lease.fenced("SET", "invoice:elsewhere", "paid")
-        assert protocol.class_of(refused.value) == "cross_slot"
-        assert lease.fenced("SET", "invoice:{cs}:status", "paid") == b"OK"
-    assert client.exists("invoice:elsewhere") == 0
-    client.close()
-    locks.close()
+    with cluster_locks(cluster) as locks:
+        with locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease:
+            with pytest.raises(redis.exceptions.ClusterCrossSlotError) as refused:
+                lease.fenced("SET", "invoice:elsewhere", "paid")
+            assert protocol.class_of(refused.value) == "cross_slot"
+            assert lease.fenced("SET", "invoice:{cs}:status", "paid") == b"OK"
+        assert locks.client.exists("invoice:elsewhere") == 0
 
     async def in_asyncio() -> None:
-        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-        locks = dlock.asyncio.Locks(client)
-        async with locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease:
+        async with (
+            asyncio_cluster_locks(cluster) as locks,
+            locks.hold("invoice:{cs}", ttl=5, timeout=1) as lease,
+        ):
             with pytest.raises(redis.exceptions.ClusterCrossSlotError):
                 await lease.fenced("SET", "invoice:elsewhere", "paid")
-        await locks.aclose()
-        await client.aclose()
 
     asyncio.run(asyncio.wait_for(in_asyncio(), 30))
 
@@ -290,51 +312,41 @@ def until_shard_listeners(node: Server, resource: str, n: int) -> bool:
 
 
 def test_a_holder_hears_its_revocation_on_the_shard_channel(cluster: Cluster) -> None:
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-    locks = dlock.Locks(client)
-    resources = [f"revoked:{{{n}}}" for n in range(6)]
-    assert len({cluster.owner(resource).port for resource in resources}) == 3
-    for resource in resources:
-        owner = cluster.owner(resource)
-        # A ttl renewals alone would take 20 s to find lost.
-        with pytest.raises(dlock.LeaseLost) as raised, locks.hold(resource, ttl=60) as lease:
-            # The holder listens on the shard channel, on the resource's own primary.
-            assert until_shard_listeners(owner, resource, 1)
-            with owner.client() as admin:
-                assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "shard drill") == 1
-            assert lease.lost.wait(5)
-        assert (raised.value.reason, raised.value.detail) == ("revoked", "shard drill")
-        assert until_shard_listeners(owner, resource, 0), "left with the lease"
-    client.close()
-    locks.close()
+    with cluster_locks(cluster) as locks:
+        for resource in on_every_shard(cluster, "revoked"):
+            owner = cluster.owner(resource)
+            # A ttl renewals alone would take 20 s to find lost.
+            with pytest.raises(dlock.LeaseLost) as raised, locks.hold(resource, ttl=60) as lease:
+                # The holder listens on the shard channel, on the resource's own primary.
+                assert until_shard_listeners(owner, resource, 1)
+                with owner.client() as admin:
+                    assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "shard drill") == 1
+                assert lease.lost.wait(5)
+            assert (raised.value.reason, raised.value.detail) == ("revoked", "shard drill")
+            assert until_shard_listeners(owner, resource, 0), "left with the lease"
 
 
 def test_asyncio_a_holder_hears_its_revocation_on_the_shard_channel(cluster: Cluster) -> None:
     async def test() -> None:
-        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-        locks = dlock.asyncio.Locks(client)
-        for n in range(6):
-            resource = f"async-revoked:{{{n}}}"
-            owner = cluster.owner(resource)
-            with pytest.raises(dlock.LeaseLost) as raised:
-                async with locks.hold(resource, ttl=60):
-                    for _ in range(5000):
-                        if shard_listeners(owner, resource) == 1:
-                            break
-                        await asyncio.sleep(0.001)
-                    with owner.client() as admin:
-                        assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "drill") == 1
-                    await asyncio.sleep(30)  # the work, cancelled by the loss
-            assert (raised.value.reason, raised.value.detail) == ("revoked", "drill")
-        await locks.aclose()
-        await client.aclose()
+        async with asyncio_cluster_locks(cluster) as locks:
+            for resource in on_every_shard(cluster, "async-revoked"):
+                owner = cluster.owner(resource)
+                with pytest.raises(dlock.LeaseLost) as raised:
+                    async with locks.hold(resource, ttl=60):
+                        for _ in range(5000):
+                            if shard_listeners(owner, resource) == 1:
+                                break
+                            await asyncio.sleep(0.001)
+                        with owner.client() as admin:
+                            assert cmd(admin, "DLOCK.REVOKE", resource, "REASON", "drill") == 1
+                        await asyncio.sleep(30)  # the work, cancelled by the loss
+                assert (raised.value.reason, raised.value.detail) == ("revoked", "drill")
 
     asyncio.run(asyncio.wait_for(test(), 30))
 
 
 def ticket_waiters_on_every_shard(cluster: Cluster, prefix: str) -> list[str]:
-    resources = [f"{prefix}:{{{n}}}" for n in range(6)]
-    assert len({cluster.owner(resource).port for resource in resources}) == 3
+    resources = on_every_shard(cluster, prefix)
     for resource in resources:
         with cluster.owner(resource).client() as admin:
             cmd(admin, "DLOCK.ACQUIRE", resource, "holder", 30000)
@@ -357,42 +369,36 @@ def release_when_in_line(cluster: Cluster, resource: str) -> float:
 
 
 def test_tickets_in_a_cluster_are_woken_by_the_shard_channel(cluster: Cluster) -> None:
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
     # A 30 s ticket is refreshed every 10 s: only the shard channel explains a prompt grant.
-    locks = dlock.Locks(client, wait="tickets", ticket_ttl=30)
-    for resource in ticket_waiters_on_every_shard(cluster, "ticket"):
-        granted: list[float] = []
+    with cluster_locks(cluster, wait="tickets", ticket_ttl=30) as locks:
+        for resource in ticket_waiters_on_every_shard(cluster, "ticket"):
+            granted: list[float] = []
 
-        def waiter(resource: str = resource, granted: list[float] = granted) -> None:
-            with locks.hold(resource, ttl=5, timeout=10):
-                granted.append(time.monotonic())
+            def waiter(resource: str = resource, granted: list[float] = granted) -> None:
+                with locks.hold(resource, ttl=5, timeout=10):
+                    granted.append(time.monotonic())
 
-        thread = threading.Thread(target=waiter, daemon=True)
-        thread.start()
-        released = release_when_in_line(cluster, resource)
-        thread.join(10)
-        assert granted
-        assert granted[0] - released < 0.5
-    client.close()
-    locks.close()
+            thread = threading.Thread(target=waiter, daemon=True)
+            thread.start()
+            released = release_when_in_line(cluster, resource)
+            thread.join(10)
+            assert granted
+            assert granted[0] - released < 0.5
 
 
 def test_asyncio_tickets_in_a_cluster(cluster: Cluster) -> None:
     async def test() -> None:
-        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-        locks = dlock.asyncio.Locks(client, wait="tickets", ticket_ttl=30)
-        for resource in ticket_waiters_on_every_shard(cluster, "aticket"):
-            started = time.monotonic()
-            release = asyncio.get_running_loop().run_in_executor(
-                None, release_when_in_line, cluster, resource
-            )
-            async with locks.hold(resource, ttl=5, timeout=10):
-                granted = time.monotonic()
-            released = await release
-            assert granted - released < 0.5
-            assert granted - started < 5
-        await locks.aclose()
-        await client.aclose()
+        async with asyncio_cluster_locks(cluster, wait="tickets", ticket_ttl=30) as locks:
+            for resource in ticket_waiters_on_every_shard(cluster, "aticket"):
+                started = time.monotonic()
+                release = asyncio.get_running_loop().run_in_executor(
+                    None, release_when_in_line, cluster, resource
+                )
+                async with locks.hold(resource, ttl=5, timeout=10):
+                    granted = time.monotonic()
+                released = await release
+                assert granted - released < 0.5
+                assert granted - started < 5
 
     asyncio.run(asyncio.wait_for(test(), 60))
 

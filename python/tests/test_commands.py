@@ -202,6 +202,27 @@ def test_the_schedule_renews_every_third_and_never_past_max_hold() -> None:
     assert plain.due() == float("inf")
 
 
+def test_the_local_expiry_is_unreachable_with_a_renewal_unanswered_else_stalled() -> None:
+    now = time.monotonic()
+    # No renewal sent (the process did not run in time): stalled, and the renewal that was due
+    # is not sent once the expiry passed.
+    idle = LeaseState("r", "t", 7, 3000, now, None, Metrics())
+    assert idle.step(now + 3.0) == "stalled"
+    # A renewal sent and still outstanding, or failed: unreachable.
+    outstanding = LeaseState("r", "t", 7, 3000, now, None, Metrics())
+    assert outstanding.step(now + 1.0) == 3000
+    assert outstanding.step(now + 3.0) == "unreachable"
+    failed = LeaseState("r", "t", 7, 3000, now, None, Metrics())
+    assert failed.step(now + 1.0) == 3000
+    failed.renewal_failed(refused=False)
+    assert failed.step(now + 3.0) == "unreachable"
+    # Renewed, then nothing sent until past the new expiry: stalled.
+    renewed = LeaseState("r", "t", 7, 3000, now, None, Metrics())
+    assert renewed.step(now + 1.0) == 3000
+    renewed.renewed(now + 1.0, 3000)
+    assert renewed.step(now + 4.0) == "stalled"
+
+
 def test_millis_never_lengthens_a_lease() -> None:
     assert common.millis(0.0004) == 1
     assert common.millis(1.9999) == 1999

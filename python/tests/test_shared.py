@@ -242,7 +242,7 @@ def test_a_mode_conflict_is_an_error_and_changes_nothing(
         fence,
         b"exclusive",
     )
-    assert locks.metrics.get("acquire_failures", "error") == 1
+    assert locks.metrics.get("acquire_failures", "server") == 1
 
 
 def test_a_server_without_shared_leases_is_told_apart(r: redis.Redis) -> None:

@@ -75,7 +75,7 @@ def test_not_acquired_when_the_timeout_passes(server: Server, r: redis.Redis) ->
     info = server.info()
     assert info["dlock_waits_started"] == 1
     assert info["dlock_waits_timed_out"] == 1
-    assert locks.metrics.get("acquire_failures", "not_acquired") == 2
+    assert locks.metrics.get("acquire_failures", "held") == 2
 
 
 def test_a_long_wait_is_one_server_side_wait(server: Server) -> None:
@@ -223,16 +223,47 @@ def test_a_stopped_server_ends_in_lease_lost_never_a_silent_overrun(own_server: 
             assert lease.lost_reason == "unreachable"
             with pytest.raises(dlock.LeaseLost):
                 lease.check()
+            # An ACQUIRE the stopped server may have received: its outcome is unknown.
+            with pytest.raises(redis.TimeoutError), locks.hold("frozen-too", ttl=5, timeout=0):
+                pytest.fail("the body must not run")
+            assert locks.metrics.get("acquire_failures", "unknown") == 1
             # Longer than the ttl, then the server comes back.
             time.sleep(max(0.0, stopped_at + ttl + 0.2 - time.monotonic()))
             own_server.continue_process()
         assert raised.value.reason == "unreachable"
         assert locks.metrics.get("leases_lost", "unreachable") == 1
         assert locks.metrics.get("renewal_failures", "error") >= 1
+        # The lease was reported lost: its RELEASE at the block's end is no release failure.
+        assert locks.metrics.get("release_failures") == 0
     finally:
         own_server.continue_process()
         client.close()
         locks.close()
+
+
+def test_a_renewer_that_did_not_run_in_time_loses_the_lease_as_stalled(
+    server: Server, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The process did not run in time to renew (as if stopped) while the server answered all
+    along: the lease is lost as ``stalled``, no late renewal is sent, and its RELEASE after the
+    loss is not a release failure."""
+    caplog.set_level(logging.WARNING, logger="dlock")
+    locks = dlock.Locks(r)
+    ttl = 0.6
+    renewals = server.info()["dlock_renew_ok"]
+    with pytest.raises(dlock.LeaseLost) as raised, locks.hold("stalled", ttl=ttl) as lease:
+        # The renewal thread cannot run past the ttl: it waits for its own lock.
+        with locks._renewer._wake:
+            time.sleep(ttl + 0.2)
+        assert lease.lost.wait(1.0)
+        assert lease.lost_reason == "stalled"
+    assert raised.value.reason == "stalled"
+    # The renewal found due after the local expiry was not sent.
+    assert server.info()["dlock_renew_ok"] == renewals
+    assert locks.metrics.get("leases_lost", "stalled") == 1
+    assert locks.metrics.get("release_failures") == 0
+    assert "release failed" not in caplog.text
+    assert caplog.text.count("dlock: lease lost") == 1
 
 
 def test_check_raises_at_the_local_expiry_even_before_the_renewer_notices(
@@ -361,9 +392,12 @@ def test_redis_errors_pass_through_unchanged(r: redis.Redis) -> None:
     locks = dlock.Locks(r)
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"), locks.hold("a-string", ttl=5):
         pytest.fail("the body must not run")
+    assert locks.metrics.snapshot() == {"acquire_attempts": 1, "acquire_failures{server}": 1}
     unreachable = dlock.Locks(redis.Redis(port=1), request_timeout=0.2)
     with pytest.raises(redis.ConnectionError), unreachable.hold("x", ttl=5, timeout=0.2):
         pytest.fail("the body must not run")
+    # Every connection refused: no request can have reached a server.
+    assert unreachable.metrics.get("acquire_failures", "unreachable") == 1
 
 
 def test_max_hold_bounds_the_whole_hold(r: redis.Redis) -> None:

@@ -226,9 +226,10 @@ func (s *Server) spawn(module string) error {
 	return fmt.Errorf("%s not ready after %v; log:\n%s", ServerBinary(), startDeadline, s.Log())
 }
 
-// Cluster is a Redis Cluster of three primaries (no replicas), the module on each.
+// Cluster is a Redis Cluster of three primaries, the module on each, and with
+// StartClusterWithReplicas a replica of each.
 type Cluster struct {
-	Nodes []*Server
+	Nodes []*Server // the primaries first, then the replicas
 }
 
 // Addrs are the nodes' addresses.
@@ -247,11 +248,28 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	return client
 }
 
+// Other is a node of the cluster other than not (in a cluster without replicas, another
+// primary).
+func (c *Cluster) Other(not *Server) *Server {
+	for _, n := range c.Nodes {
+		if n != not {
+			return n
+		}
+	}
+	return nil
+}
+
 // Owner is the node serving key's slot now.
 func (c *Cluster) Owner(t testing.TB, key string) *Server {
 	t.Helper()
 	ctx := context.Background()
-	client := c.Nodes[0].Client(t)
+	var client *redis.Client
+	for _, n := range c.Nodes {
+		if n.cmd != nil { // not stopped
+			client = n.Client(t)
+			break
+		}
+	}
 	slot, err := client.ClusterKeySlot(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -277,13 +295,29 @@ func (c *Cluster) Owner(t testing.TB, key string) *Server {
 // once every node says the cluster is ok.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return startCluster(t, 0, 15*time.Second)
+}
+
+// StartClusterWithReplicas is StartCluster with a replica of each primary (six nodes) and
+// nodeTimeout (cluster-node-timeout: how long a primary may not answer before its replica is
+// elected in its place); it returns once every node says the cluster is ok and every replica's
+// link is up.
+func StartClusterWithReplicas(t testing.TB, nodeTimeout time.Duration) *Cluster {
+	t.Helper()
+	return startCluster(t, 1, nodeTimeout)
+}
+
+func startCluster(t testing.TB, replicas int, nodeTimeout time.Duration) *Cluster {
+	t.Helper()
 	cluster := &Cluster{}
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 3*(1+replicas); i++ {
 		cluster.Nodes = append(cluster.Nodes, StartServer(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"))
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0"))
 	}
 	args := append([]string{"--cluster", "create"}, cluster.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if output, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, output)
 	}
@@ -292,16 +326,101 @@ func StartCluster(t testing.TB) *Cluster {
 		client := node.Client(t)
 		for {
 			info, err := client.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			replication, _ := client.Info(context.Background(), "replication").Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+				(!strings.Contains(replication, "role:slave") || strings.Contains(replication, "master_link_status:up")) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("cluster not ok on %s: %v %s", node.Addr(), err, info)
+				t.Fatalf("cluster not ok on %s: %v %s %s", node.Addr(), err, info, replication)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return cluster
+}
+
+// ReplicaOf is the replica streaming from primary (its link up).
+func (c *Cluster) ReplicaOf(t testing.TB, primary *Server) *Server {
+	t.Helper()
+	port := "master_port:" + strconv.Itoa(primary.Port) + "\r"
+	clients := make([]*redis.Client, len(c.Nodes))
+	for i, n := range c.Nodes {
+		clients[i] = n.Client(t)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		for i, n := range c.Nodes {
+			info, _ := clients[i].Info(context.Background(), "replication").Result()
+			if strings.Contains(info, port) && strings.Contains(info, "master_link_status:up") {
+				return n
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no replica of %s", primary.Addr())
+		}
+	}
+}
+
+// Failover promotes replica (CLUSTER FAILOVER TAKEOVER on it: it takes its primary's slots
+// without waiting for the primary's offset, which the module's timers may keep moving past the
+// manual failover's 5 s, nor for a vote; make sure the replica has what matters first, with
+// WAIT) and returns once every node's slot map names it the primary of its shard's slots.
+func (c *Cluster) Failover(t testing.TB, replica *Server) {
+	t.Helper()
+	if err := replica.Client(t).Do(context.Background(), "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		t.Fatalf("CLUSTER FAILOVER: %v", err)
+	}
+	c.awaitPrimary(t, replica)
+}
+
+// KillPrimary kills primary (SIGKILL) and returns once its replica was elected in its place
+// (after the cluster's node timeout) in the slot map of every node still running.
+func (c *Cluster) KillPrimary(t testing.TB, primary, replica *Server) {
+	t.Helper()
+	primary.Stop()
+	c.awaitPrimary(t, replica)
+}
+
+// awaitPrimary returns once every running node's slot map names node a primary with slots.
+func (c *Cluster) awaitPrimary(t testing.TB, node *Server) {
+	t.Helper()
+	ctx := context.Background()
+	id, err := node.Client(t).Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []*redis.Client
+	for _, n := range c.Nodes {
+		if n.cmd != nil {
+			clients = append(clients, n.Client(t))
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		promoted := true
+		for _, n := range clients {
+			nodes, _ := n.ClusterNodes(ctx).Result()
+			if !primaryIn(nodes, id) {
+				promoted = false
+			}
+		}
+		if promoted {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not promoted; its log:\n%s", node.Addr(), node.Log())
+		}
+	}
+}
+
+// primaryIn: whether CLUSTER NODES's text names the node id a primary with slots.
+func primaryIn(nodes, id string) bool {
+	for _, line := range strings.Split(nodes, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 8 && fields[0] == id && strings.Contains(fields[2], "master") {
+			return true
+		}
+	}
+	return false
 }
 
 // MoveSlot moves key's slot (and its keys) from the node serving it to to, the way redis-cli

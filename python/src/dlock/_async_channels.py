@@ -12,35 +12,17 @@ import redis
 import redis.asyncio
 import redis.asyncio.client
 
-from ._channels import POLL, RECONNECT_PAUSE, revocations
+from ._channels import POLL, RECONNECT_PAUSE, BaseWatch, revocations
 from ._metrics import log
 from ._protocol import _text, channel_name, wakes
 
 
-class Watch:
-    """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
-    every message that concerns it (for an observer every message; for a ticket waiter, with
-    ``tag``, a hand-over to its token), and on every (re)subscription. A holder's (with
-    ``fence``) is never woken: ``on_revoked`` is called with the operator's reason when its
-    lease is revoked."""
+class Watch(BaseWatch[asyncio.Event]):
+    """A :class:`dlock._channels.BaseWatch` whose ``event`` is an ``asyncio.Event`` (of the
+    ``Locks``' event loop)."""
 
-    def __init__(
-        self,
-        channel: str,
-        tag: str | None = None,
-        fence: int | None = None,
-        on_revoked: Callable[[str], None] | None = None,
-    ) -> None:
-        self.channel = channel
-        # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
-        self.tag = tag
-        # A holder's lease's fence, and what its revocation calls.
-        self.fence = fence
-        self.on_revoked = on_revoked
-        # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
-        # subscription is confirmed, and needs no wake for it).
-        self.joined = False
-        self.event = asyncio.Event()
+    def _new_event(self) -> asyncio.Event:
+        return asyncio.Event()
 
 
 class Channels:

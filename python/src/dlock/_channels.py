@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
 import redis
 import redis.client
@@ -33,12 +33,16 @@ RECONNECT_PAUSE = 0.2
 POLL = 1.0
 
 
-class Watch:
+EventT = TypeVar("EventT")
+
+
+class BaseWatch(Generic[EventT]):
     """One waiter's (or observer's) registration on a resource's channel: ``event`` is set on
     every message that concerns it (for an observer every message; for a ticket waiter, with
     ``tag``, a hand-over to its token), and on every (re)subscription (messages may have been
     missed). A holder's (with ``fence``) is never woken: ``on_revoked`` is called with the
-    operator's reason when its lease is revoked."""
+    operator's reason when its lease is revoked. The threaded and the asyncio clients differ
+    only in the kind of ``event``."""
 
     def __init__(
         self,
@@ -56,7 +60,17 @@ class Watch:
         # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
         # subscription is confirmed, and needs no wake for it).
         self.joined = False
-        self.event = threading.Event()
+        self.event: EventT = self._new_event()
+
+    def _new_event(self) -> EventT:
+        raise NotImplementedError
+
+
+class Watch(BaseWatch[threading.Event]):
+    """A :class:`BaseWatch` whose ``event`` is a ``threading.Event``."""
+
+    def _new_event(self) -> threading.Event:
+        return threading.Event()
 
 
 class Channels:

@@ -13,7 +13,7 @@ from typing import Callable, Generic, TypeVar, Union
 import redis
 
 from . import _protocol as protocol
-from ._errors import LeaseLost, Unsupported
+from ._errors import LeaseLost, NotAcquired, Unsupported
 from ._metrics import Metrics
 from ._protocol import (
     MAX_PERMITS,
@@ -432,6 +432,21 @@ def cross_slot(error: BaseException) -> redis.exceptions.ClusterCrossSlotError |
     return None
 
 
+def acquire_failure(error: BaseException, plan: AcquirePlan) -> str:
+    """The ``acquire_failures`` reason of an acquire that raised ``error`` (the Rust client's
+    names): ``held`` (:class:`dlock.NotAcquired`), ``unreachable`` (the retries ran out and no
+    request can have reached a server: nothing was granted), ``unknown`` (a request may have
+    been carried out, or the caller gave up with one out: the token was released), ``server``
+    (the server refused the request, or any other error)."""
+    if isinstance(error, NotAcquired):
+        return "held"
+    if is_ambiguous(error):
+        return "unknown" if plan.reached_server else "unreachable"
+    if not isinstance(error, Exception):  # interrupted: cancelled, KeyboardInterrupt
+        return "unknown"
+    return "server"
+
+
 def as_int(reply: object) -> int | None:
     if reply is None:
         return None
@@ -622,7 +637,7 @@ class AcquirePlan:
 
 # The lease's state and its renewal schedule.
 
-LOST_REASONS = ("renewal_refused", "unreachable", "max_hold", "ended", "revoked")
+LOST_REASONS = ("renewal_refused", "unreachable", "stalled", "max_hold", "ended", "revoked")
 
 
 class LeaseState:
@@ -654,6 +669,9 @@ class LeaseState:
         self._detail: str | None = None
         self._local_expiry = sent_at + ttl_ms / 1000
         self._next_renewal = sent_at + ttl_ms / 3000
+        # Whether the last RENEW sent got no answer (still outstanding, or failed): at the local
+        # expiry that is ``unreachable``; with none waiting for one, ``stalled``.
+        self._unanswered = False
         self._hold_end = hold_end
         self._metrics = metrics
         self._on_lost: list[Callable[[], None]] = []
@@ -706,6 +724,8 @@ class LeaseState:
             if self._hold_end is not None:
                 # Never past max_hold: the server's lease ends with the hold.
                 ttl_ms = min(ttl_ms, max(1, int((self._hold_end - now) * 1000)))
+            # The caller sends the RENEW now: unanswered until renewed() or renewal_failed().
+            self._unanswered = True
             return ttl_ms
 
     def renew_timeout(self, now: float, request_timeout: float) -> float:
@@ -715,14 +735,17 @@ class LeaseState:
 
     def renewed(self, sent_at: float, ttl_ms: int) -> None:
         with self._lock:
+            self._unanswered = False
             self._local_expiry = sent_at + ttl_ms / 1000
             self._next_renewal = time.monotonic() + self.ttl_ms / 3000
 
     def renewal_failed(self, refused: bool) -> None:
         self._metrics.renewal_failed(self.resource, self.token, self.fence, refused)
-        if not refused:
-            with self._lock:
-                # Retry sooner, until the local expiry.
+        with self._lock:
+            if refused:
+                self._unanswered = False  # answered: the lease is gone
+            else:
+                # No answer (it stays unanswered for the local expiry); retry sooner, until then.
                 self._next_renewal = time.monotonic() + self.ttl_ms / 10000
 
     def renew_now(self) -> None:
@@ -750,16 +773,24 @@ class LeaseState:
             # Renewals near the end are cut to end with the hold, rounded down to milliseconds.
             return "max_hold"
         if now >= self._local_expiry:
-            return "unreachable"
+            # The last RENEW sent got no answer, or none was waiting for one: the process did
+            # not run in time to send the renewal that was due (a renewal found due now is not
+            # sent: step() checks the expiry first).
+            return "unreachable" if self._unanswered else "stalled"
         return None
 
-    def check(self) -> None:
+    def expire(self) -> bool:
+        """Marks the lease lost if the clock alone says it is over (its local expiry or
+        ``max_hold`` passed, the renewer did not notice yet). ``True`` if it is lost."""
         if not self.lost.is_set():
             with self._lock:
                 ended = self._ended(time.monotonic())
             if ended is not None:
                 self.lose(ended)
-        if self.lost.is_set():
+        return self.lost.is_set()
+
+    def check(self) -> None:
+        if self.expire():
             raise self.error()
 
     def error(self) -> LeaseLost:
@@ -820,8 +851,8 @@ class LeaseView:
 
     @property
     def lost_reason(self) -> str | None:
-        """Why the lease was lost (``renewal_refused``, ``unreachable``, ``max_hold``,
-        ``ended``, ``revoked``), or ``None``."""
+        """Why the lease was lost (``renewal_refused``, ``unreachable``, ``stalled``,
+        ``max_hold``, ``ended``, ``revoked``), or ``None``."""
         return self._state.reason
 
     @property

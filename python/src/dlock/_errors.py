@@ -27,13 +27,16 @@ class NotAcquired(DlockError):
 
 class LeaseLost(DlockError):
     """The lease ended before the work did: the server refused a renewal (expired, deleted,
-    taken over), no renewal was answered before the lease's local expiry, ``max_hold`` passed,
-    or an operator revoked it (``DLOCK.REVOKE``). Work done after this point was not protected
-    by the lease.
+    taken over), the lease's local expiry passed without an answered renewal (``unreachable``
+    when the last renewal sent got no answer; ``stalled`` when none was waiting for one: the
+    process did not run in time to send it, e.g. it was stopped, or a body blocked the event
+    loop), ``max_hold`` passed, the RELEASE at the block's end found the lease gone
+    (``ended``), or an operator revoked it (``DLOCK.REVOKE``). Work done after this point was
+    not protected by the lease.
 
-    ``reason`` is one of ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``,
-    ``revoked``; ``detail`` is the reason the operator gave for a revocation (``""`` when none
-    was), ``None`` for the other reasons."""
+    ``reason`` is one of ``renewal_refused``, ``unreachable``, ``stalled``, ``max_hold``,
+    ``ended``, ``revoked``; ``detail`` is the reason the operator gave for a revocation (``""``
+    when none was), ``None`` for the other reasons."""
 
     def __init__(self, resource: str, fence: int, reason: str, detail: str | None = None) -> None:
         said = f" ({detail})" if detail else ""

@@ -19,13 +19,18 @@ class Metrics:
     Names (counters, with a ``reason`` label where shown):
 
     - ``acquire_attempts``
-    - ``acquire_failures{reason}``: ``not_acquired``, ``error``
+    - ``acquire_failures{reason}``: ``held`` (:class:`dlock.NotAcquired`: another owner kept
+      it), ``unreachable`` (no request can have reached a server: nothing granted), ``unknown``
+      (a request may have been carried out: its token was released), ``server`` (the server
+      refused it, e.g. ``LOCKMODE``, or anything else)
     - ``acquire_seconds`` (sum and count): from the first send to the grant
     - ``hold_seconds`` (sum and count): from the grant to the release or the loss
     - ``renewal_failures{reason}``: ``refused``, ``error``
-    - ``release_failures``
-    - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``max_hold``, ``ended``,
-      ``revoked``
+    - ``release_failures``: RELEASEs whose outcome is unknown (no answer, a connection or
+      server error) for a lease still believed live; one that finds the lease gone is the loss
+      ``ended``, and the RELEASE after a loss already reported is not counted
+    - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``stalled``, ``max_hold``,
+      ``ended``, ``revoked``
     - ``stale_writes``: fenced writes the server refused
     """
 
@@ -78,21 +83,24 @@ class Metrics:
             reason,
         )
 
-    def released(self, resource: str, token: str, fence: int, held: float, ok: bool) -> None:
-        """The end of a hold: ``ok`` released; otherwise the RELEASE failed (an error, or the
-        lease was already gone, which also counts as lost)."""
+    def released(self, resource: str, token: str, fence: int, held: float, ok: bool | None) -> None:
+        """The end of a hold by the RELEASE of a lease believed live: ``ok`` ``True`` released;
+        ``False`` the lease was already gone (the loss ``ended``, counted by :meth:`lost`, not
+        a release failure); ``None`` the outcome is unknown (no answer, a connection or server
+        error): a release failure."""
         self._observe("hold_seconds", held)
         if ok:
             log.info("dlock: lease released resource=%s owner=%s fence=%d", resource, token, fence)
-        else:
+        elif ok is None:
             self._inc("release_failures")
             log.warning(
                 "dlock: release failed resource=%s owner=%s fence=%d", resource, token, fence
             )
 
     def ended(self, resource: str, token: str, fence: int, held: float) -> None:
-        """The end of a hold whose lease the server had already ended (revoked): no RELEASE was
-        sent, and none failed."""
+        """The end of a hold whose loss was already reported: revoked (no RELEASE was sent), or
+        lost before its block exited (its RELEASE was best effort, counted as nothing, whatever
+        it answered)."""
         self._observe("hold_seconds", held)
 
     def lost(

@@ -223,21 +223,6 @@ class Locks(common.Handles[Hold]):
     def _acquire(self, request: Request) -> LeaseState:
         self.metrics.acquire_attempt()
         started = time.monotonic()
-        try:
-            state = self._try_acquire(request)
-        except NotAcquired:
-            self.metrics.acquire_failed("not_acquired")
-            raise
-        except BaseException:
-            self.metrics.acquire_failed("error")
-            raise
-        self.metrics.acquired(
-            request.resource, state.token, state.fence, time.monotonic() - started
-        )
-        return state
-
-    def _try_acquire(self, request: Request) -> LeaseState:
-        resource = request.resource
         plan = common.AcquirePlan(
             request.ttl,
             request.timeout,
@@ -245,6 +230,18 @@ class Locks(common.Handles[Hold]):
             self.request_timeout,
             ticket=self.ticket_ttl if self.wait == "tickets" else None,
         )
+        try:
+            state = self._try_acquire(request, plan)
+        except BaseException as error:
+            self.metrics.acquire_failed(common.acquire_failure(error, plan))
+            raise
+        self.metrics.acquired(
+            request.resource, state.token, state.fence, time.monotonic() - started
+        )
+        return state
+
+    def _try_acquire(self, request: Request, plan: common.AcquirePlan) -> LeaseState:
+        resource = request.resource
         watch: Watch | None = None
         channels: Channels | None = None
         try:
@@ -410,29 +407,35 @@ class Locks(common.Handles[Hold]):
 
     def _finish(self, state: LeaseState) -> None:
         """Releases the lease when its block exits, bounded by ``release_timeout``. Never
-        raises: a failure is logged and counted, and a lease found gone counts as lost. A
-        revoked lease is not released: the server ended it."""
+        raises. A RELEASE whose outcome is unknown for a lease still believed live is a release
+        failure (logged and counted); one that finds the lease gone is the loss ``ended``; after
+        a loss already reported (a local expiry the renewer did not get to is one) the RELEASE
+        is best effort, neither, whatever it answers. A revoked lease is not released: the
+        server ended it."""
         if state.reason == "revoked":
             self.metrics.ended(
                 state.resource, state.token, state.fence, time.monotonic() - state.granted_at
             )
             return
-        ok = False
+        live = not state.expire()
+        outcome: bool | None = None
         try:
             features = self.features(state.resource)
             command = common.release_command(features, state.resource, state.token, state.fence)
             released = common.as_int(self._call(state.resource, command, self.release_timeout))
-            ok = released == 1
-            if not ok:
+            outcome = released == 1
+            if not outcome:
                 # Gone before the block ended: the end of the work was not protected.
                 state.lose("ended")
         except Exception as error:  # never raised over the body's own outcome
             log.debug("dlock: release of %s failed: %s", state.resource, error)
             if time.monotonic() >= state.due_expiry():
                 state.lose("unreachable")
-        self.metrics.released(
-            state.resource, state.token, state.fence, time.monotonic() - state.granted_at, ok
-        )
+        held = time.monotonic() - state.granted_at
+        if live:
+            self.metrics.released(state.resource, state.token, state.fence, held, outcome)
+        else:
+            self.metrics.ended(state.resource, state.token, state.fence, held)
 
 
 class _Renewer:

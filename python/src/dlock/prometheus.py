@@ -6,13 +6,15 @@
 Metric names (counters unless noted), the same as the Rust client's:
 
 - ``dlock_client_acquire_attempts_total``
-- ``dlock_client_acquire_failures_total{reason}``: ``not_acquired``, ``error``
+- ``dlock_client_acquire_failures_total{reason}``: ``held``, ``unreachable``, ``unknown``,
+  ``server`` (see :class:`dlock.Metrics`)
 - ``dlock_client_acquire_seconds`` (histogram): from the first send to the grant
 - ``dlock_client_hold_seconds`` (histogram): from the grant to the release or the loss
 - ``dlock_client_renewal_failures_total{reason}``: ``refused``, ``error``
-- ``dlock_client_release_failures_total``
+- ``dlock_client_release_failures_total``: RELEASEs whose outcome is unknown for a lease still
+  believed live
 - ``dlock_client_leases_lost_total{reason}``: ``renewal_refused``, ``unreachable``,
-  ``max_hold``, ``ended``
+  ``stalled``, ``max_hold``, ``ended``, ``revoked``
 - ``dlock_client_stale_writes_total``: fenced writes the server refused
 """
 
@@ -28,7 +30,7 @@ _COUNTERS = {
     "acquire_attempts": ("ACQUIREs started by hold()", False),
     "acquire_failures": ("holds that got no lease, by reason", True),
     "renewal_failures": ("renewals refused or unanswered, by reason", True),
-    "release_failures": ("releases that failed or found the lease gone", False),
+    "release_failures": ("releases of a live lease whose outcome is unknown", False),
     "leases_lost": ("leases lost while their block ran, by reason", True),
     "stale_writes": ("fenced writes the server refused", False),
 }

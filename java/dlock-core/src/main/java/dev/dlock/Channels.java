@@ -4,7 +4,7 @@ import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisConnectionException;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.codec.StringCodec;
-import io.lettuce.core.pubsub.RedisPubSubAdapter;
+import io.lettuce.core.pubsub.RedisPubSubListener;
 import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -228,41 +228,42 @@ final class Channels {
             return;
         }
         connection = opened;
-        opened.addListener(new RedisPubSubAdapter<>() {
-            @Override
-            public void message(String channel, String message) {
-                deliver(channel, message);
-            }
-
-            @Override
-            public void smessage(String channel, String message) {
-                deliver(channel, message);
-            }
-
-            @Override
-            public void subscribed(String channel, long count) {
-                deliver(channel, null);
-            }
-
-            @Override
-            public void ssubscribed(String channel, long count) {
-                deliver(channel, null);
-            }
-
-            @Override
-            public void unsubscribed(String channel, long count) {
-                dropped(channel);
-            }
-
-            @Override
-            public void sunsubscribed(String channel, long count) {
-                dropped(channel);
-            }
-        });
+        opened.addListener(new Listener());
         watches.keySet().forEach(this::subscribe);
         if (watches.isEmpty()) {
             closeWhenIdle();
         }
+    }
+
+    /**
+     * The connection's events. Lettuce passes a cluster's sharded ones ({@code smessage},
+     * {@code ssubscribed}, {@code sunsubscribed}) to the plain ones by default, so one method serves
+     * both kinds; no pattern is ever subscribed.
+     */
+    private final class Listener implements RedisPubSubListener<String, String> {
+        @Override
+        public void message(String channel, String message) {
+            deliver(channel, message);
+        }
+
+        @Override
+        public void subscribed(String channel, long count) {
+            deliver(channel, null);
+        }
+
+        @Override
+        public void unsubscribed(String channel, long count) {
+            dropped(channel);
+        }
+
+        @Override
+        public void message(String pattern, String channel, String message) {}
+
+        @Override
+        public void psubscribed(String pattern, long count) {}
+
+        @Override
+        public void punsubscribed(String pattern, long count) {}
     }
 
     /** Sends the (S)SUBSCRIBE of channel (it does not wait); called with the lock held. */

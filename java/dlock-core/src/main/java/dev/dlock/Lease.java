@@ -35,6 +35,7 @@ public final class Lease implements AutoCloseable {
     private long nextRenewal;
     private boolean releasing;
     private boolean renewing;
+    private boolean renewalUnanswered; // the last RENEW sent got no answer: it failed, timed out or is outstanding
     private ScheduledFuture<?> timer;
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
@@ -176,7 +177,9 @@ public final class Lease implements AutoCloseable {
 
     /**
      * Throws if the lease is lost, or if its conservative local expiry passed without an answered
-     * renewal (it counts as lost from then on). Call it between the steps of long work.
+     * renewal (it counts as lost from then on: {@link LossReason#UNREACHABLE} when the last renewal
+     * sent got no answer, {@link LossReason#STALLED} when none was waiting for one). Call it
+     * between the steps of long work.
      *
      * @throws LeaseLostException if the lease no longer protects the work
      */
@@ -186,11 +189,30 @@ public final class Lease implements AutoCloseable {
             expired = !releaseRan && System.nanoTime() - localExpiry >= 0;
         }
         if (expired) {
-            lose(LossReason.UNREACHABLE);
+            loseAtExpiry();
         }
         if (lost.isDone()) {
             throw lossError();
         }
+    }
+
+    /**
+     * The local expiry passed without an answered renewal: lost, {@code unreachable} when the last
+     * renewal sent got no answer (it failed, timed out or is still outstanding), {@code stalled}
+     * when none was waiting for one (this process did not run in time to send the due renewal or
+     * to read its answer: a blocked scheduler thread, a long collector pause, a stopped process).
+     */
+    private void loseAtExpiry() {
+        boolean unanswered;
+        synchronized (this) {
+            unanswered = renewalUnanswered;
+        }
+        lose(unanswered ? LossReason.UNREACHABLE : LossReason.STALLED);
+    }
+
+    /** Whether the local expiry passed by {@code now} (nanoTime). */
+    private synchronized boolean expiredAt(long now) {
+        return now - localExpiry >= 0;
     }
 
     /** A new exception for each throw of the loss (its cause: the loss as first recorded, which whenLost gives). */
@@ -270,8 +292,8 @@ public final class Lease implements AutoCloseable {
                 renewing = due;
             }
         }
-        if (now - localExpiryNanos() >= 0) {
-            lose(LossReason.UNREACHABLE);
+        if (expiredAt(now)) {
+            loseAtExpiry(); // checked before a late renewal is sent: a renewal found due now is not sent
             return;
         }
         if (!due) {
@@ -286,15 +308,32 @@ public final class Lease implements AutoCloseable {
         });
     }
 
-    /** Sends one RENEW: true renewed, false refused (the lease is lost); fails when no answer came in time. */
+    /**
+     * Sends one RENEW: true renewed, false refused (the lease is lost); fails when no answer came in
+     * time. Past the local expiry nothing is sent: the lease is lost, and this fails with the loss.
+     */
     private CompletableFuture<Boolean> renewAsync() {
         long renewMs = holdEnd == 0 ? ttlMs // never past the max hold:
                 : Math.min(ttlMs, Protocol.wholeMs(Duration.ofNanos(holdEnd - System.nanoTime())));
         long sent = System.nanoTime();
+        boolean expired;
+        synchronized (this) {
+            expired = !releaseRan && expiredAt(sent);
+            if (!expired) {
+                renewalUnanswered = true; // until an answer comes
+            }
+        }
+        if (expired) {
+            loseAtExpiry();
+            return CompletableFuture.failedFuture(lossError());
+        }
         long timeoutNanos = Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent));
         List<String> args = Protocol.renewArgs(resource, token, renewMs, locks.fenceArg(Protocol.RENEW, fence));
         return locks.transport().send(args, Duration.ofNanos(timeoutNanos)).handle((reply, failure) -> {
             if (failure == null && reply instanceof Long n) {
+                synchronized (this) {
+                    renewalUnanswered = false;
+                }
                 if (n == 1) {
                     synchronized (this) {
                         localExpiry = Protocol.localExpiry(sent, renewMs);
@@ -331,10 +370,11 @@ public final class Lease implements AutoCloseable {
     }
 
     /**
-     * Sends a RENEW now (the scheduler also does, every ttl/3).
+     * Sends a RENEW now (the scheduler also does, every ttl/3). Past the local expiry nothing is
+     * sent: the lease is lost ({@link #check()}).
      *
      * @return true renewed; false refused, and the lease is lost ({@link LossReason#RENEWAL_REFUSED})
-     * @throws LeaseLostException if the lease was lost before
+     * @throws LeaseLostException if the lease was lost before, or its local expiry passed
      * @throws DlockException if no answer came in time
      */
     public boolean renew() {
@@ -448,6 +488,9 @@ public final class Lease implements AutoCloseable {
     }
 
     private void endOnce(long keepMs) {
+        if (!lost.isDone() && expiredAt(System.nanoTime())) {
+            loseAtExpiry(); // the work ran past the local expiry: a loss, not a release
+        }
         if (lost.isDone()) {
             throw lossError();
         }
@@ -460,6 +503,7 @@ public final class Lease implements AutoCloseable {
             if (e instanceof InterruptedException) {
                 Thread.currentThread().interrupt();
             }
+            // The outcome is unknown for a lease believed live: a release failure.
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
             locks.metrics().releaseFailed();
             Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
@@ -477,10 +521,8 @@ public final class Lease implements AutoCloseable {
             }
             return;
         }
-        // Gone before the work ended: the end of the work was not protected.
-        locks.metrics().releaseFailed();
-        Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
-                "reason", "ended");
+        // Gone before the work ended: the end of the work was not protected. One event, counted
+        // and logged once, as the loss (not as a release failure too).
         lose(LossReason.ENDED);
         throw lossError();
     }

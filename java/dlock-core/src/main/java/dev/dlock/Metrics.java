@@ -45,13 +45,19 @@ public interface Metrics {
      */
     default void renewalFailed(String reason) {}
 
-    /** A release failed ({@code dlock_client_release_failures_total}). */
+    /**
+     * A release failed ({@code dlock_client_release_failures_total}): a RELEASE (or
+     * {@link Lease#releaseAfter}'s last RENEW) whose outcome is unknown (no answer, a connection or
+     * server error) for a lease still believed live. A release that found the lease gone is the
+     * loss {@link LossReason#ENDED} ({@link #leaseLost}), not also a release failure; the
+     * best-effort RELEASE after a loss is never counted.
+     */
     default void releaseFailed() {}
 
     /**
-     * A lease was lost ({@code dlock_client_leases_lost_total{reason}}).
+     * A lease was lost ({@code dlock_client_leases_lost_total{reason}}), once per lease.
      *
-     * @param reason the loss reason
+     * @param reason the loss reason (label it with {@link LossReason#wireName()})
      */
     default void leaseLost(LossReason reason) {}
 

@@ -2,11 +2,17 @@ package dev.dlock;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.dlock.testkit.Servers;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
+import java.time.Duration;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -79,6 +85,60 @@ class ClusterTest {
             RevokeTest.awaitSubscribers(newNode, channel, true, 0);
         } finally {
             client.shutdown();
+        }
+    }
+
+    /**
+     * The slot of a resource moves while a ticket waiter and an observer listen on its shard
+     * channel: both follow it to the new primary, where the holder's release wakes the waiter (a
+     * ticket's own refresh is 10 s away here) and the observer hears the new leader (its own
+     * reading is 5 s away).
+     */
+    @Test
+    void aTicketWaiterAndAnObserverFollowTheirSlotToItsNewPrimary() throws Exception {
+        String resource = "queue:{8}";
+        String channel = Protocol.channelName(resource);
+        Servers.Server from = owner(resource);
+        Servers.Server to = cluster.nodes.stream().filter(n -> n != from).findFirst().orElseThrow();
+        RedisClient client = RedisClient.create(to.url());
+        List<Optional<Leader>> seen = new CopyOnWriteArrayList<>();
+        try (Locks locks = Locks.connect(cluster.url()); StatefulRedisConnection<String, String> newNode = client.connect()) {
+            Lease holder = locks.hold(resource, HoldOptions.defaults().ttl(Duration.ofSeconds(20)).noWait());
+            try (AutoCloseable observer = locks.observe(resource, seen::add)) {
+                waitFor(() -> seen.stream().anyMatch(l -> l.isPresent() && l.get().token().equals(holder.token())));
+                CompletableFuture<Lease> waiter = locks.holdAsync(resource,
+                        HoldOptions.defaults().ttl(Duration.ofSeconds(20)).waitFor(Duration.ofSeconds(20)).tickets(Duration.ofSeconds(30)));
+                waitFor(() -> locks.info(resource).map(i -> i.tickets() == 1).orElse(false));
+                // The lease's key moves with the slot; the ticket does not (woken by the resubscription,
+                // the waiter queues again on the new primary).
+                cluster.moveSlot(resource, to);
+                RevokeTest.awaitSubscribers(newNode, channel, true, 1);
+                waitFor(() -> locks.info(resource).map(i -> i.tickets() == 1).orElse(false));
+                long released = System.nanoTime();
+                holder.close();
+                try (Lease next = waiter.get(3, TimeUnit.SECONDS)) {
+                    System.out.printf("ClusterTest: the ticket waiter got the lease %d ms after the release on the new primary%n",
+                            (System.nanoTime() - released) / 1_000_000);
+                    assertTrue(next.fence() > holder.fence());
+                    long deadline = System.nanoTime() + Duration.ofSeconds(2).toNanos();
+                    while (seen.stream().noneMatch(l -> l.isPresent() && l.get().token().equals(next.token()))) {
+                        assertTrue(System.nanoTime() < deadline, "the observer did not report the new leader within 2 s: " + seen);
+                        Thread.sleep(20);
+                    }
+                }
+            }
+        } finally {
+            client.shutdown();
+        }
+    }
+
+    private static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
+        long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
+        while (!condition.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("condition not met in 5 s");
+            }
+            Thread.sleep(20);
         }
     }
 }
