@@ -200,8 +200,8 @@ fn bad_arguments_name_what_is_wrong_and_change_nothing() {
             "ERR syntax error: dlock.acquireall does not take WAIT",
         ),
         (
-            &["DLOCK.ACQUIREALL", "2", "a", "b", "t", "100", "QUEUE", "5"],
-            "ERR syntax error: dlock.acquireall does not take QUEUE",
+            &["DLOCK.ACQUIREALL", "2", "a", "b", "t", "100", "CLAIM", "5"],
+            "ERR syntax error: dlock.acquireall does not take CLAIM",
         ),
         (
             &["DLOCK.ACQUIREALL", "2", "a", "b", "t", "0"],
@@ -277,4 +277,119 @@ fn a_set_reaches_the_replica_whole_and_survives_an_aof_restart() {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut p).expect("WAIT");
     assert_eq!(acked, 1);
     assert!(!exists(&mut r, "s1") && !exists(&mut r, "s2"), "the release reached the replica");
+}
+
+fn ticket_count(con: &mut redis::Connection, resource: &str) -> String {
+    info_field(con, resource, "tickets").unwrap_or_else(|| "no key".into())
+}
+
+#[test]
+fn a_queued_set_holds_nothing_keeps_its_place_in_every_line_and_is_granted_when_all_are_free() {
+    let server = Server::start();
+    let mut con = server.client();
+    let held = acquire(&mut con, "b", "x", 60_000).expect("granted");
+    let set_queue = ["60000", "QUEUE", "10000"];
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s", &set_queue), Ok(None));
+    assert_eq!(ticket_count(&mut con, "a"), "1", "the set stands in line on the free member too");
+    assert_eq!(ticket_count(&mut con, "b"), "1");
+    assert_eq!(
+        info_field(&mut con, "a", "holders").as_deref(),
+        Some("0"),
+        "a set in line holds nothing"
+    );
+    // Nobody passes the set on the free member: a later request waits behind it.
+    assert_eq!(acquire(&mut con, "a", "y", 60_000), None);
+    let later: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
+        .arg("a")
+        .arg("y")
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(10_000)
+        .query(&mut con)
+        .expect("ticket");
+    assert_eq!(later, None);
+    // A refresh keeps the set's place; the other member is still held.
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s", &set_queue), Ok(None));
+    assert_eq!(release(&mut con, "b", "x"), 1);
+    // The set's ticket heads b's line: the lease is not handed to it alone.
+    assert_eq!(info_field(&mut con, "b", "holders").as_deref(), Some("0"));
+    let fences = acquire_all(&mut con, &["a", "b"], "s", &set_queue).expect("reply").expect("set");
+    assert!(fences[1] > held);
+    assert_eq!(ticket_count(&mut con, "b"), "0");
+    // The single ticket behind the set on a comes next, when the set lets go.
+    assert_eq!(ticket_count(&mut con, "a"), "1");
+    assert_eq!(release_all(&mut con, &["a", "b"], "s", &[]), Ok(2));
+    assert_eq!(info_field(&mut con, "a", "owner").as_deref(), Some("y"));
+    let counters = dlock_counters(&mut con);
+    assert_eq!(counters["tickets_queued"], 3);
+    assert_eq!(
+        counters["tickets_granted"], 3,
+        "two set tickets used and the single one handed over"
+    );
+    counters_add_up(&counters).expect("every ticket accounted for");
+}
+
+#[test]
+fn two_queued_sets_over_the_same_resources_never_wait_for_each_other() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "a", "x", 60_000).expect("granted");
+    acquire(&mut con, "b", "y", 60_000).expect("granted");
+    let set_queue = ["60000", "QUEUE", "10000"];
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s1", &set_queue), Ok(None));
+    assert_eq!(acquire_all(&mut con, &["b", "a"], "s2", &set_queue), Ok(None));
+    // An operator's DEL of a's key takes its holder and both tickets there. Were a refresh to
+    // put back only the missing ticket, s2 (refreshing first) would head a's line while s1
+    // heads b's, each waiting for the other for as long as both refresh.
+    redis::cmd("DEL").arg("a").exec(&mut con).expect("DEL");
+    assert_eq!(acquire_all(&mut con, &["b", "a"], "s2", &set_queue), Ok(None));
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s1", &set_queue), Ok(None));
+    assert_eq!(release(&mut con, "b", "y"), 1);
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s1", &set_queue), Ok(None), "s2 is ahead");
+    let s2 = acquire_all(&mut con, &["b", "a"], "s2", &set_queue).expect("reply");
+    assert!(s2.is_some(), "s2 heads both lines and is granted");
+    assert_eq!(release_all(&mut con, &["a", "b"], "s2", &[]), Ok(2));
+    let s1 = acquire_all(&mut con, &["a", "b"], "s1", &set_queue).expect("reply");
+    assert!(s1.is_some(), "then s1");
+}
+
+#[test]
+fn a_set_ticket_not_refreshed_lapses_everywhere_and_the_line_moves_on() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "b", "x", 60_000).expect("granted");
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s", &["60000", "QUEUE", "300"]), Ok(None));
+    let mut waiter = send_wait_for(&server, "a", "y", 60_000, 10_000, &[]);
+    // The blocked waiter behind the set's ticket on the free member is granted once it lapses.
+    let granted: Option<i64> =
+        redis::from_redis_value(&waiter.recv_response().expect("reply")).expect("fence or nil");
+    assert!(granted.is_some(), "handed over after the set's ticket lapsed");
+    assert!(eventually(Duration::from_secs(3), || {
+        dlock_counters(&mut con)["tickets_lapsed"] == 2
+    }));
+    assert_eq!(ticket_count(&mut con, "b"), "0");
+    let counters = dlock_counters(&mut con);
+    counters_add_up(&counters).expect("every ticket accounted for");
+}
+
+/// CPU seconds the server has used (`INFO cpu`).
+fn server_cpu(con: &mut redis::Connection) -> f64 {
+    ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .map(|field| info_line(con, "cpu", field).expect(field).parse::<f64>().expect("seconds"))
+        .sum()
+}
+
+#[test]
+fn a_set_ticket_heading_a_free_member_leaves_the_timer_idle() {
+    let server = Server::start();
+    let mut con = server.client();
+    acquire(&mut con, "b", "x", 60_000).expect("granted");
+    assert_eq!(acquire_all(&mut con, &["a", "b"], "s", &["60000", "QUEUE", "60000"]), Ok(None));
+    // The free member's line waits for the set, not for the timer: no turn comes due for it
+    // until the ticket would lapse. (A member looked at again every turn kept a core busy.)
+    let before = server_cpu(&mut con);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = server_cpu(&mut con) - before;
+    assert!(used < 0.3, "the server used {used:.2} s of CPU in one idle second");
 }

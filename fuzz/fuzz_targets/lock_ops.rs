@@ -62,6 +62,7 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     ticket_until,
                     mode,
                     meta: None,
+                    set: false,
                 };
                 if ticket_until.is_some() {
                     step.enqueue_ticket(&mut lock, waiter);

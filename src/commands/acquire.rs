@@ -65,7 +65,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     RedisValue::NoReply
                 }
                 (_, Some(ticket_ms)) => {
-                    queue(step, lock, &request, ticket_ms);
+                    queue(step, lock, &request, ticket_ms, false);
                     RedisValue::Null
                 }
                 _ => {
@@ -112,6 +112,7 @@ fn wait(
         queued_at: now.mono,
         claim_ms: request.claim_ms,
         ticket_until: None,
+        set: false,
         mode: request.mode,
         meta: request.meta.map(Into::into),
     };
@@ -120,12 +121,14 @@ fn wait(
 }
 
 /// Takes or keeps the token's place in line with a ticket of `ticket_ms`; its turn is granted
-/// with a claim window (`CLAIM`, by default the ticket's life).
-fn queue(
+/// with a claim window (`CLAIM`, by default the ticket's life). A set's ticket (`set`) is never
+/// handed the lock: its set's `DLOCK.ACQUIREALL` takes it.
+pub(super) fn queue(
     step: &mut Step<'_, apply::Server>,
     lock: &mut Lock,
     request: &args::AcquireArgs<'_>,
     ticket_ms: u64,
+    set: bool,
 ) {
     let now = step.now();
     let (id, queued_at) = match lock.queued(request.token) {
@@ -138,8 +141,9 @@ fn queue(
         ttl_ms: request.ttl_ms,
         gives_up_at: None,
         queued_at,
-        claim_ms: Some(request.claim_ms.unwrap_or(ticket_ms)),
+        claim_ms: (!set).then(|| request.claim_ms.unwrap_or(ticket_ms)),
         ticket_until: Some(now.mono.saturating_add(ticket_ms.saturating_mul(1_000))),
+        set,
         mode: request.mode,
         meta: request.meta.map(Into::into),
     };

@@ -60,16 +60,12 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
     acquire_as("dlock.acquire", args, max_ttl_ms)
 }
 
-/// The arguments of ACQUIREALL after its resources: ACQUIRE's, without `WAIT`, `QUEUE` and
-/// `CLAIM` (a set is granted at once or not at all).
+/// The arguments of ACQUIREALL after its resources: ACQUIRE's, without `WAIT` and `CLAIM` (a
+/// set waits with `QUEUE` tickets, and is never handed over: its holder takes it).
 pub fn acquire_all<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, DlockError> {
     const COMMAND: &str = "dlock.acquireall";
     let request = acquire_as(COMMAND, args, max_ttl_ms)?;
-    let waits = [
-        ("WAIT", request.wait_ms.is_some()),
-        ("QUEUE", request.queue_ms.is_some()),
-        ("CLAIM", request.claim_ms.is_some()),
-    ];
+    let waits = [("WAIT", request.wait_ms.is_some()), ("CLAIM", request.claim_ms.is_some())];
     match waits.into_iter().find(|(_, given)| *given) {
         Some((option, _)) => Err(DlockError::NotForSets(option, COMMAND)),
         None => Ok(request),

@@ -344,6 +344,7 @@ proptest! {
                                 queued_at: now.mono,
                                 claim_ms: None,
                                 ticket_until: None,
+                                set: false,
                                 mode,
                                 meta: None,
                             };
@@ -375,6 +376,7 @@ proptest! {
                             queued_at,
                             claim_ms: Some(ticket_ms),
                             ticket_until: Some(now.mono + ticket_ms * 1_000),
+                            set: false,
                             mode: Mode::Exclusive,
                             meta: None,
                         };

@@ -341,8 +341,9 @@ pub fn plan<'a>(
     if let Some(deadline) = lock.needs_index_entry(now) {
         effect(Effect::Index(deadline));
     }
-    if !lock.has_record() {
+    if !lock.has_record() && lock.head_may_pass(now) {
         // A queue without a lease (grants held after start-up): look again when they resume.
+        // (A set's ticket heading the line waits for its set's ACQUIREALL, not for the timer.)
         effect(Effect::Index(grants_held_until));
     }
 }
@@ -376,7 +377,9 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
     match change {
         Transition::Granted { fence } => event(Event::Acquired, current(*fence), effect),
         // A ticket's holder learns of its end from its next ACQUIRE; the counters have it.
-        Transition::Ticketed { .. } | Transition::TicketDismissed { .. } => {}
+        Transition::Ticketed { .. }
+        | Transition::TicketDismissed { .. }
+        | Transition::SetTicketUsed { .. } => {}
         Transition::Claimed { fence } => {
             if let Some(lease) = current(*fence) {
                 effect(Effect::Log(LogLine::Claimed(lease)));
@@ -571,6 +574,7 @@ mod tests {
             queued_at: now.mono,
             claim_ms: None,
             ticket_until: None,
+            set: false,
             mode: Mode::Exclusive,
             meta: None,
         }

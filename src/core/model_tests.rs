@@ -237,6 +237,7 @@ impl Store {
                         queued_at: now.mono,
                         claim_ms,
                         ticket_until: None,
+                        set: false,
                         mode: Mode::Exclusive,
                         meta: None,
                     };
@@ -271,6 +272,7 @@ impl Store {
                         queued_at: now.mono,
                         claim_ms: Some(ticket_ms),
                         ticket_until: Some(now.mono + ticket_ms * 1_000),
+                        set: false,
                         mode: Mode::Exclusive,
                         meta: None,
                     };

@@ -96,6 +96,7 @@ proptest! {
                         queued_at: now.mono,
                         claim_ms: None,
                         ticket_until: None,
+                        set: false,
                         mode,
                         meta: None,
                     });

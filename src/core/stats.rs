@@ -195,6 +195,11 @@ impl Stats {
                 self.tickets_lapsed += 1;
                 self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
             }
+            Transition::SetTicketUsed { waited } => {
+                self.tickets_granted += 1;
+                self.tickets_in_line = self.tickets_in_line.saturating_sub(1);
+                self.wait_time.record(*waited);
+            }
             Transition::TicketWithdrawn { .. } => {
                 self.tickets_withdrawn += 1;
                 self.tickets_in_line = self.tickets_in_line.saturating_sub(1);

@@ -88,6 +88,12 @@ pub enum Transition {
         /// The token whose ticket left.
         token: Box<[u8]>,
     },
+    /// A set's ticket heading the line left it: its `DLOCK.ACQUIREALL` is granted the lock (the
+    /// grant follows as its own transition).
+    SetTicketUsed {
+        /// How long the ticket stood in line.
+        waited: Micros,
+    },
     /// A blocked client's place was taken by a newer wait or a ticket of the same token: it is
     /// answered nil. Only a client still waiting is reported (one whose wait already ended,
     /// counted where it ended, simply leaves the line).
@@ -137,6 +143,7 @@ impl Transition {
                 | Self::TicketLapsed { .. }
                 | Self::TicketWithdrawn { .. }
                 | Self::TicketDismissed { .. }
+                | Self::SetTicketUsed { .. }
                 | Self::Claimed { .. }
                 | Self::Superseded { .. }
                 | Self::Dismissed { .. }
@@ -290,6 +297,12 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         let unclaimed = self.unclaimed_by(lock, token, None);
         let outcome =
             lock.acquire_as(token, ttl_ms, mode, meta, self.now, self.fences, self.rules)?;
+        Ok(self.record_acquired(unclaimed, outcome))
+    }
+
+    /// The transitions of an ACQUIRE's outcome (`unclaimed`: the token held the lease handed
+    /// over unclaimed before it).
+    fn record_acquired(&mut self, unclaimed: bool, outcome: Acquired) -> Acquired {
         if let (true, Acquired::Reacquired { fence }) = (unclaimed, &outcome) {
             self.changes.push(Transition::Claimed { fence: *fence });
         }
@@ -300,7 +313,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             }
             Acquired::Busy | Acquired::GrantsHeld => {}
         }
-        Ok(outcome)
+        outcome
     }
 
     /// What an ACQUIRE would answer after the lock settles, granting nothing: the same rule as
@@ -317,6 +330,55 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             return Ok(Admission::Busy);
         }
         lock.admission(token, mode, self.now, self.rules)
+    }
+
+    /// What `DLOCK.ACQUIREALL` may have of one member after the lock settles, granting nothing:
+    /// [`Step::admission`], except that the token's own set ticket heading the line does not
+    /// stand in its way.
+    pub fn set_admission(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        mode: Mode,
+    ) -> Result<Admission, DlockError> {
+        self.settle(lock)?;
+        if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
+            return Ok(Admission::Busy);
+        }
+        lock.set_admission(token, mode, self.now, self.rules)
+    }
+
+    /// `DLOCK.ACQUIREALL`'s grant of one member, once every member admitted the set
+    /// ([`Step::set_admission`]): the token's set ticket heading the line leaves it, then the
+    /// member is granted (or re-acquired) as ACQUIRE grants.
+    pub fn acquire_member(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        ttl_ms: u64,
+        mode: Mode,
+        meta: Option<&[u8]>,
+    ) -> Result<Acquired, DlockError> {
+        let admission = self.set_admission(lock, token, mode)?;
+        if !admission.grants() {
+            return Ok(Acquired::Busy);
+        }
+        if let Some(ticket) = lock.take_set_ticket(token) {
+            let waited = self.now.mono.saturating_sub(ticket.queued_at);
+            self.changes.push(Transition::SetTicketUsed { waited });
+        }
+        let unclaimed = self.unclaimed_by(lock, token, None);
+        let outcome = lock.take_admitted(
+            admission,
+            token,
+            ttl_ms,
+            mode,
+            meta,
+            self.now,
+            self.fences,
+            self.rules,
+        )?;
+        Ok(self.record_acquired(unclaimed, outcome))
     }
 
     /// What a RENEW would answer after the lock settles, renewing nothing: the same rule as
@@ -363,6 +425,13 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             self.left_the_line(blocked, |waiter| Transition::Superseded { waiter });
         }
         self.changes.push(Transition::Ticketed { refreshed });
+    }
+
+    /// `token`'s ticket leaves the line (a set rejoining every line at the back).
+    pub fn withdraw_ticket(&mut self, lock: &mut Lock, token: &[u8]) {
+        if let Some(ticket) = lock.withdraw_ticket(token) {
+            self.changes.push(Transition::TicketWithdrawn { token: ticket.token });
+        }
     }
 
     /// `waiter` left the line with no turn: a ticket is dismissed; a blocked client still
@@ -512,6 +581,7 @@ mod tests {
             queued_at: 0,
             claim_ms: None,
             ticket_until: None,
+            set: false,
             mode: Mode::Exclusive,
             meta: None,
         }
@@ -666,6 +736,7 @@ mod tests {
         step_at(at(0), &mut fences, &host).acquire(&mut lock, b"A", 5_000).expect("grant");
         let ticket = |id, token: &[u8], until| Waiter {
             ticket_until: Some(until),
+            set: false,
             claim_ms: Some(2_000),
             ..waiter(id, token)
         };
@@ -732,5 +803,32 @@ mod tests {
         assert!(
             matches!(changes.last(), Some(Transition::TicketWithdrawn { token }) if &**token == b"B")
         );
+    }
+
+    #[test]
+    fn a_set_ticket_heading_the_line_is_never_handed_the_lease_and_holds_the_line_for_its_set() {
+        let (mut lock, mut fences, host) = (Lock::default(), FenceCounter::default(), Gone(&[]));
+        let mut step = step_at(at(0), &mut fences, &host);
+        step.acquire(&mut lock, b"A", 10_000).expect("granted");
+        let set = Waiter { ticket_until: Some(at(60).mono), set: true, ..waiter(1, b"S") };
+        step.enqueue_ticket(&mut lock, set);
+        step.enqueue(&mut lock, waiter(2, b"B"));
+        let _ = step.into_changes();
+        let mut step = step_at(at(1), &mut fences, &host);
+        assert!(step.release(&mut lock, b"A"));
+        let changes = step.into_changes();
+        assert!(
+            !changes.iter().any(|c| matches!(c, Transition::HandedOver { .. })),
+            "neither the set's ticket nor the waiter behind it is handed the lease: {changes:?}"
+        );
+        assert!(!lock.head_may_pass(at(1)), "and the timer has nothing to do for it");
+        let mut step = step_at(at(1), &mut fences, &host);
+        assert_eq!(step.admission(&mut lock, b"B", Mode::Exclusive), Ok(Admission::Busy));
+        assert_eq!(step.set_admission(&mut lock, b"S", Mode::Exclusive), Ok(Admission::Grant));
+        let granted = step.acquire_member(&mut lock, b"S", 10_000, Mode::Exclusive, None);
+        assert!(matches!(granted, Ok(Acquired::Granted { .. })));
+        let changes = step.into_changes();
+        assert!(matches!(changes[0], Transition::SetTicketUsed { waited } if waited == SEC));
+        assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [2], "B is next in line");
     }
 }

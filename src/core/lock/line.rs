@@ -29,6 +29,10 @@ pub struct Waiter {
     pub mode: Mode,
     /// `META`: the metadata its lease will carry.
     pub meta: Option<Box<[u8]>>,
+    /// A set's ticket (`DLOCK.ACQUIREALL … QUEUE`): never handed the lease alone. At the head
+    /// of the line it keeps everyone behind waiting, and its token's `ACQUIREALL` is granted the
+    /// lock once the ticket heads the line of every member of its set.
+    pub set: bool,
 }
 
 /// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).

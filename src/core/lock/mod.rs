@@ -346,8 +346,10 @@ impl Lock {
                 self.waiters.pop_front();
                 continue;
             }
-            if !self.admits(waiter.mode, now) {
-                return Ok(None); // strict FIFO: nobody passes the head
+            if waiter.set || !self.admits(waiter.mode, now) {
+                // Strict FIFO: nobody passes the head, nor a set's ticket heading the line
+                // (its set takes the lock when it heads every member's line).
+                return Ok(None);
             }
             // Minted before the waiter leaves the line: a refused mint leaves it in place.
             let fence = fences.mint(now.wall)?;
@@ -397,7 +399,25 @@ impl Lock {
         fences: &mut FenceCounter,
         rules: Rules,
     ) -> Result<Acquired, DlockError> {
-        match self.admission(token, mode, now, rules)? {
+        let admission = self.admission(token, mode, now, rules)?;
+        self.take_admitted(admission, token, ttl_ms, mode, meta, now, fences, rules)
+    }
+
+    /// Carries out an `admission` decided for `token` at `now` (by [`Lock::admission`] or, for a
+    /// set, [`Lock::set_admission`]): grants, re-acquires, or refuses.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::core) fn take_admitted(
+        &mut self,
+        admission: Admission,
+        token: &[u8],
+        ttl_ms: u64,
+        mode: Mode,
+        meta: Option<&[u8]>,
+        now: Now,
+        fences: &mut FenceCounter,
+        rules: Rules,
+    ) -> Result<Acquired, DlockError> {
+        match admission {
             Admission::Reacquire => Ok(self
                 .update_lease(token, |lease| {
                     let cap = rules.hold_limit(lease.granted_mono);
@@ -448,6 +468,31 @@ impl Lock {
         if !self.waiters.is_empty() {
             return Ok(Admission::Busy);
         }
+        self.admission_when_first(mode, now, rules)
+    }
+
+    /// What `DLOCK.ACQUIREALL` of `token` may have of this member: as [`Lock::admission`],
+    /// except that the token's own set ticket heading the line does not stand in its way.
+    pub fn set_admission(
+        &self,
+        token: &[u8],
+        mode: Mode,
+        now: Now,
+        rules: Rules,
+    ) -> Result<Admission, DlockError> {
+        if self.set_ticket_heads(token) && self.holder(token, now).is_none() {
+            return self.admission_when_first(mode, now, rules);
+        }
+        self.admission(token, mode, now, rules)
+    }
+
+    /// The rest of the admission once nobody stands in line before the request.
+    fn admission_when_first(
+        &self,
+        mode: Mode,
+        now: Now,
+        rules: Rules,
+    ) -> Result<Admission, DlockError> {
         if rules.new_grants_held && !self.has_record() {
             return Ok(Admission::GrantsHeld);
         }
@@ -646,7 +691,17 @@ impl Lock {
 
     /// Whether the first in line would be admitted now (its liveness and the rules aside).
     pub fn head_may_pass(&self, now: Now) -> bool {
-        self.waiters.front().is_some_and(|waiter| self.admits(waiter.mode, now))
+        self.waiters.front().is_some_and(|waiter| !waiter.set && self.admits(waiter.mode, now))
+    }
+
+    /// Whether `token`'s set ticket heads the line.
+    pub fn set_ticket_heads(&self, token: &[u8]) -> bool {
+        self.waiters.front().is_some_and(|waiter| waiter.set && *waiter.token == *token)
+    }
+
+    /// Takes `token`'s set ticket out of line when it heads it: its set is being granted.
+    pub(in crate::core) fn take_set_ticket(&mut self, token: &[u8]) -> Option<Waiter> {
+        if self.set_ticket_heads(token) { self.waiters.pop_front() } else { None }
     }
 
     /// Decides what to do when an expiry index entry at `entry_deadline` for this key comes due.
@@ -896,6 +951,7 @@ mod tests {
             queued_at: 0,
             claim_ms: None,
             ticket_until: None,
+            set: false,
             mode: Mode::Exclusive,
             meta: None,
         }
