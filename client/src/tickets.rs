@@ -46,10 +46,22 @@ impl Hubs {
     /// Joins the waiters of `resource`'s channel on the subscriber of the node serving it, as
     /// the waiter of `token` (woken by the hand-overs to it).
     pub(crate) async fn join(&self, client: &crate::Client, resource: &str, token: &str) -> Waiter {
-        self.join_tagged(client, resource, tag(token)).await
+        self.join_tagged(client, resource, Some(tag(token))).await
     }
 
-    async fn join_tagged(&self, client: &crate::Client, resource: &str, tag: String) -> Waiter {
+    /// Joins the waiters of `resource`'s channel as a waiter woken by every message there: a
+    /// set's ticket, which no `handoff` ever names (the set's next ACQUIREALL takes the
+    /// members itself), waits for any change of any member.
+    pub(crate) async fn join_every(&self, client: &crate::Client, resource: &str) -> Waiter {
+        self.join_tagged(client, resource, None).await
+    }
+
+    async fn join_tagged(
+        &self,
+        client: &crate::Client,
+        resource: &str,
+        tag: Option<String>,
+    ) -> Waiter {
         let address = client.node_address(resource).await;
         self.hub(address).join(client, &channel_of(resource), tag).await
     }
@@ -116,6 +128,8 @@ struct Channel {
     subscribed: bool,
     /// Wakes every waiter of the channel (a new connection, a lost one, an untagged `handoff`).
     messages: watch::Sender<u64>,
+    /// Wakes the waiters that wake on every message (a set's tickets).
+    every: watch::Sender<u64>,
     /// Per tag of the waiters' tokens: how many wait with it, and what wakes them (a `handoff`
     /// naming it).
     tags: HashMap<String, (usize, watch::Sender<u64>)>,
@@ -130,6 +144,7 @@ impl Channel {
             members: 0,
             subscribed: false,
             messages: watch::channel(0).0,
+            every: watch::channel(0).0,
             tags: HashMap::new(),
             fences: HashMap::new(),
         }
@@ -137,6 +152,7 @@ impl Channel {
 
     /// Tells the holder and wakes the waiters that `payload` concerns.
     fn deliver(&self, payload: &str) {
+        bump(&self.every);
         if let Some((fence, reason)) = channel::revoked(payload)
             && let Some((_, revoked)) = self.fences.get(&fence)
         {
@@ -202,11 +218,11 @@ impl Drop for Link {
 pub(crate) struct Waiter {
     hub: Arc<Hub>,
     channel: String,
-    /// The tag of the waiter's token.
-    tag: String,
+    /// The tag of the waiter's token; `None` for a waiter woken by every message.
+    tag: Option<String>,
     /// What wakes every waiter of the channel.
     messages: watch::Receiver<u64>,
-    /// What wakes the waiters with this tag.
+    /// What wakes the waiters with this tag (or, without a tag, every message).
     mine: watch::Receiver<u64>,
 }
 
@@ -260,20 +276,28 @@ impl Hub {
         runtime.spawn(hub.unsubscribe_if_idle(channel, UNSUBSCRIBE_WITHIN));
     }
 
-    /// Joins the waiters of `channel`, subscribing to it first if the connection is not yet, so
-    /// that no message sent after this returns is missed (if the subscription failed, the
-    /// waiter still wakes at its refresh interval, and a later [`Hub::ensure`] subscribes).
+    /// Joins the waiters of `channel` (woken by the hand-overs to `tag`, or without one by every
+    /// message), subscribing to it first if the connection is not yet, so that no message sent
+    /// after this returns is missed (if the subscription failed, the waiter still wakes at its
+    /// refresh interval, and a later [`Hub::ensure`] subscribes).
     pub(crate) async fn join(
         self: &Arc<Self>,
         client: &crate::Client,
         channel: &str,
-        tag: String,
+        tag: Option<String>,
     ) -> Waiter {
         let mut link = self.link.lock().await;
         let (messages, mine) = self.enter(channel, |entry| {
-            let tagged = entry.tags.entry(tag.clone()).or_insert_with(|| (0, watch::channel(0).0));
-            tagged.0 += 1;
-            (entry.messages.subscribe(), tagged.1.subscribe())
+            let mine = match &tag {
+                Some(tag) => {
+                    let tagged =
+                        entry.tags.entry(tag.clone()).or_insert_with(|| (0, watch::channel(0).0));
+                    tagged.0 += 1;
+                    tagged.1.subscribe()
+                }
+                None => entry.every.subscribe(),
+            };
+            (entry.messages.subscribe(), mine)
         });
         let waiter = Waiter { hub: self.clone(), channel: channel.to_owned(), tag, messages, mine };
         self.subscribe_to(&mut link, client, channel).await;
@@ -436,7 +460,9 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let tag = std::mem::take(&mut self.tag);
+        let Some(tag) = self.tag.take() else {
+            return self.hub.clone().leave(&mut self.channel, |_| {});
+        };
         self.hub.clone().leave(&mut self.channel, |entry| {
             if let Some(tagged) = entry.tags.get_mut(&tag) {
                 tagged.0 -= 1;
@@ -562,6 +588,18 @@ mod tests {
         assert!(woken(&mut all, &mut mine), "its own hand-over");
         channel.deliver("handoff 7");
         assert!(woken(&mut all, &mut mine), "an older server's hand-over");
+    }
+
+    #[test]
+    fn a_sets_waiter_wakes_on_every_message() {
+        let channel = Channel::new();
+        let mut every = channel.every.subscribe();
+        for message in ["acquired 5", "released 5", "expired 5", "renewed 5", "handoff 6 c87d8df5"]
+        {
+            channel.deliver(message);
+            assert!(every.has_changed().expect("open"), "{message}");
+            every.borrow_and_update();
+        }
     }
 
     #[test]
