@@ -10,6 +10,7 @@ use dlock_proto::error::ErrorClass;
 use redis::RedisError;
 
 use crate::connection::{Failure, millis};
+use crate::lease::Grants;
 use crate::{AcquireError, Client, Lease, observe, protocol};
 
 /// The kind of lease an acquire asks for.
@@ -102,7 +103,7 @@ fn refuses_claim(error: &RedisError) -> bool {
 
 /// An error after which the request may or may not have been carried out, or that a retry may
 /// get past (a server loading its data, a slot in migration: [`ErrorClass::Retry`]).
-fn is_ambiguous(error: &RedisError) -> bool {
+pub(crate) fn is_ambiguous(error: &RedisError) -> bool {
     error.is_timeout()
         || error.is_connection_dropped()
         || error.is_io_error()
@@ -125,7 +126,7 @@ fn never_ran(failure: &Failure) -> bool {
 /// replicas after it that did. The request is sent again with the same token (to the new
 /// primary, once the client follows it) until the deadline: it answers the grant if one was
 /// made and kept.
-fn is_failing_over(error: &RedisError) -> bool {
+pub(crate) fn is_failing_over(error: &RedisError) -> bool {
     matches!(protocol::class_of(error), Some(ErrorClass::Failover | ErrorClass::Unblocked))
         // The `WAIT` after the request (`ClientOptions::replicas`) reached the old primary once
         // it was a replica (Valkey 9 answers a demoted primary's blocked wait first).
@@ -211,7 +212,7 @@ impl Client {
         let started = Instant::now();
         let acquired = self.try_acquire(resource, ttl, options, started).await;
         match &acquired {
-            Ok(lease) => observe::acquired(resource, lease, started.elapsed()),
+            Ok(lease) => observe::acquired(lease, started.elapsed()),
             Err(error) => observe::acquire_failed(error.kind()),
         }
         acquired
@@ -227,7 +228,8 @@ impl Client {
         let token = uuid::Uuid::new_v4().to_string();
         // Dropped before the attempt has an answer (the caller's own timeout, a cancelled task),
         // it releases the token in the background: a grant may be on its way.
-        let mut attempt = Attempt { client: self, resource, token: &token, armed: true };
+        let withdraw = protocol::cmd(command::release(resource, &token, None));
+        let mut attempt = Attempt { client: self, release: &withdraw, armed: true };
         let answer = self.attempts(resource, ttl, options, started, &token).await;
         attempt.armed = false;
         answer
@@ -348,14 +350,13 @@ impl Client {
         let Grant { fence, acked, sent } = grant;
         let lease = Lease {
             client: self.clone(),
-            resource: resource.to_owned(),
+            grants: Grants::one(resource, fence),
             token: token.to_owned(),
-            fence,
             ttl,
             mode,
             local_expiry: sent + Duration::from_millis(millis(ttl)),
             granted: Instant::now(),
-            revocation: None,
+            revocations: Vec::new(),
         };
         match (self.options.replicas, acked) {
             (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
@@ -371,7 +372,7 @@ impl Client {
                 // next renewal).
                 let address = self.node_address(resource).await;
                 let holder = self.channels.hold(self, address, resource, fence);
-                Ok(Lease { revocation: Some(holder), ..lease })
+                Ok(Lease { revocations: vec![holder], ..lease })
             }
         }
     }
@@ -488,25 +489,31 @@ impl Client {
     /// (two requests and the pause). A grant that arrives later still, or that no RELEASE could
     /// reach, ends with its ttl.
     async fn forget(&self, resource: &str, token: &str) -> bool {
-        match self.release_alone(resource, token).await {
+        self.withdraw(&protocol::cmd(command::release(resource, token, None))).await
+    }
+
+    /// [`Client::forget`] with `release`, the RELEASE (or a set's RELEASEALL) of the attempt's
+    /// token without a fence: `true` if it released something.
+    pub(crate) async fn withdraw(&self, release: &redis::Cmd) -> bool {
+        match self.release_alone(release).await {
             Ok(true) => return true,
             Ok(false) => {}
             Err(error) => {
-                tracing::debug!(resource, owner = token, %error, "dlock: unknown grant not released");
+                tracing::debug!(%error, "dlock: unknown grant not released");
                 return false;
             }
         }
         tokio::time::sleep(FORGET_AGAIN_AFTER).await;
-        matches!(self.release_alone(resource, token).await, Ok(true))
+        matches!(self.release_alone(release).await, Ok(true))
     }
 
-    /// `DLOCK.RELEASE resource token` on a connection of its own, within
+    /// `release` on a connection of its own, within
     /// [`ClientOptions::connect_timeout`](crate::ClientOptions::connect_timeout) and
-    /// [`ClientOptions::request_timeout`](crate::ClientOptions::request_timeout).
-    async fn release_alone(&self, resource: &str, token: &str) -> Result<bool, RedisError> {
-        let cmd = protocol::cmd(command::release(resource, token, None));
-        let released: i64 = self.send_alone(&cmd).await?;
-        Ok(released == 1)
+    /// [`ClientOptions::request_timeout`](crate::ClientOptions::request_timeout): whether it
+    /// released anything.
+    async fn release_alone(&self, release: &redis::Cmd) -> Result<bool, RedisError> {
+        let released: i64 = self.send_alone(release).await?;
+        Ok(released > 0)
     }
 
     /// Releases a grant known only by its token (after [`AcquireError::Unknown`] whose
@@ -579,12 +586,12 @@ fn ticket_cmd(
 }
 
 /// An acquire attempt in progress; dropped while armed, it releases the attempt's token in a
-/// background task (on the runtime it ran on).
-struct Attempt<'a> {
-    client: &'a Client,
-    resource: &'a str,
-    token: &'a str,
-    armed: bool,
+/// background task (on the runtime it ran on) with `release` (a RELEASE, or a set's RELEASEALL,
+/// without a fence).
+pub(crate) struct Attempt<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) release: &'a redis::Cmd,
+    pub(crate) armed: bool,
 }
 
 impl Drop for Attempt<'_> {
@@ -593,10 +600,9 @@ impl Drop for Attempt<'_> {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (client, resource, token) =
-            (self.client.clone(), self.resource.to_owned(), self.token.to_owned());
+        let (client, release) = (self.client.clone(), self.release.clone());
         runtime.spawn(async move {
-            client.forget(&resource, &token).await;
+            client.withdraw(&release).await;
         });
     }
 }

@@ -102,9 +102,18 @@ pub(crate) fn millis(duration: Duration) -> u64 {
 /// How many `MOVED` or `ASK` replies one request follows before its last one is the answer.
 const REDIRECTS_AT_MOST: usize = 5;
 
-/// The key a command is routed by: its first argument (every dlock command's resource).
+/// The key a command is routed by: its first resource, the first argument of every dlock
+/// command but those of sets (`DLOCK.ACQUIREALL numkeys resource …`: the second; every member of
+/// a set hashes to one slot).
 fn routing_key(cmd: &redis::Cmd) -> Vec<u8> {
-    match cmd.args_iter().nth(1) {
+    let mut args = cmd.args_iter();
+    let set = match args.next() {
+        Some(redis::Arg::Simple(name)) => {
+            crate::set::COMMANDS.iter().any(|command| command.as_bytes().eq_ignore_ascii_case(name))
+        }
+        _ => false,
+    };
+    match args.nth(usize::from(set)) {
         Some(redis::Arg::Simple(key)) => key.to_vec(),
         _ => Vec::new(),
     }

@@ -158,7 +158,8 @@ impl<T: std::fmt::Debug> std::error::Error for RunError<T> {}
 /// How a lease was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossReason {
-    /// The server refused a renewal: the lease had expired or belongs to someone else.
+    /// The server refused a renewal: the lease had expired or belongs to someone else (of a
+    /// [`SetLease`](crate::SetLease): some member had).
     RenewalRefused,
     /// The lease's conservative local expiry passed while the last renewal sent had no answer:
     /// it failed, timed out, or was still outstanding.
@@ -174,7 +175,8 @@ pub enum LossReason {
     /// An operator revoked the lease (`DLOCK.REVOKE`): the resource's channel said
     /// `revoked <fence> <reason>` with this lease's fence. Holds the reason the operator gave
     /// (empty when none was). Reported at once, without waiting for a renewal; no RELEASE
-    /// follows (the server already ended the lease).
+    /// follows (the server already ended the lease; of a [`SetLease`](crate::SetLease), one
+    /// member's revocation loses the set, and the members still held are released).
     Revoked(String),
 }
 

@@ -1,8 +1,11 @@
 //! The held lease: renewal tied to the work it protects, release, fenced writes, and noticing
-//! that the lease was lost.
+//! that the lease was lost. A set of resources ([`crate::SetLease`]) is a lease with a set
+//! inside (`Grants`): the same lifecycle, renewed and released whole.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use dlock_proto::command;
@@ -24,27 +27,92 @@ impl Client {
     }
 }
 
+/// What a hold keeps alive: one grant (`DLOCK.RENEW`, `DLOCK.RELEASE`), or the members of a
+/// set, each with its own fence (`DLOCK.RENEWALL`, `DLOCK.RELEASEALL`: all or none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Grants {
+    /// The resource, or the set's members in the caller's order.
+    resources: Vec<String>,
+    /// Their fences, in the same order.
+    fences: Vec<u64>,
+    /// A set: renewed and released with the commands of sets, even with one member.
+    set: bool,
+}
+
+impl Grants {
+    pub(crate) fn one(resource: &str, fence: u64) -> Self {
+        Self { resources: vec![resource.to_owned()], fences: vec![fence], set: false }
+    }
+
+    pub(crate) fn set(resources: Vec<String>, fences: Vec<u64>) -> Self {
+        Self { resources, fences, set: true }
+    }
+
+    pub(crate) fn resources(&self) -> &[String] {
+        &self.resources
+    }
+
+    pub(crate) fn fences(&self) -> &[u64] {
+        &self.fences
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.set
+    }
+
+    /// The `resource` field of log lines: the resource, or a set's members joined by `,`.
+    pub(crate) fn label(&self) -> String {
+        self.resources.join(",")
+    }
+
+    /// The renewal of every grant for `ttl_ms`, with their fences: a late or retried one never
+    /// extends a later grant of the same token.
+    fn renew(&self, token: &str, ttl_ms: u64) -> redis::Cmd {
+        if self.set {
+            crate::set::renew_all(&self.resources, token, ttl_ms, &self.fences)
+        } else {
+            protocol::cmd(command::renew(&self.resources[0], token, ttl_ms, Some(self.fences[0])))
+        }
+    }
+
+    /// The release of every grant, with their fences: a retried or late one never frees a later
+    /// grant of the same token.
+    pub(crate) fn release(&self, token: &str) -> redis::Cmd {
+        if self.set {
+            crate::set::release_all(&self.resources, token, Some(&self.fences))
+        } else {
+            protocol::cmd(command::release(&self.resources[0], token, Some(self.fences[0])))
+        }
+    }
+
+    /// Whether a release's answer (how many grants it released) says every grant was still
+    /// held: fewer means one ended before (the loss `ended`).
+    fn all_released(&self, released: i64) -> bool {
+        usize::try_from(released).is_ok_and(|n| n == self.fences.len())
+    }
+}
+
 /// A granted lease: `token` owns `resource` with `fence` until the server's deadline.
 pub struct Lease {
     pub(crate) client: Client,
-    pub(crate) resource: String,
+    /// The resource and its fence (a set's members and theirs, inside a [`crate::SetLease`]).
+    pub(crate) grants: Grants,
     pub(crate) token: String,
-    pub(crate) fence: u64,
     pub(crate) ttl: Duration,
     pub(crate) mode: Mode,
     pub(crate) local_expiry: Instant,
     pub(crate) granted: Instant,
-    /// Its place among the holders listening on the resource's channel, told of an operator's
-    /// `DLOCK.REVOKE`; leaves the channel with the lease.
-    pub(crate) revocation: Option<Holder>,
+    /// Per grant, its place among the holders listening on its resource's channel, told of an
+    /// operator's `DLOCK.REVOKE`; leaves the channel with the lease.
+    pub(crate) revocations: Vec<Holder>,
 }
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("resource", &self.resource)
+            .field("resource", &self.resource())
             .field("token", &self.token)
-            .field("fence", &self.fence)
+            .field("fence", &self.fence())
             .field("ttl", &self.ttl)
             .field("mode", &self.mode)
             .finish()
@@ -54,7 +122,7 @@ impl std::fmt::Debug for Lease {
 impl Lease {
     /// The locked resource.
     pub fn resource(&self) -> &str {
-        &self.resource
+        &self.grants.resources[0]
     }
 
     /// This lease's owner token.
@@ -64,7 +132,7 @@ impl Lease {
 
     /// The fencing token: send it with every write the lease protects.
     pub fn fence(&self) -> u64 {
-        self.fence
+        self.grants.fences[0]
     }
 
     /// The lease's mode: exclusive (a mutex or a writer), shared (a reader) or a semaphore's
@@ -84,14 +152,13 @@ impl Lease {
     /// not be heard, shows only as a refused renewal. [`Lease::run`] reports it as
     /// [`LossReason::Revoked`].
     pub fn revocation(&self) -> Option<String> {
-        self.revocation.as_ref().and_then(Holder::heard)
+        self.revocations.iter().find_map(Holder::heard)
     }
 
     /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
     /// lost), `Err` when the server did not answer (or too few replicas acknowledged).
     pub async fn renew(&mut self) -> Result<bool, RedisError> {
-        let renewed =
-            renew_once(&self.client, &self.resource, &self.token, self.fence, self.ttl).await?;
+        let renewed = renew_once(&self.client, &self.grants, &self.token, self.ttl).await?;
         if let Some(expiry) = renewed {
             self.local_expiry = expiry;
         }
@@ -140,10 +207,15 @@ impl Lease {
     /// # }
     /// ```
     pub fn fencing(&self) -> Fencing {
+        self.fencing_of(0)
+    }
+
+    /// The handle for fenced writes under the fence of the grant at `index`.
+    pub(crate) fn fencing_of(&self, index: usize) -> Fencing {
         Fencing {
             client: self.client.clone(),
-            resource: self.resource.clone(),
-            fence: self.fence,
+            resource: self.grants.resources[index].clone(),
+            fence: self.grants.fences[index],
             local_expiry: self.local_expiry,
         }
     }
@@ -156,14 +228,13 @@ impl Lease {
     /// primary serving the resource then, until the lease's local expiry: after a failover the
     /// promoted replica holds the lease and releases it there.
     pub async fn release(self) -> Result<bool, RedisError> {
-        let mut cmd = redis::cmd("DLOCK.RELEASE");
-        cmd.arg(&self.resource).arg(&self.token).arg("FENCE").arg(self.fence);
+        let cmd = self.grants.release(&self.token);
         let released = match self.client.send_until::<i64>(&cmd, self.local_expiry).await {
-            Ok(released) => Ok(released == 1),
+            Ok(released) => Ok(self.grants.all_released(released)),
             Err(failure) => Err(RedisError::from(failure)),
         };
         let outcome = released.as_ref().ok().copied();
-        observe::released(&self.resource, &self.token, self.fence, self.granted.elapsed(), outcome);
+        observe::released(&self.grants, &self.token, self.granted.elapsed(), outcome);
         released
     }
 
@@ -187,8 +258,9 @@ impl Lease {
         Fut: Future<Output = T>,
     {
         let cancelled = CancellationToken::new();
-        let mut events = if self.client.options.watch_events {
-            self.client.subscribe(&self.resource).await
+        // Keyspace events are watched for a single lease; a set's renewals alone watch it.
+        let mut events = if self.client.options.watch_events && !self.grants.is_set() {
+            self.client.subscribe(self.resource()).await
         } else {
             None
         };
@@ -204,14 +276,8 @@ impl Lease {
         let mut last_failed = false;
         let lost = loop {
             // The renewal is polled beside the work, so the work never waits for a round trip.
-            let (client, resource, token, fence, ttl, local_expiry) = (
-                &self.client,
-                &self.resource,
-                &self.token,
-                self.fence,
-                self.ttl,
-                self.local_expiry,
-            );
+            let (client, grants, token, ttl, local_expiry) =
+                (&self.client, &self.grants, &self.token, self.ttl, self.local_expiry);
             let awaiting = &awaiting_answer;
             let renewal = async move {
                 tokio::time::sleep_until(next_renewal.into()).await;
@@ -221,22 +287,19 @@ impl Lease {
                     std::future::pending::<()>().await;
                 }
                 awaiting.store(true, Ordering::Relaxed);
-                let renewed = renew_once(client, resource, token, fence, ttl).await;
+                let renewed = renew_once(client, grants, token, ttl).await;
                 awaiting.store(false, Ordering::Relaxed);
-                // Where the lease lives now (a slot may have moved): its channel is there.
+                // Where the lease lives now (a slot may have moved): its channel is there (a
+                // set's members share one slot).
                 let address = match renewed {
-                    Ok(Some(_)) => client.node_address(resource).await,
+                    Ok(Some(_)) => client.node_address(&grants.resources[0]).await,
                     _ => String::new(),
                 };
                 (renewed, address)
             };
-            let revocation = &mut self.revocation;
-            let revoked = async move {
-                match revocation {
-                    Some(holder) => holder.revoked().await,
-                    None => std::future::pending().await,
-                }
-            };
+            // Any grant's revocation: one member revoked is the whole set lost.
+            let revocations = &mut self.revocations;
+            let revoked = first(revocations.iter_mut().map(|holder| Box::pin(holder.revoked())));
             let expiry = tokio::time::sleep_until(self.local_expiry.into());
             let event = async {
                 match events.as_mut() {
@@ -262,8 +325,8 @@ impl Lease {
                         next_renewal = Instant::now() + ttl / 3;
                         // Still listening: subscribed again if the subscriber went down, on
                         // the node serving the resource now.
-                        if let Some(holder) = self.revocation.as_mut() {
-                            holder.keep(&self.client.channels, &self.client, address);
+                        for holder in &mut self.revocations {
+                            holder.keep(&self.client.channels, &self.client, address.clone());
                         }
                     }
                     Ok(None) => break LossReason::RenewalRefused,
@@ -284,7 +347,8 @@ impl Lease {
                         LossReason::Stalled
                     };
                 }
-                // An operator's DLOCK.REVOKE: the channel named this lease's fence.
+                // An operator's DLOCK.REVOKE: the channel named this lease's fence (or one of
+                // a set's).
                 reason = revoked => break LossReason::Revoked(reason),
                 message = event => match message {
                     // The subscription's connection ended: renewals alone watch the lease now.
@@ -304,18 +368,18 @@ impl Lease {
         };
         cancelled.cancel();
         let _ = tokio::time::timeout(self.client.options.cancel_grace, &mut work).await;
-        observe::lost(&self.resource, &self.token, self.fence, self.granted.elapsed(), &lost);
-        if matches!(lost, LossReason::Revoked(_)) {
-            // The server ended the lease itself: there is nothing to release.
+        observe::lost(&self.grants, &self.token, self.granted.elapsed(), &lost);
+        if matches!(lost, LossReason::Revoked(_)) && !self.grants.is_set() {
+            // The server ended the lease itself: there is nothing to release. (A set's other
+            // members are still held: they are released below.)
             return Err(RunError::LockLost(lost));
         }
         // Best effort: a RENEW still in flight must not keep the lease for work that stopped.
         // In the background: a server that stopped answering would hold up the caller's news of
         // the loss for a whole request timeout.
-        let (client, resource, token, fence) =
-            (self.client.clone(), self.resource.clone(), self.token.clone(), self.fence);
+        let (client, release) = (self.client.clone(), self.grants.release(&self.token));
         tokio::spawn(async move {
-            let _ = client.release_grant(&resource, &token, Some(fence)).await;
+            let _ = client.send::<i64>(&release, Duration::ZERO).await;
         });
         Err(RunError::LockLost(lost))
     }
@@ -328,7 +392,7 @@ impl Lease {
         match name {
             "dlock.expired" if !self.mode.is_shared() => Some(LossReason::Ended(name.to_owned())),
             "dlock.renewed" => None,
-            _ => match self.client.fence_is_live(&self.resource, self.fence).await {
+            _ => match self.client.fence_is_live(self.resource(), self.fence()).await {
                 Ok(false) => Some(LossReason::Ended(name.to_owned())),
                 // Live, or unknown: renewals decide.
                 Ok(true) | Err(_) => None,
@@ -395,19 +459,33 @@ impl Fencing {
     }
 }
 
-/// One RENEW (and WAIT, if asked): the new conservative local expiry when renewed, `None` when
-/// refused; a renewal too few replicas acknowledged is an error (it could be lost in a failover).
+/// The output of whichever of `futures` ends first; never, without any.
+pub(crate) async fn first<F: Future + Unpin>(futures: impl IntoIterator<Item = F>) -> F::Output {
+    let mut futures: Vec<F> = futures.into_iter().collect();
+    std::future::poll_fn(|cx| {
+        for future in &mut futures {
+            if let Poll::Ready(output) = Pin::new(future).poll(cx) {
+                return Poll::Ready(output);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// One RENEW or RENEWALL (and WAIT, if asked): the new conservative local expiry when renewed,
+/// `None` when refused; a renewal too few replicas acknowledged is an error (it could be lost in
+/// a failover).
 async fn renew_once(
     client: &Client,
-    resource: &str,
+    grants: &Grants,
     token: &str,
-    fence: u64,
     ttl: Duration,
 ) -> Result<Option<Instant>, RedisError> {
     let sent = Instant::now();
     let ttl_ms = millis(ttl);
-    // With the grant's fence: a late or retried RENEW never touches a later grant.
-    let cmd = protocol::cmd(command::renew(resource, token, ttl_ms, Some(fence)));
+    // With the grants' fences: a late or retried RENEW never touches a later grant.
+    let cmd = grants.renew(token, ttl_ms);
     let renewed = client.send_write::<i64>(&cmd, Duration::ZERO).await;
     let renewed = match (renewed, client.options.replicas) {
         (Ok((1, Some(acked))), Some(replicas)) if acked < u64::from(replicas.count) => {
@@ -422,8 +500,8 @@ async fn renew_once(
     };
     match &renewed {
         Ok(true) => {}
-        Ok(false) => observe::renewal_failed(resource, token, fence, true),
-        Err(_) => observe::renewal_failed(resource, token, fence, false),
+        Ok(false) => observe::renewal_failed(grants, token, true),
+        Err(_) => observe::renewal_failed(grants, token, false),
     }
     Ok(renewed?.then_some(sent + Duration::from_millis(ttl_ms)))
 }

@@ -66,6 +66,10 @@
 //! - Read-write locks and semaphores: [`Client::read`], [`Client::write`] and
 //!   [`Client::semaphore`] (or [`Client::acquire_with`] and a [`Mode`]) give the same [`Lease`],
 //!   with the same lifecycle; each shared holder has its own token, fence and deadline.
+//! - Sets of resources: [`Client::acquire_all`] grants every resource of a set to one token, or
+//!   none (`DLOCK.ACQUIREALL`), each member with its own fence; the [`SetLease`] lives as one
+//!   lease (renewed whole, lost whole when any member is, released whole). A set that waits
+//!   takes a ticket in every member's line and holds nothing meanwhile.
 //! - Leader election: [`Client::campaign`] waits until it leads and gives a [`Leadership`]
 //!   (the lease, its address as `META`, its fence as the term's epoch); [`Client::observe`] is a
 //!   stream of leader changes, `None` when nobody leads, that never misses a change that lasts.
@@ -93,6 +97,7 @@ mod lease;
 pub mod observe;
 mod protocol;
 mod pubsub;
+mod set;
 pub mod sql;
 mod tickets;
 
@@ -101,6 +106,7 @@ pub use connection::Client;
 pub use election::{Leader, LeaderChanges, Leadership, channel_of};
 pub use error::{AcquireError, ConnectError, FencedError, LossReason, RunError};
 pub use lease::{Fencing, Lease};
+pub use set::SetLease;
 
 /// This client's version (its crate's).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -126,7 +132,8 @@ pub struct ClientOptions {
     /// work as soon as the server announces the lease's end (`dlock.expired`; a deletion is
     /// confirmed with FENCECHECK first). Needs `notify-keyspace-events` with `K` and `d` on the
     /// server, and one more connection per running lease. Off by default; renewals alone still
-    /// detect the loss within a third of the ttl.
+    /// detect the loss within a third of the ttl. A [`SetLease`] is watched by its renewals
+    /// alone.
     pub watch_events: bool,
     /// How acquires wait when their [`AcquireOptions`] do not say
     /// ([`AcquireOptions::strategy`]): [`WaitStrategy::Blocking`] (`WAIT`, a connection per
