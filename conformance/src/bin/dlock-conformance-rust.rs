@@ -27,11 +27,11 @@ enum Order {
     Run { id: u64, work_ms: u64, fail: bool },
 }
 
-/// A lease the harness named: its orders and a handle for fenced writes (kept after the lease
-/// ends, for the writes of a stale holder).
+/// A lease the harness named: its orders and handles for fenced writes, one per resource (a
+/// set's members), kept after the lease ends, for the writes of a stale holder.
 struct Held {
     orders: Option<mpsc::UnboundedSender<Order>>,
-    fencing: Fencing,
+    fencings: Vec<(String, Fencing)>,
     /// The order sent last, answered by the end of the work (or by its loss).
     under_way: Arc<Mutex<Option<u64>>>,
 }
@@ -115,8 +115,12 @@ fn acquire_error(failure: &AcquireError) -> Value {
     }
 }
 
-/// The class of the server's error reply `error` carries (`server` for an error of this side).
+/// The class of the server's error reply `error` carries (`usage` for a request the client
+/// refused before sending it, `server` for any other error of this side).
 fn server_class(error: &redis::RedisError) -> String {
+    if error.kind() == redis::ErrorKind::ClientError {
+        return "usage".to_owned();
+    }
     match error.code() {
         Some(code) => {
             let reply = format!("{code} {}", error.detail().unwrap_or_default());
@@ -142,6 +146,7 @@ impl Driver {
             "hold" | "wait" | "ticket" | "shared" | "semaphore" => {
                 self.hold(id, &op, &request).await
             }
+            "hold_all" => self.hold_all(id, &request).await,
             "campaign" => self.campaign(id, &request).await,
             "release" => self.order(id, &request, Order::Release(id)),
             "run" => {
@@ -187,6 +192,29 @@ impl Driver {
         }
     }
 
+    /// A set: every resource of `resources` or none, waiting for at most `wait_ms`.
+    async fn hold_all(self: Arc<Self>, id: u64, request: &Value) {
+        let resources: Vec<String> = request["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|resource| resource.as_str().unwrap_or_default().to_owned())
+            .collect();
+        let ttl = millis(request, "ttl_ms").unwrap_or(Duration::from_secs(30));
+        match self.client.acquire_all(&resources, ttl, millis(request, "wait_ms")).await {
+            Ok(set) => {
+                let granted = json!({"fences": set.fences(), "token": set.token()});
+                let fencings = resources
+                    .iter()
+                    .filter_map(|resource| Some((resource.clone(), set.fencing(resource)?)))
+                    .collect();
+                let name = text(request, "lease");
+                self.held_with(id, name, fencings, granted, |work| Box::pin(set.run(work)));
+            }
+            Err(failure) => self.reply(id, Err(acquire_error(&failure))),
+        }
+    }
+
     async fn campaign(self: Arc<Self>, id: u64, request: &Value) {
         let name = text(request, "name");
         let address = text(request, "address");
@@ -204,13 +232,10 @@ impl Driver {
             Ok(leadership) => {
                 let lease_name = text(request, "lease");
                 let fence = leadership.fence();
-                self.held_with(
-                    id,
-                    lease_name,
-                    leadership.lease().fencing(),
-                    json!({"fence": fence}),
-                    |work| Box::pin(leadership.lead(work)),
-                );
+                let fencing = (name.clone(), leadership.lease().fencing());
+                self.held_with(id, lease_name, vec![fencing], json!({"fence": fence}), |work| {
+                    Box::pin(leadership.lead(work))
+                });
             }
             Err(failure) => self.reply(id, Err(acquire_error(&failure))),
         }
@@ -218,8 +243,8 @@ impl Driver {
 
     fn held(self: Arc<Self>, id: u64, name: String, lease: Lease) {
         let granted = json!({"fence": lease.fence(), "token": lease.token()});
-        let fencing = lease.fencing();
-        self.held_with(id, name, fencing, granted, |work| Box::pin(lease.run(work)));
+        let fencing = (lease.resource().to_owned(), lease.fencing());
+        self.held_with(id, name, vec![fencing], granted, |work| Box::pin(lease.run(work)));
     }
 
     /// Answers the grant, then runs the lease (renewed by the client) until an order ends it or
@@ -228,7 +253,7 @@ impl Driver {
         self: Arc<Self>,
         id: u64,
         name: String,
-        fencing: Fencing,
+        fencings: Vec<(String, Fencing)>,
         granted: Value,
         run: F,
     ) where
@@ -238,7 +263,7 @@ impl Driver {
         let under_way: Arc<Mutex<Option<u64>>> = Arc::default();
         self.leases.lock().expect("leases").insert(
             name.clone(),
-            Held { orders: Some(orders), fencing, under_way: under_way.clone() },
+            Held { orders: Some(orders), fencings, under_way: under_way.clone() },
         );
         self.reply(id, Ok(granted));
         let work: Work = Box::new(move |_cancelled: CancellationToken| {
@@ -314,10 +339,23 @@ impl Driver {
 
     async fn fenced(&self, id: u64, request: &Value) {
         let name = text(request, "lease");
-        let fencing =
-            self.leases.lock().expect("leases").get(&name).map(|held| held.fencing.clone());
-        let Some(fencing) = fencing else {
-            return self.reply(id, Err(error("usage", format!("no lease {name:?}"))));
+        // A set's write names the member whose fence guards it; a lease's, its only resource.
+        let member = request["resource"].as_str();
+        let fencing = self.leases.lock().expect("leases").get(&name).map(|held| {
+            let mut fencings = held.fencings.iter();
+            match member {
+                Some(member) => fencings.find(|(resource, _)| resource == member),
+                None => fencings.next(),
+            }
+            .map(|(_, fencing)| fencing.clone())
+        });
+        let fencing = match fencing {
+            Some(Some(fencing)) => fencing,
+            Some(None) => {
+                let why = format!("lease {name:?} has no resource {member:?}");
+                return self.reply(id, Err(error("usage", why)));
+            }
+            None => return self.reply(id, Err(error("usage", format!("no lease {name:?}")))),
         };
         let mut command = redis::Cmd::new();
         for arg in request["command"].as_array().into_iter().flatten() {
