@@ -197,6 +197,20 @@ async fn leases_on_all_three_shards_go_straight_to_their_primaries_without_a_red
         assert!(permit.release().await.expect("released"));
     }
 
+    // Sets, their members on one shard by a hash tag: each set's commands (numkeys first) go to
+    // its members' primary, where they are granted, renewed and released.
+    for (tag, owner) in one_per_shard(&cluster, "order:") {
+        let members = [format!("{{{tag}}}:items"), format!("{{{tag}}}:payment")];
+        let mut set = client.acquire_all(&members, ttl, Some(SLACK)).await.expect("granted");
+        let mut on_owner = cluster.node(owner).client();
+        for (member, fence) in members.iter().zip(set.fences()) {
+            assert_eq!(info_field(&mut on_owner, member, "fence"), Some(fence.to_string()));
+        }
+        assert!(set.renew().await.expect("renewed"));
+        assert!(set.release().await.expect("released"));
+        assert_eq!(info_field(&mut on_owner, &members[0], "owner"), None, "released");
+    }
+
     assert_eq!(client.redirects() + durable.redirects(), 0, "no redirect followed");
     assert_eq!(moved_replies(&cluster), before, "no node answered MOVED to the client");
 }
