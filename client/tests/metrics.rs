@@ -62,6 +62,15 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
     let lease = dlock.acquire("job", Duration::from_secs(10)).await.expect("granted");
     let _: i64 = redis::cmd("DEL").arg("job").query(&mut con).expect("DEL");
     assert!(!lease.release().await.expect("answered"));
+    // A set counts as one lease: one attempt, one grant or one `held`, one refused renewal and
+    // one loss when a member is deleted mid-work.
+    let members = ["{set}:1", "{set}:2"];
+    let set = dlock.acquire_all(&members, Duration::from_millis(300), None).await.expect("granted");
+    let other = dlock.acquire_all(&["{set}:2", "{set}:3"], Duration::from_secs(10), None).await;
+    assert!(matches!(other, Err(AcquireError::Held)), "{other:?}");
+    let _: i64 = redis::cmd("DEL").arg("{set}:2").query(&mut con).expect("DEL");
+    let lost = set.run(|cancelled| async move { cancelled.cancelled().await }).await;
+    assert!(matches!(lost, Err(RunError::LockLost(LossReason::RenewalRefused))), "{lost:?}");
     // A holder that did not run in time to renew (this thread, which polls `run`, blocked past
     // the ttl): the loss `stalled`; its best-effort RELEASE is not a release failure either.
     let ttl = Duration::from_millis(300);
@@ -78,27 +87,27 @@ async fn the_client_counts_attempts_failures_latencies_losses_and_stale_writes()
 
     // One snapshot: taking one drains the histograms.
     let snapshot = snapshotter.snapshot().into_vec();
-    assert_eq!(counter(&snapshot, "dlock_client_acquire_attempts_total", None), 5);
+    assert_eq!(counter(&snapshot, "dlock_client_acquire_attempts_total", None), 7);
     assert_eq!(
         counter(&snapshot, "dlock_client_acquire_failures_total", Some(("reason", "held"))),
-        1
+        2
     );
-    assert_eq!(histogram_samples(&snapshot, "dlock_client_acquire_seconds"), 4);
-    assert_eq!(histogram_samples(&snapshot, "dlock_client_hold_seconds"), 4);
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_acquire_seconds"), 5);
+    assert_eq!(histogram_samples(&snapshot, "dlock_client_hold_seconds"), 5);
     assert_eq!(
         counter(&snapshot, "dlock_client_renewal_failures_total", Some(("reason", "refused"))),
-        1
+        2
     );
     assert_eq!(
         counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "renewal_refused"))),
-        1
+        2
     );
     assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "ended"))), 1);
     assert_eq!(
         counter(&snapshot, "dlock_client_leases_lost_total", Some(("reason", "stalled"))),
         1
     );
-    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", None), 3);
+    assert_eq!(counter(&snapshot, "dlock_client_leases_lost_total", None), 4);
     assert_eq!(counter(&snapshot, "dlock_client_release_failures_total", None), 0);
     assert_eq!(counter(&snapshot, "dlock_client_stale_writes_total", None), 1);
 }
