@@ -291,3 +291,21 @@ async fn a_set_runs_renewed_and_is_released_at_the_end_and_a_member_gone_is_not_
     assert!(matches!(done, Err(RunError::NotReleased { .. })), "{done:?}");
     assert!(!exists(&mut con, "{run}:2").await, "the rest released");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquireall_reply_is_recovered_with_the_same_token_and_fences() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    let dlock =
+        Client::connect(&format!("redis://127.0.0.1:{}/", proxy.port)).await.expect("connect");
+    let mut con = operator(&server).await;
+    let members = ["{lost}:1", "{lost}:2"];
+    proxy.drop_next_reply(); // the server grants the set, the reply never arrives
+    // Without a wait: a retry under another token would find the members held, and be `Held`.
+    let set = dlock.acquire_all(&members, Duration::from_secs(30), None).await.expect("recovered");
+    for (member, fence) in members.iter().zip(set.fences()) {
+        assert_eq!(field(&mut con, member, "owner").await.as_deref(), Some(set.token()));
+        assert_eq!(field(&mut con, member, "fence").await, Some(fence.to_string()));
+    }
+    assert!(set.release().await.expect("released"));
+}
