@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_client::{AcquireError, Client, LossReason, RunError, channel_of};
+use dlock_client::{AcquireError, AcquireOptions, Client, LossReason, Mode, RunError, channel_of};
 use dlock_testkit::*;
 use redis::aio::MultiplexedConnection;
 
@@ -308,4 +308,33 @@ async fn a_lost_acquireall_reply_is_recovered_with_the_same_token_and_fences() {
         assert_eq!(field(&mut con, member, "fence").await, Some(fence.to_string()));
     }
     assert!(set.release().await.expect("released"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_sets_live_beside_each_other_with_their_metadata_and_keep_a_writer_out() {
+    let server = Server::start();
+    let dlock = client(&server).await;
+    let mut con = operator(&server).await;
+    let (members, ttl) = (["{rw}:1", "{rw}:2"], Duration::from_secs(30));
+    let reading = AcquireOptions {
+        mode: Mode::Shared,
+        meta: Some("reader-a".into()),
+        ..AcquireOptions::default()
+    };
+    let a = dlock.acquire_all_with(&members, ttl, &reading).await.expect("a reader");
+    let reading = AcquireOptions { meta: Some("reader-b".into()), ..reading };
+    let b = dlock.acquire_all_with(&members, ttl, &reading).await.expect("a second reader");
+    assert_eq!(a.mode(), Mode::Shared);
+    for member in members {
+        assert_eq!(field(&mut con, member, "holders").await.as_deref(), Some("2"));
+        // The META of the lease the first fields show (one of the two).
+        let meta = field(&mut con, member, "meta").await;
+        assert!(matches!(meta.as_deref(), Some("reader-a" | "reader-b")), "{meta:?}");
+    }
+    let writer = dlock.acquire_all(&members, ttl, None).await;
+    assert!(matches!(writer, Err(AcquireError::Held)), "{writer:?}");
+    assert!(a.release().await.expect("released"));
+    assert!(b.release().await.expect("released"));
+    let writer = dlock.acquire_all(&members, ttl, None).await.expect("the writer, once alone");
+    assert!(writer.release().await.expect("released"));
 }
