@@ -285,14 +285,20 @@ def test_asyncio_a_set_is_granted_whole_and_released_whole(server: Server, r: re
                 await asyncio.sleep(0.9)
                 lease.check()
             assert r.exists(*SET) == 0
+            with pytest.raises(dlock.LeaseLost) as raised:
+                async with locks.hold_all(SET, ttl=60, timeout=0) as lease:
+                    assert int(cmd(r, "DLOCK.RELEASE", SET[1], lease.token)) == 1
+            assert raised.value.reason == "ended", "a member gone before the release"
+            assert r.exists(*SET) == 0
         finally:
             await locks.aclose()
             await client.aclose()
-        assert locks.metrics.get("hold_seconds_count") == 2
+        assert locks.metrics.get("hold_seconds_count") == 3
+        assert locks.metrics.get("leases_lost", "ended") == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
     assert calls(r, "dlock.renewall") >= 2
-    assert calls(r, "dlock.releaseall") == 1
+    assert calls(r, "dlock.releaseall") == 2
 
 
 def test_asyncio_a_waiting_set_is_granted_when_the_member_frees(
