@@ -180,12 +180,18 @@ class Request:
     mode: Mode = EXCLUSIVE
 
     def __post_init__(self) -> None:
-        if self.ttl <= 0:
-            raise ValueError("dlock: ttl must be positive")
-        if self.timeout is not None and self.timeout < 0:
-            raise ValueError("dlock: timeout must be 0 or more, or None")
-        if self.max_hold is not None and self.max_hold <= 0:
-            raise ValueError("dlock: max_hold must be positive")
+        check_hold(self.ttl, self.timeout, self.max_hold)
+
+
+def check_hold(ttl: float, timeout: float | None, max_hold: float | None) -> None:
+    """The options of a block (``hold`` and the others, ``hold_all``), checked before anything
+    is sent."""
+    if ttl <= 0:
+        raise ValueError("dlock: ttl must be positive")
+    if timeout is not None and timeout < 0:
+        raise ValueError("dlock: timeout must be 0 or more, or None")
+    if max_hold is not None and max_hold <= 0:
+        raise ValueError("dlock: max_hold must be positive")
 
 
 # A set's ticket (``QUEUE ticket-ms``) lives as long as its wait, within these bounds (seconds).
@@ -217,7 +223,7 @@ class SetRequest:
             if resource in seen:
                 raise ValueError(f"dlock: resource {resource!r} appears twice in the set")
             seen.add(resource)
-        Request(self.resources[0], self.ttl, self.timeout, self.meta, self.max_hold)
+        check_hold(self.ttl, self.timeout, self.max_hold)
 
     @property
     def name(self) -> str:
