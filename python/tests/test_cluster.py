@@ -403,6 +403,42 @@ def test_asyncio_tickets_in_a_cluster(cluster: Cluster) -> None:
     asyncio.run(asyncio.wait_for(test(), 60))
 
 
+def test_a_set_waits_on_its_members_shard_channels_and_is_refused_across_slots(
+    cluster: Cluster,
+) -> None:
+    with cluster_locks(cluster) as locks:
+        for tag in on_every_shard(cluster, "set"):
+            members = (f"{tag}:a", f"{tag}:b")
+            owner = cluster.owner(tag)
+            with owner.client() as admin:
+                cmd(admin, "DLOCK.ACQUIRE", members[1], "holder", 30000)
+            granted: list[tuple[float, dlock.SetLease]] = []
+
+            def waiter(members: tuple[str, str] = members, granted: list[Any] = granted) -> None:
+                # An 8 s ticket is refreshed every 2.7 s: only a shard channel explains a prompt
+                # grant.
+                with locks.hold_all(members, ttl=5, timeout=8) as lease:
+                    granted.append((time.monotonic(), lease))
+
+            thread = threading.Thread(target=waiter, daemon=True)
+            thread.start()
+            for member in members:  # every member's shard channel, on the slot's primary
+                assert until_shard_listeners(owner, member, 1)
+            with owner.client() as admin:
+                in_line = fields(cmd(admin, "DLOCK.INFO", members[0]))[b"tickets"]
+                released = time.monotonic()
+                assert cmd(admin, "DLOCK.RELEASE", members[1], "holder") == 1
+            thread.join(10)
+            assert granted
+            granted_at, lease = granted[0]
+            assert in_line == 1
+            assert granted_at - released < 0.5
+            assert lease.fences[1] > lease.fences[0]
+        with pytest.raises(redis.ResponseError) as raised, locks.hold_all(["x:{1}", "x:{2}"]):
+            pytest.fail("granted a set across two slots")
+        assert protocol.class_of(raised.value) == "cross_slot"
+
+
 # Failovers and migrations: what a client of a Cluster meets while a slot changes hands.
 
 

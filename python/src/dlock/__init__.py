@@ -8,14 +8,15 @@ renewal lives and dies with the work they protect.
         lease.fenced("SET", "invoice:123:total", "10")
 
 ``locks.read`` and ``locks.write`` are the two sides of a read-write lock, ``locks.semaphore`` a
-counting semaphore; each yields the same ``Lease``.
+counting semaphore; each yields the same ``Lease``. ``locks.hold_all`` takes several resources
+at once, whole or not at all, and yields a ``SetLease``.
 ``dlock.asyncio.Locks`` is the same for ``redis.asyncio``.
 """
 
 from ._common import Features, Leader
 from ._errors import DlockError, LeaseLost, NotAcquired, Stale, Unsupported
 from ._metrics import Metrics
-from ._sync import Hold, Lease, Locks
+from ._sync import Hold, Lease, Locks, SetHold, SetLease
 
 __all__ = [
     "DlockError",
@@ -27,6 +28,8 @@ __all__ = [
     "Locks",
     "Metrics",
     "NotAcquired",
+    "SetHold",
+    "SetLease",
     "Stale",
     "Unsupported",
 ]

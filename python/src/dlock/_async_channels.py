@@ -44,12 +44,14 @@ class Channels:
         # Held while the connection is made or subscriptions change.
         self._lock = asyncio.Lock()
 
-    async def join(self, resource: str, tag: str | None = None) -> Watch:
+    async def join(
+        self, resource: str, tag: str | None = None, event: asyncio.Event | None = None
+    ) -> Watch:
         """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
-        ``tag``); returns once the server confirmed the subscription (or the request timeout
-        passed)."""
+        ``tag``; ``event``: one shared with other watches, else its own); returns once the
+        server confirmed the subscription (or the request timeout passed)."""
         channel = channel_name(resource)
-        watch = Watch(channel, tag)
+        watch = Watch(channel, tag, event=event)
         watchers = self._watches.setdefault(channel, set())
         watchers.add(watch)
         ready = self._ready.setdefault(channel, asyncio.Event())

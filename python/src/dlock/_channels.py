@@ -41,8 +41,9 @@ class BaseWatch(Generic[EventT]):
     every message that concerns it (for an observer every message; for a ticket waiter, with
     ``tag``, a hand-over to its token), and on every (re)subscription (messages may have been
     missed). A holder's (with ``fence``) is never woken: ``on_revoked`` is called with the
-    operator's reason when its lease is revoked. The threaded and the asyncio clients differ
-    only in the kind of ``event``."""
+    operator's reason when its lease is revoked. A set waiting in line watches each member's
+    channel with one ``event`` shared by its watches. The threaded and the asyncio clients
+    differ only in the kind of ``event``."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class BaseWatch(Generic[EventT]):
         tag: str | None = None,
         fence: int | None = None,
         on_revoked: Callable[[str], None] | None = None,
+        event: EventT | None = None,
     ) -> None:
         self.channel = channel
         # A ticket waiter's token's tag: woken by a hand-over to it only (see ``wakes``).
@@ -60,7 +62,7 @@ class BaseWatch(Generic[EventT]):
         # Whether ``join`` returned (a watch still in it sends its first ACQUIRE after the
         # subscription is confirmed, and needs no wake for it).
         self.joined = False
-        self.event: EventT = self._new_event()
+        self.event: EventT = self._new_event() if event is None else event
 
     def _new_event(self) -> EventT:
         raise NotImplementedError
@@ -91,11 +93,14 @@ class Channels:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def join(self, resource: str, tag: str | None = None) -> Watch:
+    def join(
+        self, resource: str, tag: str | None = None, event: threading.Event | None = None
+    ) -> Watch:
         """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
-        ``tag``) and returns once the server confirmed the subscription (or the request
-        timeout passed: the watcher's own refreshes cover that)."""
-        watch = Watch(channel_name(resource), tag)
+        ``tag``; ``event``: one shared with other watches, else its own) and returns once the
+        server confirmed the subscription (or the request timeout passed: the watcher's own
+        refreshes cover that)."""
+        watch = Watch(channel_name(resource), tag, event=event)
         ready = self._register(watch)
         try:
             ready.wait(self._timeout)

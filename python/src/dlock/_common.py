@@ -7,6 +7,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar, Union
 
@@ -179,24 +180,104 @@ class Request:
     mode: Mode = EXCLUSIVE
 
     def __post_init__(self) -> None:
-        if self.ttl <= 0:
-            raise ValueError("dlock: ttl must be positive")
-        if self.timeout is not None and self.timeout < 0:
-            raise ValueError("dlock: timeout must be 0 or more, or None")
-        if self.max_hold is not None and self.max_hold <= 0:
-            raise ValueError("dlock: max_hold must be positive")
+        check_hold(self.ttl, self.timeout, self.max_hold)
+
+
+def check_hold(ttl: float, timeout: float | None, max_hold: float | None) -> None:
+    """The options of a block (``hold`` and the others, ``hold_all``), checked before anything
+    is sent."""
+    if ttl <= 0:
+        raise ValueError("dlock: ttl must be positive")
+    if timeout is not None and timeout < 0:
+        raise ValueError("dlock: timeout must be 0 or more, or None")
+    if max_hold is not None and max_hold <= 0:
+        raise ValueError("dlock: max_hold must be positive")
+
+
+# A set's ticket (``QUEUE ticket-ms``) lives as long as its wait, within these bounds (seconds).
+SET_TICKET_MIN = 1.0
+SET_TICKET_MAX = 30.0
+
+
+@dataclass(frozen=True)
+class SetRequest:
+    """What one ``hold_all`` block asks for, checked when it is made (before anything is sent):
+    1 to 64 resources, each once, in the caller's order."""
+
+    resources: tuple[str, ...]
+    ttl: float
+    timeout: float | None
+    meta: Meta | None
+    max_hold: float | None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.resources) <= protocol.MAX_SET:
+            raise ValueError(
+                f"dlock: a set has 1 to {protocol.MAX_SET} resources, not {len(self.resources)}"
+            )
+        for resource in self.resources:
+            if not isinstance(resource, str):
+                raise TypeError(f"dlock: a resource is a str, not {resource!r}")
+        seen: set[str] = set()
+        for resource in self.resources:
+            if resource in seen:
+                raise ValueError(f"dlock: resource {resource!r} appears twice in the set")
+            seen.add(resource)
+        check_hold(self.ttl, self.timeout, self.max_hold)
+
+    @property
+    def name(self) -> str:
+        """The set as log lines and errors name it: its members, comma-separated."""
+        return ",".join(self.resources)
+
+    def ticket(self) -> float | None:
+        """The life of the set's ticket (seconds): its wait, from 1 s to 30 s; ``None`` without
+        a wait (one ACQUIREALL, no place in line)."""
+        if self.timeout == 0:
+            return None
+        wait = SET_TICKET_MAX if self.timeout is None else self.timeout
+        return min(SET_TICKET_MAX, max(SET_TICKET_MIN, wait))
 
 
 HoldT = TypeVar("HoldT")
+SetHoldT = TypeVar("SetHoldT")
 
 
-class Handles(Generic[HoldT]):
+class Handles(Generic[HoldT, SetHoldT]):
     """The context managers both clients' ``Locks`` make (``with`` in :class:`dlock.Locks`,
-    ``async with`` in :class:`dlock.asyncio.Locks`). Each yields a ``Lease`` with the same
-    lifecycle: acquired on entry, renewed while the block runs, released when it exits."""
+    ``async with`` in :class:`dlock.asyncio.Locks`). Each yields a ``Lease`` (a ``SetLease`` for
+    :meth:`hold_all`) with the same lifecycle: acquired on entry, renewed while the block runs,
+    released when it exits."""
 
     def _hold(self, request: Request) -> HoldT:
         raise NotImplementedError
+
+    def _hold_all(self, request: SetRequest) -> SetHoldT:
+        raise NotImplementedError
+
+    def hold_all(
+        self,
+        resources: Sequence[str],
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = 10.0,
+        meta: Meta | None = None,
+        max_hold: float | None = None,
+    ) -> SetHoldT:
+        """A context manager that acquires every one of ``resources`` (exclusive leases, one
+        token, a fence each) or none of them (``DLOCK.ACQUIREALL``), keeps the set renewed while
+        the block runs and releases it when the block exits. The set is one lease: the loss of
+        any member (refused renewal, revocation, ...) is the loss of the whole set.
+
+        ``resources``: 1 to 64 keys, each once (in Redis Cluster all in one slot: give them a
+        common hash tag); the fences come in their order. ``timeout`` (seconds; ``0``: one try;
+        ``None``: no limit): how long the set waits in the line of every member, holding
+        nothing meanwhile, first come first served with single leases. Raises
+        :class:`dlock.NotAcquired` when it passes first. ``ttl``, ``meta`` and ``max_hold`` as
+        for :meth:`hold` (``meta`` is stored with every member)."""
+        if isinstance(resources, (str, bytes)):
+            raise TypeError("dlock: hold_all takes a list of resources, not one resource")
+        return self._hold_all(SetRequest(tuple(resources), ttl, timeout, meta, max_hold))
 
     def hold(
         self,
@@ -481,6 +562,24 @@ def forget_command(resource: str, token: str) -> list[Arg]:
     return protocol.release_args(resource, token, None)
 
 
+def forget_set_command(resources: Sequence[str], token: str) -> list[Arg]:
+    """The same for a set: ``RELEASEALL`` without ``FENCES``, which frees what the attempt's
+    token holds of the set and takes its tickets out of every line."""
+    return protocol.releaseall_args(resources, token, None)
+
+
+def as_fences(reply: object, count: int) -> tuple[int, ...] | None:
+    """An ``ACQUIREALL`` reply: the ``count`` fences in the caller's order, or ``None`` (nil:
+    not granted)."""
+    if reply is None:
+        return None
+    if isinstance(reply, (list, tuple)) and len(reply) == count:
+        fences = tuple(as_int(fence) for fence in reply)
+        if all(fence is not None for fence in fences):
+            return tuple(fence for fence in fences if fence is not None)
+    raise redis.ResponseError(f"dlock: unexpected reply {reply!r}")
+
+
 class AcquirePlan:
     """The steps of one acquire, the same for both clients: a plain ACQUIRE first; while the
     caller's timeout allows, a WAIT for what is left of it (a fresh one only if a wait was cut
@@ -549,6 +648,17 @@ class AcquirePlan:
             queue_ms=queue_ms,
         )
         return command, wait_ms, queue_ms
+
+    def next_set_command(self, request: SetRequest) -> tuple[list[Arg], int | None]:
+        """The next ``ACQUIREALL`` of this plan for a set, and its ``QUEUE`` in milliseconds
+        (``None``: one plain try, without a wait). Every call of a wait is the same: the first
+        takes a place in every member's line, the later ones refresh it and are granted once
+        the set heads every line."""
+        queue_ms = self.ticket_ms if self.queued or self.left() > 0 else None
+        command = protocol.acquireall_args(
+            request.resources, self.token, self.ttl_ms, queue_ms=queue_ms, meta=request.meta
+        )
+        return command, queue_ms
 
     def next_queue_ms(self, features: Features) -> int | None:
         """With tickets, the ``QUEUE`` of the next ACQUIRE (every ACQUIRE of a wait sends it:
@@ -623,6 +733,20 @@ class AcquirePlan:
             resource, self.token, fence, self.ttl_ms, sent_at, self.hold_end, metrics, mode
         )
 
+    def set_lease(
+        self, resources: Sequence[str], fences: Sequence[int], sent_at: float, metrics: Metrics
+    ) -> SetState:
+        """The set this plan was granted with ``fences`` by an ACQUIREALL sent at ``sent_at``."""
+        return SetState(
+            tuple(resources),
+            self.token,
+            tuple(fences),
+            self.ttl_ms,
+            sent_at,
+            self.hold_end,
+            metrics,
+        )
+
     def gives_up(self, waited: bool) -> bool:
         """After a nil: whether the caller's timeout has passed (a WAIT that ran to its end
         may leave a few milliseconds of rounding, which must not start another wait)."""
@@ -662,6 +786,11 @@ class LeaseState:
         self.fence = fence
         self.ttl_ms = ttl_ms
         self.mode = mode
+        # Every (resource, fence) this lease covers: its one; a set's members.
+        self.members: tuple[tuple[str, int], ...] = ((resource, fence),)
+        # What log lines and metrics name it by (a set: its members and fences, comma-separated).
+        self.name = resource
+        self.fence_name: int | str = fence
         self.lost = threading.Event()
         self.granted_at = time.monotonic()
         self._lock = threading.Lock()
@@ -740,7 +869,7 @@ class LeaseState:
             self._next_renewal = time.monotonic() + self.ttl_ms / 3000
 
     def renewal_failed(self, refused: bool) -> None:
-        self._metrics.renewal_failed(self.resource, self.token, self.fence, refused)
+        self._metrics.renewal_failed(self.name, self.token, self.fence_name, refused)
         with self._lock:
             if refused:
                 self._unanswered = False  # answered: the lease is gone
@@ -762,7 +891,7 @@ class LeaseState:
             self._detail = detail
             callbacks = list(self._on_lost)
         self.lost.set()
-        self._metrics.lost(self.resource, self.token, self.fence, reason, detail)
+        self._metrics.lost(self.name, self.token, self.fence_name, reason, detail)
         for callback in callbacks:
             callback()
         return True
@@ -799,6 +928,15 @@ class LeaseState:
             reason, detail = self._reason, self._detail
         return LeaseLost(self.resource, self.fence, reason or "unknown", detail)
 
+    def renew_command(self, features: Features, ttl_ms: int) -> list[Arg]:
+        """The RENEW of this lease for ``ttl_ms``."""
+        return renew_command(features, self.resource, self.token, ttl_ms, self.fence)
+
+    def release_command(self, features: Features) -> list[Arg]:
+        """The RELEASE at the end of its block; its reply is how many of :attr:`members` it
+        released."""
+        return release_command(features, self.resource, self.token, self.fence)
+
     def revoked(self, reason: str) -> None:
         """The resource's channel said an operator revoked this lease, giving ``reason``."""
         self.lose("revoked", reason)
@@ -811,16 +949,49 @@ class LeaseState:
             return end
 
 
-class LeaseView:
-    """What both clients' leases show of their state."""
+class SetState(LeaseState):
+    """A granted set (``DLOCK.ACQUIREALL``): one token, a fence per member, renewed, lost and
+    released whole. ``resource`` and ``fence`` are its first member's (a Cluster routes the set
+    by it: every member is in its slot)."""
+
+    def __init__(
+        self,
+        resources: tuple[str, ...],
+        token: str,
+        fences: tuple[int, ...],
+        ttl_ms: int,
+        sent_at: float,
+        hold_end: float | None,
+        metrics: Metrics,
+    ) -> None:
+        super().__init__(resources[0], token, fences[0], ttl_ms, sent_at, hold_end, metrics)
+        self.resources = resources
+        self.fences = fences
+        self.members = tuple(zip(resources, fences))
+        self.name = ",".join(resources)
+        self.fence_name = ",".join(str(fence) for fence in fences)
+
+    def error(self) -> LeaseLost:
+        with self._lock:
+            reason, detail = self._reason, self._detail
+        return LeaseLost(
+            self.resource, self.fence, reason or "unknown", detail, members=self.members
+        )
+
+    def renew_command(self, features: Features, ttl_ms: int) -> list[Arg]:
+        """``RENEWALL … FENCES``: every member renewed, or none (the set is then lost)."""
+        return protocol.renewall_args(self.resources, self.token, ttl_ms, self.fences)
+
+    def release_command(self, features: Features) -> list[Arg]:
+        """``RELEASEALL … FENCES``: fewer than every member released is the loss ``ended``."""
+        return protocol.releaseall_args(self.resources, self.token, self.fences)
+
+
+class StateView:
+    """What both clients' leases and sets show of their state."""
 
     def __init__(self, state: LeaseState) -> None:
         self._state = state
-
-    @property
-    def resource(self) -> str:
-        """The locked resource (the Redis key of the lock)."""
-        return self._state.resource
 
     @property
     def token(self) -> str:
@@ -828,21 +999,9 @@ class LeaseView:
         return self._state.token
 
     @property
-    def fence(self) -> int:
-        """The fencing token: send it with every write the lease protects."""
-        return self._state.fence
-
-    @property
     def ttl(self) -> float:
         """The lease's length in seconds; it is renewed every third of it."""
         return self._state.ttl
-
-    @property
-    def mode(self) -> str:
-        """``exclusive`` (:meth:`~dlock.Locks.hold`, :meth:`~dlock.Locks.write`) or ``shared``
-        (:meth:`~dlock.Locks.read`, :meth:`~dlock.Locks.semaphore`), as ``DLOCK.INFO`` shows
-        it."""
-        return self._state.mode.name
 
     @property
     def lost(self) -> threading.Event:
@@ -872,8 +1031,62 @@ class LeaseView:
         without a renewal answered (it counts as lost from then on)."""
         self._state.check()
 
+
+class LeaseView(StateView):
+    """What both clients' leases show of their state."""
+
+    @property
+    def resource(self) -> str:
+        """The locked resource (the Redis key of the lock)."""
+        return self._state.resource
+
+    @property
+    def fence(self) -> int:
+        """The fencing token: send it with every write the lease protects."""
+        return self._state.fence
+
+    @property
+    def mode(self) -> str:
+        """``exclusive`` (:meth:`~dlock.Locks.hold`, :meth:`~dlock.Locks.write`) or ``shared``
+        (:meth:`~dlock.Locks.read`, :meth:`~dlock.Locks.semaphore`), as ``DLOCK.INFO`` shows
+        it."""
+        return self._state.mode.name
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(resource={self.resource!r}, mode={self.mode}, "
             f"fence={self.fence}, lost={self.lost.is_set()})"
+        )
+
+
+class SetLeaseView(StateView):
+    """What both clients' sets show of their state: a lease (``lost``, ``lost_reason``,
+    ``check()``, ...) over several resources, each with a fence of its own."""
+
+    def __init__(self, state: SetState) -> None:
+        super().__init__(state)
+        self._set = state
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The set's resources, in the order they were asked for."""
+        return self._set.resources
+
+    @property
+    def fences(self) -> tuple[int, ...]:
+        """Each member's fencing token, in the order of :attr:`resources`."""
+        return self._set.fences
+
+    def fence(self, resource: str) -> int:
+        """The fencing token of the member ``resource``: send it with every write that member
+        protects. ``KeyError`` if ``resource`` is not in the set."""
+        for member, fence in self._set.members:
+            if member == resource:
+                return fence
+        raise KeyError(resource)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resources={self.resources!r}, fences={self.fences!r}, "
+            f"lost={self.lost.is_set()})"
         )

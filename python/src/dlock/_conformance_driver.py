@@ -2,8 +2,9 @@
 ``docs/protocol.md`` (section 14) specifies. Run as ``python -m dlock._conformance_driver`` with
 ``DLOCK_URL`` set; the harness (``scripts/conformance.sh``) starts it.
 
-Every request runs in a thread of its own. A held lease is a ``with`` block of the threaded
-client in its own thread, which waits there for the harness's ``run`` or ``release``."""
+Every request runs in a thread of its own. A held lease (a set: ``hold_all``) is a ``with`` block
+of the threaded client in its own thread, which waits there for the harness's ``run`` or
+``release``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from redis.cluster import RedisCluster
 from . import __version__
 from . import _protocol as protocol
 from ._errors import LeaseLost, NotAcquired, Stale, Unsupported
-from ._sync import Hold, Lease, Locks
+from ._sync import Hold, Lease, Locks, SetHold, SetLease
 
 # How often an idle holder looks at its lease's ``lost`` flag (the event's delay at most).
 POLL = 0.01
@@ -47,7 +48,7 @@ class Order:
 class Held:
     """A lease the harness named, its orders, and whether its block ended."""
 
-    lease: Lease
+    lease: Lease | SetLease
     orders: queue.Queue[Order] = field(default_factory=queue.Queue)
     ended: bool = False
     lost_reported: bool = False
@@ -132,6 +133,8 @@ class Driver:
         try:
             if op in ("hold", "wait", "ticket", "shared", "semaphore", "campaign"):
                 self.hold(id, op, request)
+            elif op == "hold_all":
+                self.hold_all(id, request)
             elif op in ("release", "run"):
                 order = Order(
                     id,
@@ -174,17 +177,42 @@ class Driver:
         return locks.hold(resource, ttl=ttl, timeout=timeout, meta=meta, max_hold=bound)
 
     def hold(self, id: int, op: str, request: dict[str, Any]) -> None:
-        name = str(request.get("lease", ""))
         hold = self._hold_of(op, request)
         try:
             lease = hold.__enter__()
         except Exception as error:
             self.reply(id, error=error_of(error))
             return
+        granted: dict[str, Any] = {"fence": lease.fence, "token": lease.token}
+        self.held(id, str(request.get("lease", "")), hold, lease, granted)
+
+    def hold_all(self, id: int, request: dict[str, Any]) -> None:
+        resources = [str(resource) for resource in request["resources"]]
+        ttl = int(request.get("ttl_ms", 30000)) / 1000
+        wait_ms = request.get("wait_ms")
+        timeout = 0.0 if wait_ms is None else int(wait_ms) / 1000
+        hold = self.locks("block", 6.0).hold_all(resources, ttl=ttl, timeout=timeout)
+        try:
+            lease = hold.__enter__()
+        except Exception as error:
+            self.reply(id, error=error_of(error))
+            return
+        granted: dict[str, Any] = {"fences": list(lease.fences), "token": lease.token}
+        self.held(id, str(request.get("lease", "")), hold, lease, granted)
+
+    def held(
+        self,
+        id: int,
+        name: str,
+        hold: Hold | SetHold,
+        lease: Lease | SetLease,
+        granted: dict[str, Any],
+    ) -> None:
+        """Answers the grant, then holds the lease (its block open) until the harness's
+        ``run`` or ``release``, or its loss."""
         held = Held(lease)
         with self._state:
             self._leases[name] = held
-        granted: dict[str, Any] = {"fence": lease.fence, "token": lease.token}
         self.reply(id, granted)
         order: Order | None = None
         while order is None and not lease.lost.is_set():
@@ -263,7 +291,15 @@ class Driver:
             return
         command = [str(arg) for arg in request.get("command", [])]
         try:
-            reply = held.lease.fenced(*command)
+            if isinstance(held.lease, SetLease):
+                member = str(request.get("resource", ""))
+                if member not in held.lease.resources:
+                    detail = f"{member!r} is not in the set {name!r}"
+                    self.reply(id, error={"kind": "usage", "detail": detail})
+                    return
+                reply = held.lease.fenced(member, *command)
+            else:
+                reply = held.lease.fenced(*command)
         except Exception as error:
             self.reply(id, error=error_of(error))
             return

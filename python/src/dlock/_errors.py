@@ -36,15 +36,34 @@ class LeaseLost(DlockError):
 
     ``reason`` is one of ``renewal_refused``, ``unreachable``, ``stalled``, ``max_hold``,
     ``ended``, ``revoked``; ``detail`` is the reason the operator gave for a revocation (``""``
-    when none was), ``None`` for the other reasons."""
+    when none was), ``None`` for the other reasons.
 
-    def __init__(self, resource: str, fence: int, reason: str, detail: str | None = None) -> None:
+    A set (:meth:`~dlock.Locks.hold_all`) is lost whole: ``resources`` and ``fences`` name every
+    member, in the caller's order (a single lease: its resource and fence), and ``resource`` and
+    ``fence`` are the first member's."""
+
+    def __init__(
+        self,
+        resource: str,
+        fence: int,
+        reason: str,
+        detail: str | None = None,
+        *,
+        members: tuple[tuple[str, int], ...] | None = None,
+    ) -> None:
         said = f" ({detail})" if detail else ""
-        super().__init__(
-            f"dlock: lease on {resource!r} (fence {fence}) lost: {reason}{said}", resource, fence
-        )
+        if members is None:
+            what = f"lease on {resource!r} (fence {fence})"
+            members = ((resource, fence),)
+        else:
+            names = ", ".join(repr(member) for member, _ in members)
+            fences = ", ".join(str(member_fence) for _, member_fence in members)
+            what = f"set lease on {names} (fences {fences})"
+        super().__init__(f"dlock: {what} lost: {reason}{said}", resource, fence)
         self.reason = reason
         self.detail = detail
+        self.resources = tuple(member for member, _ in members)
+        self.fences = tuple(member_fence for _, member_fence in members)
 
 
 class Stale(DlockError):

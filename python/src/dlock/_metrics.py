@@ -32,6 +32,10 @@ class Metrics:
     - ``leases_lost{reason}``: ``renewal_refused``, ``unreachable``, ``stalled``, ``max_hold``,
       ``ended``, ``revoked``
     - ``stale_writes``: fenced writes the server refused
+
+    A set (:meth:`dlock.Locks.hold_all`) counts as one lease in every figure (its loss is one
+    loss); its log lines name its members and their fences, comma-separated, in the caller's
+    order (``resource=a,b fence=11,12``).
     """
 
     def __init__(self) -> None:
@@ -68,49 +72,51 @@ class Metrics:
     def acquire_failed(self, reason: str) -> None:
         self._inc("acquire_failures", reason)
 
-    def acquired(self, resource: str, token: str, fence: int, seconds: float) -> None:
+    def acquired(self, resource: str, token: str, fence: int | str, seconds: float) -> None:
         self._observe("acquire_seconds", seconds)
-        log.info("dlock: lease acquired resource=%s owner=%s fence=%d", resource, token, fence)
+        log.info("dlock: lease acquired resource=%s owner=%s fence=%s", resource, token, fence)
 
-    def renewal_failed(self, resource: str, token: str, fence: int, refused: bool) -> None:
+    def renewal_failed(self, resource: str, token: str, fence: int | str, refused: bool) -> None:
         reason = "refused" if refused else "error"
         self._inc("renewal_failures", reason)
         log.warning(
-            "dlock: renewal failed resource=%s owner=%s fence=%d reason=%s",
+            "dlock: renewal failed resource=%s owner=%s fence=%s reason=%s",
             resource,
             token,
             fence,
             reason,
         )
 
-    def released(self, resource: str, token: str, fence: int, held: float, ok: bool | None) -> None:
+    def released(
+        self, resource: str, token: str, fence: int | str, held: float, ok: bool | None
+    ) -> None:
         """The end of a hold by the RELEASE of a lease believed live: ``ok`` ``True`` released;
         ``False`` the lease was already gone (the loss ``ended``, counted by :meth:`lost`, not
         a release failure); ``None`` the outcome is unknown (no answer, a connection or server
         error): a release failure."""
         self._observe("hold_seconds", held)
         if ok:
-            log.info("dlock: lease released resource=%s owner=%s fence=%d", resource, token, fence)
+            log.info("dlock: lease released resource=%s owner=%s fence=%s", resource, token, fence)
         elif ok is None:
             self._inc("release_failures")
             log.warning(
-                "dlock: release failed resource=%s owner=%s fence=%d", resource, token, fence
+                "dlock: release failed resource=%s owner=%s fence=%s", resource, token, fence
             )
 
-    def ended(self, resource: str, token: str, fence: int, held: float) -> None:
+    def ended(self, resource: str, token: str, fence: int | str, held: float) -> None:
         """The end of a hold whose loss was already reported: revoked (no RELEASE was sent), or
         lost before its block exited (its RELEASE was best effort, counted as nothing, whatever
         it answered)."""
         self._observe("hold_seconds", held)
 
     def lost(
-        self, resource: str, token: str, fence: int, reason: str, detail: str | None = None
+        self, resource: str, token: str, fence: int | str, reason: str, detail: str | None = None
     ) -> None:
         """A lease lost; ``detail``: the operator's reason of a revocation."""
         self._inc("leases_lost", reason)
         if detail is not None:
             log.warning(
-                "dlock: lease lost resource=%s owner=%s fence=%d reason=%s detail=%s",
+                "dlock: lease lost resource=%s owner=%s fence=%s reason=%s detail=%s",
                 resource,
                 token,
                 fence,
@@ -119,7 +125,7 @@ class Metrics:
             )
             return
         log.warning(
-            "dlock: lease lost resource=%s owner=%s fence=%d reason=%s",
+            "dlock: lease lost resource=%s owner=%s fence=%s reason=%s",
             resource,
             token,
             fence,

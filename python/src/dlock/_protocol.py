@@ -6,6 +6,7 @@ contract in prose."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -19,6 +20,9 @@ RELEASE = "DLOCK.RELEASE"
 FENCECHECK = "DLOCK.FENCECHECK"
 FENCED = "DLOCK.FENCED"
 INFO = "DLOCK.INFO"
+ACQUIREALL = "DLOCK.ACQUIREALL"
+RENEWALL = "DLOCK.RENEWALL"
+RELEASEALL = "DLOCK.RELEASEALL"
 
 # The option keywords of the version 2 commands.
 OPTIONS = ("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT")
@@ -27,6 +31,8 @@ OPTIONS = ("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT")
 MAX_PERMITS = 1_000_000
 MAX_TOKEN_LEN = 512
 MAX_META_LEN = 1_024
+# The most resources in one set (``DLOCK.ACQUIREALL``, ``RENEWALL``, ``RELEASEALL``).
+MAX_SET = 64
 
 
 # Channels and their messages.
@@ -142,6 +148,45 @@ def release_args(resource: str, token: str, fence: int | None) -> list[Arg]:
     args: list[Arg] = [RELEASE, resource, token]
     if fence is not None:
         args += ["FENCE", fence]
+    return args
+
+
+def acquireall_args(
+    resources: Sequence[str],
+    token: str,
+    ttl_ms: int,
+    *,
+    queue_ms: int | None = None,
+    meta: str | bytes | None = None,
+) -> list[Arg]:
+    """``DLOCK.ACQUIREALL numkeys resource … token ttl-ms [QUEUE ticket-ms] [META value]``: every
+    resource of the set, in the caller's order (its fences come back in that order), or none.
+    A set never waits with ``WAIT`` (the server refuses it): it waits with ``QUEUE``."""
+    args: list[Arg] = [ACQUIREALL, len(resources), *resources, token, ttl_ms]
+    if queue_ms is not None:
+        args += ["QUEUE", queue_ms]
+    if meta is not None:
+        args += ["META", meta]
+    return args
+
+
+def renewall_args(
+    resources: Sequence[str], token: str, ttl_ms: int, fences: Sequence[int]
+) -> list[Arg]:
+    """``DLOCK.RENEWALL numkeys resource … token ttl-ms FENCES fence …``: every member renewed,
+    or none, each only under the fence of its grant."""
+    return [RENEWALL, len(resources), *resources, token, ttl_ms, "FENCES", *fences]
+
+
+def releaseall_args(
+    resources: Sequence[str], token: str, fences: Sequence[int] | None
+) -> list[Arg]:
+    """``DLOCK.RELEASEALL numkeys resource … token [FENCES fence …]``: without fences (an
+    attempt whose wait ended, or whose outcome is unknown) it frees whatever that attempt's
+    token holds of the set and takes its tickets out of every line."""
+    args: list[Arg] = [RELEASEALL, len(resources), *resources, token]
+    if fences is not None:
+        args += ["FENCES", *fences]
     return args
 
 

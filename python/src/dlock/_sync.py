@@ -6,20 +6,46 @@ import threading
 import time
 from collections.abc import Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
 from . import _common as common
 from . import _protocol as protocol
 from ._channels import Channels, Watch
-from ._common import Features, Leader, LeaseState, LeaseView, Request
+from ._common import (
+    Features,
+    Leader,
+    LeaseState,
+    LeaseView,
+    Request,
+    SetLeaseView,
+    SetRequest,
+    SetState,
+)
 from ._connections import Nodes
 from ._errors import NotAcquired, Stale
 from ._metrics import Metrics, log
 from ._protocol import Arg
 
-__all__ = ["Hold", "Lease", "Locks"]
+__all__ = ["Hold", "Lease", "Locks", "SetHold", "SetLease"]
+
+
+def _fenced(locks: Locks, resource: str, fence: int, command: tuple[Arg, ...]) -> Any:
+    """``DLOCK.FENCED resource fence command…`` through the caller's client (see
+    :meth:`Lease.fenced`)."""
+    try:
+        return locks.client.execute_command(*protocol.fenced_args(resource, fence, command))
+    except redis.ResponseError as error:
+        if protocol.class_of(error) == "stale":
+            locks.metrics.stale_write(resource, fence, str(error))
+            raise Stale(resource, fence, str(error)) from error
+        raise
+    except redis.exceptions.RedisClusterException as error:
+        crossed = common.cross_slot(error)
+        if crossed is not None:
+            raise crossed from error
+        raise
 
 
 class Lease(LeaseView):
@@ -34,36 +60,43 @@ class Lease(LeaseView):
         """Runs ``command`` in the server only if this lease's fence is still the live one
         (``DLOCK.FENCED``), atomically, through the caller's client, and returns its reply.
         Raises :class:`dlock.Stale` when the server refused it: nothing was written."""
-        try:
-            return self._locks.client.execute_command(
-                *protocol.fenced_args(self.resource, self.fence, command)
-            )
-        except redis.ResponseError as error:
-            if protocol.class_of(error) == "stale":
-                self._locks.metrics.stale_write(self.resource, self.fence, str(error))
-                raise Stale(self.resource, self.fence, str(error)) from error
-            raise
-        except redis.exceptions.RedisClusterException as error:
-            crossed = common.cross_slot(error)
-            if crossed is not None:
-                raise crossed from error
-            raise
+        return _fenced(self._locks, self.resource, self.fence, command)
 
 
-class Hold:
-    """The context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
-    :meth:`Locks.semaphore` return."""
+class SetLease(SetLeaseView):
+    """A granted set (:meth:`Locks.hold_all`): ``token`` owns every one of ``resources``, each
+    with its fence (``fences``, in the same order; ``fence(resource)``), renewed whole for as
+    long as the ``with`` block runs, and lost whole."""
 
-    def __init__(self, locks: Locks, request: Request) -> None:
+    def __init__(self, locks: Locks, state: SetState) -> None:
+        super().__init__(state)
         self._locks = locks
-        self._request = request
-        self._lease: Lease | None = None
 
-    def __enter__(self) -> Lease:
+    def fenced(self, resource: str, *command: Arg) -> Any:
+        """Runs ``command`` in the server only if the fence of the member ``resource`` is still
+        the live one (``DLOCK.FENCED resource fence …``); raises :class:`dlock.Stale` when the
+        server refused it: nothing was written."""
+        return _fenced(self._locks, resource, self.fence(resource), command)
+
+
+ViewT = TypeVar("ViewT", Lease, SetLease)
+
+
+class _Block(Generic[ViewT]):
+    """A ``with`` block over a lease or a set: acquired on entry, renewed by the ``Locks``'
+    renewer while it runs, released when it exits."""
+
+    def __init__(self, locks: Locks) -> None:
+        self._locks = locks
+        self._lease: ViewT | None = None
+
+    def _acquire(self) -> tuple[LeaseState, ViewT]:
+        raise NotImplementedError
+
+    def __enter__(self) -> ViewT:
         if self._lease is not None:
             raise RuntimeError("dlock: a hold is entered once")
-        state = self._locks._acquire(self._request)
-        self._lease = Lease(self._locks, state)
+        state, self._lease = self._acquire()
         self._locks._renewer.add(state)
         return self._lease
 
@@ -83,7 +116,32 @@ class Hold:
             raise state.error()
 
 
-class Locks(common.Handles[Hold]):
+class Hold(_Block[Lease]):
+    """The context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
+    :meth:`Locks.semaphore` return."""
+
+    def __init__(self, locks: Locks, request: Request) -> None:
+        super().__init__(locks)
+        self._request = request
+
+    def _acquire(self) -> tuple[LeaseState, Lease]:
+        state = self._locks._acquire(self._request)
+        return state, Lease(self._locks, state)
+
+
+class SetHold(_Block[SetLease]):
+    """The context manager :meth:`Locks.hold_all` returns."""
+
+    def __init__(self, locks: Locks, request: SetRequest) -> None:
+        super().__init__(locks)
+        self._request = request
+
+    def _acquire(self) -> tuple[LeaseState, SetLease]:
+        state = self._locks._acquire_all(self._request)
+        return state, SetLease(self._locks, state)
+
+
+class Locks(common.Handles[Hold, SetHold]):
     """Lease locks on a Redis (or Valkey) server with the dlock module.
 
     ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster``; dlock makes its own
@@ -113,12 +171,16 @@ class Locks(common.Handles[Hold]):
         self._nodes = Nodes(client, request_timeout)
         self._features_lock = threading.Lock()
         self._renewer = _Renewer(self)
-        # Per held lease: the channel it listens on for its revocation, and its watch there.
-        self._listening: dict[LeaseState, tuple[Channels, Watch]] = {}
+        # Per held lease: the channel of each of its resources it listens on for its
+        # revocation, and its watch there.
+        self._listening: dict[LeaseState, list[tuple[Channels, Watch]]] = {}
         self._listening_lock = threading.Lock()
 
     def _hold(self, request: Request) -> Hold:
         return Hold(self, request)
+
+    def _hold_all(self, request: SetRequest) -> SetHold:
+        return SetHold(self, request)
 
     def features(self, resource: str = "dlock") -> Features:
         """The command options advertised by the server that serves ``resource`` (in a Cluster
@@ -247,7 +309,7 @@ class Locks(common.Handles[Hold]):
         try:
             while True:
                 if plan.queued and plan.left() <= 0:
-                    self._withdraw(request, plan.token)
+                    self._withdraw(resource, common.forget_command(resource, plan.token))
                     raise NotAcquired(resource, request.timeout)
                 if watch is not None:
                     watch.event.clear()  # a message from now on means: send again
@@ -282,12 +344,12 @@ class Locks(common.Handles[Hold]):
                         time.sleep(plan.retry_pause())
                         continue
                     if plan.reached_server:
-                        self._forget(resource, plan.token)
+                        self._forget(resource, common.forget_command(resource, plan.token))
                     raise
                 except BaseException:
                     # Interrupted (KeyboardInterrupt …) with a request out: a grant under our
                     # token may exist.
-                    self._forget(resource, plan.token)
+                    self._forget(resource, common.forget_command(resource, plan.token))
                     raise
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
@@ -301,7 +363,7 @@ class Locks(common.Handles[Hold]):
                     try:
                         watch.event.wait(plan.refresh_in())
                     except BaseException:  # interrupted: the ticket stands
-                        self._forget(resource, plan.token)
+                        self._forget(resource, common.forget_command(resource, plan.token))
                         raise
                 elif answer == "nil":
                     if plan.gives_up(waited=wait_ms is not None):
@@ -313,59 +375,138 @@ class Locks(common.Handles[Hold]):
             if watch is not None and channels is not None:
                 channels.leave(watch)  # where it joined, wherever the resource is served now
 
-    def _listen(self, state: LeaseState) -> None:
-        """Listens on the lease's resource's channel for its revocation (``DLOCK.REVOKE``),
-        without waiting for the subscription: a revocation that races it is caught by the next
-        renewal, as ``renewal_refused``."""
+    def _acquire_all(self, request: SetRequest) -> SetState:
+        self.metrics.acquire_attempt()
+        started = time.monotonic()
+        plan = common.AcquirePlan(
+            request.ttl, request.timeout, request.max_hold, self.request_timeout, request.ticket()
+        )
         try:
-            channels = self._nodes.channels(state.resource)
-        except common.FAILURES as error:  # no node known for the slot: renewals watch it
-            log.debug("dlock: cannot listen on the channel of %s: %s", state.resource, error)
-            return
-        watch = channels.hold(state.resource, state.fence, state.revoked)
+            state = self._try_acquire_all(request, plan)
+        except BaseException as error:
+            self.metrics.acquire_failed(common.acquire_failure(error, plan))
+            raise
+        self.metrics.acquired(state.name, state.token, state.fence_name, time.monotonic() - started)
+        return state
+
+    def _try_acquire_all(self, request: SetRequest, plan: common.AcquirePlan) -> SetState:
+        """``ACQUIREALL`` until it answers fences. With a wait: ``QUEUE``, subscribed to every
+        member's channel first, sent again on any message of any of them (one event shared by
+        their watches) and every third of the ticket's life; at the deadline ``RELEASEALL``
+        without ``FENCES`` withdraws the tickets (and frees a grant whose reply was lost)."""
+        resources = request.resources
+        first = resources[0]
+        forget = common.forget_set_command(resources, plan.token)
+        woken = threading.Event()
+        watches: list[tuple[Channels, Watch]] = []
+        try:
+            while True:
+                if plan.queued and plan.left() <= 0:
+                    self._withdraw(first, forget)
+                    raise NotAcquired(request.name, request.timeout)
+                woken.clear()  # a message from now on means: send again
+                sent = time.monotonic()
+                try:
+                    command, queue_ms = plan.next_set_command(request)
+                    if queue_ms is not None:
+                        serving = [self._nodes.channels(resource) for resource in resources]
+                        if [channels for channels, _ in watches] != serving:
+                            # Subscribed to every member's channel before the first ticket, and
+                            # again where a failover or a migration moved the set.
+                            for channels, watch in watches:
+                                channels.leave(watch)
+                            watches = []
+                            for channels, resource in zip(serving, resources):
+                                watches.append((channels, channels.join(resource, event=woken)))
+                            sent = time.monotonic()
+                        plan.queued = True
+                        with self._nodes.for_resource(first).ticket_requests:
+                            reply = self._call(first, command, self.request_timeout)
+                    else:
+                        reply = self._call(first, command, self.request_timeout)
+                    fences = common.as_fences(reply, len(resources))
+                except Exception as error:
+                    if plan.retry_after(error):
+                        time.sleep(plan.retry_pause())
+                        continue
+                    if plan.reached_server:
+                        self._forget(first, forget)
+                    raise
+                except BaseException:
+                    self._forget(first, forget)  # interrupted with a request out
+                    raise
+                answer = plan.answered(None if fences is None else fences[0], waited=False)
+                if answer == "granted":
+                    assert fences is not None
+                    state = plan.set_lease(resources, fences, sent, self.metrics)
+                    # Before the tickets' watches leave: the channels stay subscribed.
+                    self._listen(state)
+                    return state
+                if queue_ms is None:
+                    raise NotAcquired(request.name, request.timeout)
+                # In line: until a message on a member's channel, or the ticket's refresh.
+                try:
+                    woken.wait(plan.refresh_in())
+                except BaseException:  # interrupted: the tickets stand
+                    self._forget(first, forget)
+                    raise
+        finally:
+            for channels, watch in watches:
+                channels.leave(watch)
+
+    def _listen(self, state: LeaseState) -> None:
+        """Listens on the channel of each of the lease's resources (one; a set's members) for
+        its revocation (``DLOCK.REVOKE``), without waiting for the subscription: a revocation
+        that races it is caught by the next renewal, as ``renewal_refused``."""
+        listening: list[tuple[Channels, Watch]] = []
+        for resource, fence in state.members:
+            try:
+                channels = self._nodes.channels(resource)
+            except common.FAILURES as error:  # no node known for the slot: renewals watch it
+                log.debug("dlock: cannot listen on the channel of %s: %s", resource, error)
+                continue
+            listening.append((channels, channels.hold(resource, fence, state.revoked)))
         with self._listening_lock:
-            self._listening[state] = (channels, watch)
+            self._listening[state] = listening
 
     def _unlisten(self, state: LeaseState) -> None:
-        """Leaves the channel the lease listened on (unsubscribed if nobody else needs it)."""
+        """Leaves the channels the lease listened on (unsubscribed if nobody else needs them)."""
         with self._listening_lock:
-            listening = self._listening.pop(state, None)
-        if listening is not None:
-            channels, watch = listening
+            listening = self._listening.pop(state, [])
+        for channels, watch in listening:
             channels.leave(watch)
 
     def _keep_listening(self, state: LeaseState) -> None:
-        """After a renewal: listens where the resource is served now (a failover or a migration
-        moved it to another node, whose channel the module publishes on)."""
+        """After a renewal: listens where the resources are served now (a failover or a
+        migration moved them to another node, whose channels the module publishes on)."""
         with self._listening_lock:
             listening = self._listening.get(state)
         try:
-            serving = self._nodes.channels(state.resource)
+            serving = [self._nodes.channels(resource) for resource, _ in state.members]
         except common.FAILURES:
             return
-        if listening is not None and listening[0] is not serving:
+        if listening is not None and [channels for channels, _ in listening] != serving:
             self._unlisten(state)
             self._listen(state)
 
-    def _withdraw(self, request: Request, token: str) -> None:
-        """At the caller's deadline: a RELEASE without ``FENCE`` takes the ticket out of line,
-        or frees whatever it was granted meanwhile. The connection answered every earlier
-        request, so nothing of ours is still on its way."""
-        resource = request.resource
+    def _withdraw(self, resource: str, command: list[Arg]) -> None:
+        """At the caller's deadline: a RELEASE (a set's RELEASEALL) without fences takes the
+        tickets out of line, or frees whatever they were granted meanwhile. The connection
+        answered every earlier request, so nothing of ours is still on its way."""
         try:
             with self._nodes.for_resource(resource).ticket_requests:
-                self._call(resource, common.forget_command(resource, token), self.release_timeout)
+                self._call(resource, command, self.release_timeout)
         except common.FAILURES as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
-            self._forget(resource, token)
+            self._forget(resource, command)
 
-    def _forget(self, resource: str, token: str) -> None:
+    def _forget(self, resource: str, command: list[Arg]) -> None:
         """After an acquire that failed on this side (its connection is closed by now): a grant
-        or a ticket under ``token`` may exist; release it from a connection opened for it,
-        within ``release_timeout`` per RELEASE, and once more after a short pause if the first
-        found nothing (see ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim
-        window or its ttl (a ticket: its life)."""
-        command = common.forget_command(resource, token)
+        or a ticket under the attempt's token may exist; ``command`` (``forget_command``, a
+        set's ``forget_set_command``) releases it from a connection opened for it, within
+        ``release_timeout``, and once more after a short pause if the first found nothing (see
+        ``FORGET_AGAIN_AFTER``). What no RELEASE reaches ends with its claim window or its ttl
+        (a ticket: its life)."""
         for attempt in range(2):
             if attempt:
                 time.sleep(common.FORGET_AGAIN_AFTER)
@@ -376,7 +517,7 @@ class Locks(common.Handles[Hold]):
             except common.FAILURES as error:
                 log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
                 return
-            if released == 1:
+            if released:
                 log.debug("dlock: released a grant on %s the acquire never learned", resource)
                 return
 
@@ -385,10 +526,7 @@ class Locks(common.Handles[Hold]):
         no answer in time (both counted as renewal failures)."""
         sent = time.monotonic()
         try:
-            features = self.features(state.resource)
-            command = common.renew_command(
-                features, state.resource, state.token, ttl_ms, state.fence
-            )
+            command = state.renew_command(self.features(state.resource), ttl_ms)
             renewed = common.as_int(
                 self._call(state.resource, command, state.renew_timeout(sent, self.request_timeout))
             )
@@ -411,19 +549,19 @@ class Locks(common.Handles[Hold]):
         failure (logged and counted); one that finds the lease gone is the loss ``ended``; after
         a loss already reported (a local expiry the renewer did not get to is one) the RELEASE
         is best effort, neither, whatever it answers. A revoked lease is not released: the
-        server ended it."""
-        if state.reason == "revoked":
+        server ended it (a set whose member was revoked is: its other members, best effort)."""
+        if state.reason == "revoked" and len(state.members) == 1:
             self.metrics.ended(
-                state.resource, state.token, state.fence, time.monotonic() - state.granted_at
+                state.name, state.token, state.fence_name, time.monotonic() - state.granted_at
             )
             return
         live = not state.expire()
         outcome: bool | None = None
         try:
-            features = self.features(state.resource)
-            command = common.release_command(features, state.resource, state.token, state.fence)
+            command = state.release_command(self.features(state.resource))
             released = common.as_int(self._call(state.resource, command, self.release_timeout))
-            outcome = released == 1
+            # A set: every member released, else one ended before the block did.
+            outcome = released == len(state.members)
             if not outcome:
                 # Gone before the block ended: the end of the work was not protected.
                 state.lose("ended")
@@ -433,9 +571,9 @@ class Locks(common.Handles[Hold]):
                 state.lose("unreachable")
         held = time.monotonic() - state.granted_at
         if live:
-            self.metrics.released(state.resource, state.token, state.fence, held, outcome)
+            self.metrics.released(state.name, state.token, state.fence_name, held, outcome)
         else:
-            self.metrics.ended(state.resource, state.token, state.fence, held)
+            self.metrics.ended(state.name, state.token, state.fence_name, held)
 
 
 class _Renewer:
@@ -481,7 +619,7 @@ class _Renewer:
                 if self._held(state):
                     self._renew(state)
             except Exception:  # never let the thread die: leases would go unrenewed
-                log.exception("dlock: renewal of %s failed unexpectedly", state.resource)
+                log.exception("dlock: renewal of %s failed unexpectedly", state.name)
                 state.renewal_failed(refused=False)
 
     def _renew(self, state: LeaseState) -> None:

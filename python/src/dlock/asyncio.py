@@ -16,7 +16,7 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio
@@ -27,13 +27,22 @@ from redis.backoff import NoBackoff
 from . import _common as common
 from . import _protocol as protocol
 from ._async_channels import Channels, Watch
-from ._common import Features, Leader, LeaseState, LeaseView, Request
+from ._common import (
+    Features,
+    Leader,
+    LeaseState,
+    LeaseView,
+    Request,
+    SetLeaseView,
+    SetRequest,
+    SetState,
+)
 from ._connections import connection_settings
 from ._errors import NotAcquired, Stale
 from ._metrics import Metrics, log
 from ._protocol import Arg
 
-__all__ = ["Hold", "Lease", "Locks"]
+__all__ = ["Hold", "Lease", "Locks", "SetHold", "SetLease"]
 
 
 class _Connections:
@@ -260,6 +269,23 @@ class _Nodes:
             await connections.close()
 
 
+async def _fenced(locks: Locks, resource: str, fence: int, command: tuple[Arg, ...]) -> Any:
+    """``DLOCK.FENCED resource fence command…`` through the caller's client (see
+    :meth:`Lease.fenced`)."""
+    try:
+        return await locks.client.execute_command(*protocol.fenced_args(resource, fence, command))
+    except redis.ResponseError as error:
+        if protocol.class_of(error) == "stale":
+            locks.metrics.stale_write(resource, fence, str(error))
+            raise Stale(resource, fence, str(error)) from error
+        raise
+    except redis.exceptions.RedisClusterException as error:
+        crossed = common.cross_slot(error)
+        if crossed is not None:
+            raise crossed from error
+        raise
+
+
 class Lease(LeaseView):
     """A granted lease (see :class:`dlock.Lease`); :meth:`fenced` is a coroutine here."""
 
@@ -271,20 +297,21 @@ class Lease(LeaseView):
         """Runs ``command`` in the server only if this lease's fence is still the live one
         (``DLOCK.FENCED``), through the caller's client; raises :class:`dlock.Stale` when the
         server refused it: nothing was written."""
-        try:
-            return await self._locks.client.execute_command(
-                *protocol.fenced_args(self.resource, self.fence, command)
-            )
-        except redis.ResponseError as error:
-            if protocol.class_of(error) == "stale":
-                self._locks.metrics.stale_write(self.resource, self.fence, str(error))
-                raise Stale(self.resource, self.fence, str(error)) from error
-            raise
-        except redis.exceptions.RedisClusterException as error:
-            crossed = common.cross_slot(error)
-            if crossed is not None:
-                raise crossed from error
-            raise
+        return await _fenced(self._locks, self.resource, self.fence, command)
+
+
+class SetLease(SetLeaseView):
+    """A granted set (see :class:`dlock.SetLease`); :meth:`fenced` is a coroutine here."""
+
+    def __init__(self, locks: Locks, state: SetState) -> None:
+        super().__init__(state)
+        self._locks = locks
+
+    async def fenced(self, resource: str, *command: Arg) -> Any:
+        """Runs ``command`` in the server only if the fence of the member ``resource`` is still
+        the live one; raises :class:`dlock.Stale` when the server refused it: nothing was
+        written."""
+        return await _fenced(self._locks, resource, self.fence(resource), command)
 
 
 def _uncancel(task: asyncio.Task[Any]) -> None:
@@ -298,26 +325,31 @@ def _cancelling(task: asyncio.Task[Any]) -> int:
     return int(cancelling()) if cancelling is not None else 0
 
 
-class Hold:
-    """The async context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
-    :meth:`Locks.semaphore` return."""
+ViewT = TypeVar("ViewT", Lease, SetLease)
 
-    def __init__(self, locks: Locks, request: Request) -> None:
+
+class _Block(Generic[ViewT]):
+    """An ``async with`` block over a lease or a set: acquired on entry, renewed by the
+    ``Locks``' renewal task while it runs, its body cancelled at a loss, released when it
+    exits."""
+
+    def __init__(self, locks: Locks) -> None:
         self._locks = locks
-        self._request = request
-        self._lease: Lease | None = None
+        self._lease: ViewT | None = None
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exiting = False
         self._cancelled_body = False
 
-    async def __aenter__(self) -> Lease:
+    async def _acquire(self) -> tuple[LeaseState, ViewT]:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> ViewT:
         if self._lease is not None:
             raise RuntimeError("dlock: a hold is entered once")
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
-        state = await self._locks._acquire(self._request)
-        self._lease = Lease(self._locks, state)
+        state, self._lease = await self._acquire()
         state.on_lost(self._lost)
         self._locks._renewer.add(state)
         return self._lease
@@ -372,7 +404,32 @@ class Hold:
         return None
 
 
-class Locks(common.Handles[Hold]):
+class Hold(_Block[Lease]):
+    """The async context manager :meth:`Locks.hold`, :meth:`Locks.read`, :meth:`Locks.write` and
+    :meth:`Locks.semaphore` return."""
+
+    def __init__(self, locks: Locks, request: Request) -> None:
+        super().__init__(locks)
+        self._request = request
+
+    async def _acquire(self) -> tuple[LeaseState, Lease]:
+        state = await self._locks._acquire(self._request)
+        return state, Lease(self._locks, state)
+
+
+class SetHold(_Block[SetLease]):
+    """The async context manager :meth:`Locks.hold_all` returns."""
+
+    def __init__(self, locks: Locks, request: SetRequest) -> None:
+        super().__init__(locks)
+        self._request = request
+
+    async def _acquire(self) -> tuple[LeaseState, SetLease]:
+        state = await self._locks._acquire_all(self._request)
+        return state, SetLease(self._locks, state)
+
+
+class Locks(common.Handles[Hold, SetHold]):
     """Lease locks for ``redis.asyncio`` clients; the same API and lifecycle as
     :class:`dlock.Locks`, with one renewal task per ``Locks`` and ``Locks`` used from one event
     loop at a time."""
@@ -396,11 +453,15 @@ class Locks(common.Handles[Hold]):
         self.metrics = metrics if metrics is not None else Metrics()
         self._nodes = _Nodes(client, request_timeout)
         self._renewer = _Renewer(self)
-        # Per held lease: the channel it listens on for its revocation, and its watch there.
-        self._listening: dict[LeaseState, tuple[Channels, Watch]] = {}
+        # Per held lease: the channel of each of its resources it listens on for its
+        # revocation, and its watch there.
+        self._listening: dict[LeaseState, list[tuple[Channels, Watch]]] = {}
 
     def _hold(self, request: Request) -> Hold:
         return Hold(self, request)
+
+    def _hold_all(self, request: SetRequest) -> SetHold:
+        return SetHold(self, request)
 
     async def features(self, resource: str = "dlock") -> Features:
         """The command options advertised by the server that serves ``resource``, read once per
@@ -520,7 +581,7 @@ class Locks(common.Handles[Hold]):
         try:
             while True:
                 if plan.queued and plan.left() <= 0:
-                    await self._withdraw(request, plan.token)
+                    await self._withdraw(resource, common.forget_command(resource, plan.token))
                     raise NotAcquired(resource, request.timeout)
                 if watch is not None:
                     watch.event.clear()  # a message from now on means: send again
@@ -552,14 +613,15 @@ class Locks(common.Handles[Hold]):
                     fence = common.as_int(reply)
                 except asyncio.CancelledError:
                     # The caller gave up: a grant (or a ticket) under our token may exist.
-                    await asyncio.shield(self._forget(resource, plan.token))
+                    forget = common.forget_command(resource, plan.token)
+                    await asyncio.shield(self._forget(resource, forget))
                     raise
                 except Exception as error:
                     if plan.retry_after(error):
                         await asyncio.sleep(plan.retry_pause())
                         continue
                     if plan.reached_server:
-                        await self._forget(resource, plan.token)
+                        await self._forget(resource, common.forget_command(resource, plan.token))
                     raise
                 answer = plan.answered(fence, waited=wait_ms is not None)
                 if answer == "granted":
@@ -575,7 +637,8 @@ class Locks(common.Handles[Hold]):
                     except asyncio.TimeoutError:
                         pass
                     except asyncio.CancelledError:
-                        await asyncio.shield(self._forget(resource, plan.token))
+                        forget = common.forget_command(resource, plan.token)
+                        await asyncio.shield(self._forget(resource, forget))
                         raise
                 elif answer == "nil":
                     if plan.gives_up(waited=wait_ms is not None):
@@ -587,53 +650,131 @@ class Locks(common.Handles[Hold]):
             if watch is not None and channels is not None:
                 await channels.leave(watch)  # where it joined, wherever the resource is now
 
-    async def _listen(self, state: LeaseState) -> None:
-        """Listens on the lease's resource's channel for its revocation, without waiting for
-        the subscription (see :meth:`dlock.Locks._listen`)."""
+    async def _acquire_all(self, request: SetRequest) -> SetState:
+        self.metrics.acquire_attempt()
+        started = time.monotonic()
+        plan = common.AcquirePlan(
+            request.ttl, request.timeout, request.max_hold, self.request_timeout, request.ticket()
+        )
         try:
-            channels = await self._nodes.channels(state.resource)
-        except common.FAILURES as error:  # no node known for the slot: renewals watch it
-            log.debug("dlock: cannot listen on the channel of %s: %s", state.resource, error)
-            return
-        watch = channels.hold(state.resource, state.fence, state.revoked)
-        self._listening[state] = (channels, watch)
+            state = await self._try_acquire_all(request, plan)
+        except BaseException as error:
+            self.metrics.acquire_failed(common.acquire_failure(error, plan))
+            raise
+        self.metrics.acquired(state.name, state.token, state.fence_name, time.monotonic() - started)
+        return state
+
+    async def _try_acquire_all(self, request: SetRequest, plan: common.AcquirePlan) -> SetState:
+        """``ACQUIREALL`` until it answers fences, waiting in every member's line (see
+        :meth:`dlock.Locks._try_acquire_all`)."""
+        resources = request.resources
+        first = resources[0]
+        forget = common.forget_set_command(resources, plan.token)
+        woken = asyncio.Event()
+        watches: list[tuple[Channels, Watch]] = []
+        try:
+            while True:
+                if plan.queued and plan.left() <= 0:
+                    await self._withdraw(first, forget)
+                    raise NotAcquired(request.name, request.timeout)
+                woken.clear()  # a message from now on means: send again
+                sent = time.monotonic()
+                try:
+                    command, queue_ms = plan.next_set_command(request)
+                    if queue_ms is not None:
+                        serving = [await self._nodes.channels(resource) for resource in resources]
+                        if [channels for channels, _ in watches] != serving:
+                            # Subscribed to every member's channel before the first ticket, and
+                            # again where a failover or a migration moved the set.
+                            for channels, watch in watches:
+                                await channels.leave(watch)
+                            watches = []
+                            for channels, resource in zip(serving, resources):
+                                watch = await channels.join(resource, event=woken)
+                                watches.append((channels, watch))
+                            sent = time.monotonic()
+                        plan.queued = True
+                        async with (await self._nodes.for_resource(first)).ticket_requests:
+                            reply = await self._call(first, command, self.request_timeout)
+                    else:
+                        reply = await self._call(first, command, self.request_timeout)
+                    fences = common.as_fences(reply, len(resources))
+                except asyncio.CancelledError:
+                    # The caller gave up: a grant (or tickets) under our token may exist.
+                    await asyncio.shield(self._forget(first, forget))
+                    raise
+                except Exception as error:
+                    if plan.retry_after(error):
+                        await asyncio.sleep(plan.retry_pause())
+                        continue
+                    if plan.reached_server:
+                        await self._forget(first, forget)
+                    raise
+                answer = plan.answered(None if fences is None else fences[0], waited=False)
+                if answer == "granted":
+                    assert fences is not None
+                    state = plan.set_lease(resources, fences, sent, self.metrics)
+                    # Before the tickets' watches leave: the channels stay subscribed.
+                    await self._listen(state)
+                    return state
+                if queue_ms is None:
+                    raise NotAcquired(request.name, request.timeout)
+                # In line: until a message on a member's channel, or the ticket's refresh.
+                try:
+                    await asyncio.wait_for(woken.wait(), plan.refresh_in())
+                except asyncio.TimeoutError:
+                    pass
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._forget(first, forget))
+                    raise
+        finally:
+            for channels, watch in watches:
+                await channels.leave(watch)
+
+    async def _listen(self, state: LeaseState) -> None:
+        """Listens on the channel of each of the lease's resources for its revocation, without
+        waiting for the subscription (see :meth:`dlock.Locks._listen`)."""
+        listening: list[tuple[Channels, Watch]] = []
+        for resource, fence in state.members:
+            try:
+                channels = await self._nodes.channels(resource)
+            except common.FAILURES as error:  # no node known for the slot: renewals watch it
+                log.debug("dlock: cannot listen on the channel of %s: %s", resource, error)
+                continue
+            listening.append((channels, channels.hold(resource, fence, state.revoked)))
+        self._listening[state] = listening
 
     async def _unlisten(self, state: LeaseState) -> None:
-        """Leaves the channel the lease listened on (unsubscribed if nobody else needs it)."""
-        listening = self._listening.pop(state, None)
-        if listening is not None:
-            channels, watch = listening
+        """Leaves the channels the lease listened on (unsubscribed if nobody else needs them)."""
+        for channels, watch in self._listening.pop(state, []):
             await channels.leave(watch)
 
     async def _keep_listening(self, state: LeaseState) -> None:
-        """After a renewal: listens where the resource is served now (see
+        """After a renewal: listens where the resources are served now (see
         :meth:`dlock.Locks._keep_listening`)."""
         listening = self._listening.get(state)
         try:
-            serving = await self._nodes.channels(state.resource)
+            serving = [await self._nodes.channels(resource) for resource, _ in state.members]
         except common.FAILURES:
             return
-        if listening is not None and listening[0] is not serving:
+        if listening is not None and [channels for channels, _ in listening] != serving:
             await self._unlisten(state)
             await self._listen(state)
 
-    async def _withdraw(self, request: Request, token: str) -> None:
-        """At the caller's deadline: the ticket taken out of line, or whatever it was granted
-        meanwhile released (see :meth:`dlock.Locks._withdraw`)."""
-        resource = request.resource
+    async def _withdraw(self, resource: str, command: list[Arg]) -> None:
+        """At the caller's deadline: the tickets taken out of line, or whatever they were
+        granted meanwhile released (see :meth:`dlock.Locks._withdraw`)."""
         try:
             async with (await self._nodes.for_resource(resource)).ticket_requests:
-                forget = common.forget_command(resource, token)
-                await self._call(resource, forget, self.release_timeout)
+                await self._call(resource, command, self.release_timeout)
         except common.FAILURES as error:
             log.debug("dlock: could not withdraw a ticket on %s: %s", resource, error)
-            await self._forget(resource, token)
+            await self._forget(resource, command)
 
-    async def _forget(self, resource: str, token: str) -> None:
-        """See :meth:`dlock.Locks._forget`: the attempt's token (a grant, or a ticket that may
-        stand) released from a connection opened for it, once more after a short pause if the
-        first RELEASE found nothing."""
-        command = common.forget_command(resource, token)
+    async def _forget(self, resource: str, command: list[Arg]) -> None:
+        """See :meth:`dlock.Locks._forget`: the attempt's token (a grant, or tickets that may
+        stand) released by ``command`` from a connection opened for it, once more after a
+        short pause if the first found nothing."""
         for attempt in range(2):
             if attempt:
                 await asyncio.sleep(common.FORGET_AGAIN_AFTER)
@@ -644,17 +785,14 @@ class Locks(common.Handles[Hold]):
             except common.FAILURES as error:
                 log.debug("dlock: could not release an unknown grant on %s: %s", resource, error)
                 return
-            if released == 1:
+            if released:
                 log.debug("dlock: released a grant on %s the acquire never learned", resource)
                 return
 
     async def _renew(self, state: LeaseState, ttl_ms: int) -> bool | None:
         sent = time.monotonic()
         try:
-            features = await self.features(state.resource)
-            command = common.renew_command(
-                features, state.resource, state.token, ttl_ms, state.fence
-            )
+            command = state.renew_command(await self.features(state.resource), ttl_ms)
             renewed = common.as_int(
                 await self._call(
                     state.resource, command, state.renew_timeout(sent, self.request_timeout)
@@ -679,21 +817,21 @@ class Locks(common.Handles[Hold]):
         failure (logged and counted); one that finds the lease gone is the loss ``ended``; after
         a loss already reported (a local expiry the renewer did not get to is one) the RELEASE
         is best effort, neither, whatever it answers. A revoked lease is not released: the
-        server ended it."""
-        if state.reason == "revoked":
+        server ended it (a set whose member was revoked is: its other members, best effort)."""
+        if state.reason == "revoked" and len(state.members) == 1:
             self.metrics.ended(
-                state.resource, state.token, state.fence, time.monotonic() - state.granted_at
+                state.name, state.token, state.fence_name, time.monotonic() - state.granted_at
             )
             return
         live = not state.expire()
         outcome: bool | None = None
         try:
-            features = await self.features(state.resource)
-            command = common.release_command(features, state.resource, state.token, state.fence)
+            command = state.release_command(await self.features(state.resource))
             released = common.as_int(
                 await self._call(state.resource, command, self.release_timeout)
             )
-            outcome = released == 1
+            # A set: every member released, else one ended before the block did.
+            outcome = released == len(state.members)
             if not outcome:
                 # Gone before the block ended: the end of the work was not protected.
                 state.lose("ended")
@@ -703,9 +841,9 @@ class Locks(common.Handles[Hold]):
                 state.lose("unreachable")
         held = time.monotonic() - state.granted_at
         if live:
-            self.metrics.released(state.resource, state.token, state.fence, held, outcome)
+            self.metrics.released(state.name, state.token, state.fence_name, held, outcome)
         else:
-            self.metrics.ended(state.resource, state.token, state.fence, held)
+            self.metrics.ended(state.name, state.token, state.fence_name, held)
 
 
 class _Renewer:
@@ -747,7 +885,7 @@ class _Renewer:
             try:
                 await self._renew(state)
             except Exception:  # never let the task die: leases would go unrenewed
-                log.exception("dlock: renewal of %s failed unexpectedly", state.resource)
+                log.exception("dlock: renewal of %s failed unexpectedly", state.name)
                 state.renewal_failed(refused=False)
 
     async def _renew(self, state: LeaseState) -> None:
