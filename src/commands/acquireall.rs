@@ -4,10 +4,7 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue, raw};
 
-use super::{
-    ArgKind, ArgMeta, CommandMeta, Keys, V3, acquire, declare_members, keys_position_request,
-    on_lock, primary_only, split_members,
-};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V3, acquire, on_lock, set_call};
 use crate::core::{Acquired, args};
 use crate::{clock, config};
 
@@ -33,12 +30,9 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if keys_position_request(ctx) {
-        declare_members(ctx, args, META.key_flags);
-        return Ok(RedisValue::NoReply);
-    }
-    let (resources, rest) = split_members(args, META.name)?;
-    primary_only(ctx)?;
+    let Some((resources, rest)) = set_call(ctx, args, &META)? else {
+        return Ok(RedisValue::NoReply); // the server asked for the keys
+    };
     let request = args::acquire_all(&rest, config::max_ttl_ms())?;
     let now = clock::now();
     for resource in resources {

@@ -388,6 +388,7 @@ impl Lock {
     /// `new_grants_held`, a lock without any lease record is not granted either. A re-acquire
     /// never carries the lease past `max_hold_ms` (its deadline is capped there), and never
     /// changes its mode (an error). `meta` replaces the holder's metadata when given.
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(in crate::core) fn acquire_as(
         &mut self,
