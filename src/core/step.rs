@@ -294,6 +294,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
 
     /// Carries out an `admission` of `token` just decided on this lock, and records the
     /// outcome's transitions.
+    #[inline]
     fn take(
         &mut self,
         lock: &mut Lock,
@@ -324,6 +325,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// What an ACQUIRE would answer after the lock settles, granting nothing: the rule
     /// [`Step::acquire_as`] follows. `DLOCK.ACQUIREALL` asks [`Step::set_admission`] of every
     /// member first, then grants every member (each then answers what it said) or none.
+    #[inline]
     pub fn admission(
         &mut self,
         lock: &mut Lock,
@@ -346,6 +348,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     }
 
     /// Settles the lock, then asks `decide` unless expired leases are still ending.
+    #[inline]
     fn admit(
         &mut self,
         lock: &mut Lock,
