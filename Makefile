@@ -86,9 +86,10 @@ bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios; writes bench/re
 	BENCH_LATENESS_SERVERS="redis-server $$(bash scripts/redis74.sh) $$(bash scripts/valkey.sh)" \
 	./target/release/dlock-bench
 
-lint: deps ## cargo clippy with warnings as errors; the Rust client and the protocol crate package for crates.io
+lint: deps ## cargo clippy with warnings as errors; the Rust client and the protocol crate package for crates.io; every client has the module's version
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo package -p dlock-proto -p dlock-client --no-verify --allow-dirty --quiet
+	bash scripts/versions.sh check
 
 fmt: ## Format the code
 	cargo fmt --all

@@ -5,18 +5,24 @@ use std::time::Duration;
 
 use dlock_testkit::*;
 
+/// `command numkeys resource… token rest…`, the shape of every set command.
+fn on_set<T: redis::FromRedisValue>(
+    command: &str,
+    con: &mut redis::Connection,
+    resources: &[&str],
+    token: &str,
+    rest: &[&str],
+) -> redis::RedisResult<T> {
+    redis::cmd(command).arg(resources.len()).arg(resources).arg(token).arg(rest).query(con)
+}
+
 fn acquire_all(
     con: &mut redis::Connection,
     resources: &[&str],
     token: &str,
     rest: &[&str],
 ) -> redis::RedisResult<Option<Vec<i64>>> {
-    redis::cmd("DLOCK.ACQUIREALL")
-        .arg(resources.len())
-        .arg(resources)
-        .arg(token)
-        .arg(rest)
-        .query(con)
+    on_set("DLOCK.ACQUIREALL", con, resources, token, rest)
 }
 
 fn renew_all(
@@ -25,7 +31,7 @@ fn renew_all(
     token: &str,
     rest: &[&str],
 ) -> redis::RedisResult<i64> {
-    redis::cmd("DLOCK.RENEWALL").arg(resources.len()).arg(resources).arg(token).arg(rest).query(con)
+    on_set("DLOCK.RENEWALL", con, resources, token, rest)
 }
 
 fn release_all(
@@ -34,12 +40,7 @@ fn release_all(
     token: &str,
     rest: &[&str],
 ) -> redis::RedisResult<i64> {
-    redis::cmd("DLOCK.RELEASEALL")
-        .arg(resources.len())
-        .arg(resources)
-        .arg(token)
-        .arg(rest)
-        .query(con)
+    on_set("DLOCK.RELEASEALL", con, resources, token, rest)
 }
 
 fn counter(con: &mut redis::Connection, name: &str) -> u64 {

@@ -10,6 +10,7 @@ import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { Locks } from "./locks.js";
+import { VERSION } from "./version.js";
 import type { Lease } from "./lease.js";
 import {
   DlockError,
@@ -222,7 +223,8 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const driver = new Driver(new Locks(client));
-  write({ event: "ready" });
+  const redis = process.env.DLOCK_CLIENT === "node-redis" ? "node-redis" : "ioredis";
+  write({ event: "ready", client: `@dlock/client ${VERSION} (${redis})` });
   const inFlight = new Set<Promise<void>>();
   const lines = createInterface({ input: process.stdin, crlfDelay: Infinity });
   for await (const raw of lines) {

@@ -2,6 +2,7 @@
 // node-redis. See README.md; docs/protocol.md in the repository is the contract it follows.
 
 export { Locks, newToken } from "./locks.js";
+export { VERSION } from "./version.js";
 export { Lease } from "./lease.js";
 export { fencedSql, type SqlClient } from "./sql.js";
 export {

@@ -9,6 +9,7 @@ import { after, before, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { Server } from "./kit.js";
+import { VERSION } from "../src/version.js";
 
 let server: Server;
 before(async () => {
@@ -40,7 +41,7 @@ for (const client of ["ioredis", "node-redis"]) {
     };
     const kind = (reply: Record<string, unknown>): unknown => (reply["error"] as { kind?: unknown } | undefined)?.kind;
     const r = `r-${client}`;
-    assert.deepEqual(await next(), { event: "ready" });
+    assert.deepEqual(await next(), { event: "ready", client: `@dlock/client ${VERSION} (${client})` });
     const granted = await send({ id: 1, op: "hold", lease: "a", resource: r, ttl_ms: 900 });
     const ok = granted["ok"] as { fence?: unknown; token?: unknown };
     assert.equal(granted["id"], 1);

@@ -5,8 +5,8 @@ use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, 
 
 use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, on_lock, primary_only, split_args};
 use crate::apply;
-use crate::core::args;
 use crate::core::{Acquired, DlockError, Lock, Step, Waiter};
+use crate::core::{args, sets};
 use crate::{clock, config, expiry, waiters};
 
 /// `SHARED [LIMIT n]`.
@@ -65,7 +65,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     RedisValue::NoReply
                 }
                 (_, Some(ticket_ms)) => {
-                    queue(step, lock, &request, ticket_ms, false);
+                    queue(step, lock, &request, ticket_ms);
                     RedisValue::Null
                 }
                 _ => {
@@ -121,31 +121,18 @@ fn wait(
 }
 
 /// Takes or keeps the token's place in line with a ticket of `ticket_ms`; its turn is granted
-/// with a claim window (`CLAIM`, by default the ticket's life). A set's ticket (`set`) is never
-/// handed the lock: its set's `DLOCK.ACQUIREALL` takes it.
-pub(super) fn queue(
+/// with a claim window (`CLAIM`, by default the ticket's life).
+fn queue(
     step: &mut Step<'_, apply::Server>,
     lock: &mut Lock,
     request: &args::AcquireArgs<'_>,
     ticket_ms: u64,
-    set: bool,
 ) {
-    let now = step.now();
-    let (id, queued_at) = match lock.queued(request.token) {
-        Some(waiter) if waiter.ticket_until.is_some() => (waiter.id, waiter.queued_at),
-        _ => (waiters::new_ticket_id(), now.mono),
-    };
-    let waiter = Waiter {
-        id,
-        token: request.token.into(),
-        ttl_ms: request.ttl_ms,
-        gives_up_at: None,
-        queued_at,
-        claim_ms: (!set).then(|| request.claim_ms.unwrap_or(ticket_ms)),
-        ticket_until: Some(now.mono.saturating_add(ticket_ms.saturating_mul(1_000))),
-        set,
-        mode: request.mode,
-        meta: request.meta.map(Into::into),
-    };
-    step.enqueue_ticket(lock, waiter);
+    let claim = Some(request.claim_ms.unwrap_or(ticket_ms));
+    let (token, mode, meta) = (request.token, request.mode, request.meta);
+    let now = step.now().mono;
+    let id = waiters::new_ticket_id();
+    let ticket =
+        sets::ticket(lock, token, request.ttl_ms, mode, meta, claim, ticket_ms, false, now, id);
+    step.enqueue_ticket(lock, ticket);
 }

@@ -4,12 +4,11 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue, raw};
 
-use super::{
-    ArgKind, ArgMeta, CommandMeta, Keys, V3, acquire, declare_members, keys_position_request,
-    on_lock, primary_only, split_members,
-};
-use crate::core::{Acquired, args};
-use crate::{clock, config};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V3, acquire, on_lock, set_call};
+use crate::apply;
+use crate::core::sets::{self, SetOutcome, SetRequest};
+use crate::core::{Lock, Now, Step, args};
+use crate::{clock, config, waiters};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.acquireall",
@@ -33,82 +32,56 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if keys_position_request(ctx) {
-        declare_members(ctx, args, META.key_flags);
-        return Ok(RedisValue::NoReply);
-    }
-    let (resources, rest) = split_members(args, META.name)?;
-    primary_only(ctx)?;
+    let Some((resources, rest)) = set_call(ctx, args, &META)? else {
+        return Ok(RedisValue::NoReply); // the server asked for the keys
+    };
     let request = args::acquire_all(&rest, config::max_ttl_ms())?;
     let now = clock::now();
     for resource in resources {
         crate::cluster::gate(ctx, resource.as_slice(), now)?;
     }
-    // Every member settles and says what an ACQUIRE would answer (the token's own set ticket
-    // heading a member's line does not stand in its way). Nothing runs between these decisions
-    // and the grants below (one command), so each grant answers what its member said here.
-    let mut admitted = Vec::with_capacity(resources.len());
-    for resource in resources {
-        let admission = on_lock(ctx, resource, now, |step, lock| {
-            step.set_admission(lock, request.token, request.mode)
-        })??;
-        admitted.push(admission.grants());
+    let set = SetRequest {
+        token: request.token,
+        ttl_ms: request.ttl_ms,
+        mode: request.mode,
+        meta: request.meta,
+        queue_ms: request.queue_ms,
+    };
+    match sets::acquire_all(&mut SetKeys { ctx, resources, now }, &set)? {
+        SetOutcome::Granted(fences) => Ok(RedisValue::Array(
+            fences.into_iter().map(|fence| RedisValue::Integer(fence as i64)).collect(),
+        )),
+        SetOutcome::Refused | SetOutcome::Queued => Ok(RedisValue::Null),
+        SetOutcome::Inconsistent => Err(RedisError::Str(
+            "ERR internal error in dlock: a set member admitted then refused; please report it",
+        )),
     }
-    if let Some(refused) = admitted.iter().position(|grants| !grants) {
-        match request.queue_ms {
-            Some(ticket_ms) => queue_set(ctx, resources, &request, ticket_ms, now)?,
-            // One refusal, counted once, on the first member that refused.
-            None => on_lock(ctx, &resources[refused], now, |step, _| step.contended())?,
-        }
-        return Ok(RedisValue::Null);
-    }
-    let mut fences = Vec::with_capacity(resources.len());
-    for resource in resources {
-        let outcome = on_lock(ctx, resource, now, |step, lock| {
-            step.acquire_member(lock, request.token, request.ttl_ms, request.mode, request.meta)
-        })??;
-        match outcome {
-            Acquired::Granted { fence, .. } | Acquired::Reacquired { fence } => {
-                fences.push(RedisValue::Integer(fence as i64));
-            }
-            // Unreachable by the rule above; said rather than hidden if a change breaks it.
-            Acquired::Busy | Acquired::GrantsHeld => {
-                return Err(RedisError::Str(
-                    "ERR internal error in dlock: a set member admitted then refused; please report it",
-                ));
-            }
-        }
-    }
-    Ok(RedisValue::Array(fences))
 }
 
-/// `QUEUE ticket-ms`: the set's ticket takes or keeps its place in every member's line. A set
-/// whose ticket is missing from some line (it lapsed there, or the key was deleted) first leaves
-/// every line and joins them all at the back: every two sets then stand in the same order in
-/// every line they share, so the oldest set is never behind a younger one, and no two sets can
-/// wait for each other.
-fn queue_set(
-    ctx: &Context,
-    resources: &[RedisString],
-    request: &args::AcquireArgs<'_>,
-    ticket_ms: u64,
-    now: crate::core::Now,
-) -> Result<(), RedisError> {
-    let mut in_line = 0;
-    for resource in resources {
-        let queued = on_lock(ctx, resource, now, |_, lock| {
-            lock.queued(request.token).is_some_and(|waiter| waiter.set)
-        })?;
-        in_line += usize::from(queued);
+/// A set's members as the keys of this call.
+struct SetKeys<'a> {
+    ctx: &'a Context,
+    resources: &'a [RedisString],
+    now: Now,
+}
+
+impl sets::Members for SetKeys<'_> {
+    type Host = apply::Server;
+    type Error = RedisError;
+
+    fn count(&self) -> usize {
+        self.resources.len()
     }
-    let rejoin = in_line != 0 && in_line != resources.len();
-    for resource in resources {
-        on_lock(ctx, resource, now, |step, lock| {
-            if rejoin {
-                step.withdraw_ticket(lock, request.token);
-            }
-            acquire::queue(step, lock, request, ticket_ms, true);
-        })?;
+
+    fn decide<T>(
+        &mut self,
+        index: usize,
+        op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock) -> T,
+    ) -> Result<T, RedisError> {
+        on_lock(self.ctx, &self.resources[index], self.now, op)
     }
-    Ok(())
+
+    fn new_ticket_id(&mut self) -> u64 {
+        waiters::new_ticket_id()
+    }
 }

@@ -207,12 +207,15 @@ pub fn split_args<'a>(
     }
 }
 
+/// A set command's resources, and the arguments after them.
+pub type Members<'a> = (&'a [RedisString], Vec<&'a [u8]>);
+
 /// Splits `[command, numkeys, resource…, rest…]` of a set command: the resources (each named
 /// once), and the arguments after them.
-pub fn split_members<'a>(
+fn split_members<'a>(
     args: &'a [RedisString],
     command: &'static str,
-) -> Result<(&'a [RedisString], Vec<&'a [u8]>), DlockError> {
+) -> Result<Members<'a>, DlockError> {
     let [_, numkeys, after @ ..] = args else {
         return Err(DlockError::WrongArity(command));
     };
@@ -250,7 +253,7 @@ pub fn declare_key(ctx: &Context, pos: usize, flags: u32) {
 /// Answers a key position request of a set command: its `numkeys` resources (none when
 /// `numkeys` is invalid: the call then fails on its own). Redis 7.0 routes a module command
 /// in Cluster (`MOVED`, `ASK`, `TRYAGAIN`, `CROSSSLOT`) by these, not by its key spec.
-pub fn declare_members(ctx: &Context, args: &[RedisString], flags: u32) {
+fn declare_members(ctx: &Context, args: &[RedisString], flags: u32) {
     let [_, numkeys, after @ ..] = args else {
         return;
     };
@@ -259,6 +262,22 @@ pub fn declare_members(ctx: &Context, args: &[RedisString], flags: u32) {
             declare_key(ctx, pos, flags);
         }
     }
+}
+
+/// The start of every set command: a key position request is answered (`None`); otherwise the
+/// call's resources and the arguments after them, on a primary.
+pub fn set_call<'a>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    meta: &CommandMeta,
+) -> Result<Option<Members<'a>>, DlockError> {
+    if keys_position_request(ctx) {
+        declare_members(ctx, args, meta.key_flags);
+        return Ok(None);
+    }
+    let split = split_members(args, meta.name)?;
+    primary_only(ctx)?;
+    Ok(Some(split))
 }
 
 /// Decides `op` on the lock of `resource` (an empty lock when it has no key, stored only if

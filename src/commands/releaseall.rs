@@ -3,10 +3,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{
-    ArgKind, ArgMeta, CommandMeta, Keys, V3, declare_members, keys_position_request, on_lock,
-    primary_only, split_members,
-};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V3, on_lock, set_call};
 use crate::clock;
 use crate::core::args;
 
@@ -29,12 +26,9 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if keys_position_request(ctx) {
-        declare_members(ctx, args, META.key_flags);
-        return Ok(RedisValue::NoReply);
-    }
-    let (resources, rest) = split_members(args, META.name)?;
-    primary_only(ctx)?;
+    let Some((resources, rest)) = set_call(ctx, args, &META)? else {
+        return Ok(RedisValue::NoReply); // the server asked for the keys
+    };
     let request = args::release_all(&rest, resources.len())?;
     let now = clock::now();
     let mut released = 0;

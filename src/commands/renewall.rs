@@ -4,10 +4,7 @@
 
 use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
-use super::{
-    ArgKind, ArgMeta, CommandMeta, Keys, V3, declare_members, keys_position_request, on_lock,
-    primary_only, split_members,
-};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V3, on_lock, set_call};
 use crate::core::{DlockError, Renewal, args};
 use crate::{clock, config};
 
@@ -31,12 +28,9 @@ pub const META: CommandMeta = CommandMeta {
 };
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if keys_position_request(ctx) {
-        declare_members(ctx, args, META.key_flags);
-        return Ok(RedisValue::NoReply);
-    }
-    let (resources, rest) = split_members(args, META.name)?;
-    primary_only(ctx)?;
+    let Some((resources, rest)) = set_call(ctx, args, &META)? else {
+        return Ok(RedisValue::NoReply); // the server asked for the keys
+    };
     let request = args::renew_all(&rest, resources.len(), config::max_ttl_ms())?;
     let now = clock::now();
     // Every member says what a RENEW would answer; the first that would not renew is refused

@@ -23,6 +23,9 @@ pub mod ratelimit;
 pub mod registry;
 pub mod replica;
 pub mod schedule;
+pub mod sets;
+#[cfg(test)]
+mod sets_tests;
 #[cfg(test)]
 mod shared_index_tests;
 #[cfg(test)]

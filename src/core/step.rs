@@ -288,21 +288,27 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         mode: Mode,
         meta: Option<&[u8]>,
     ) -> Result<Acquired, DlockError> {
-        self.settle(lock)?;
-        if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
-            // Expired leases are still ending, a slice a turn: no new grant before they have
-            // (it would end them unannounced). The request waits or is refused as if held.
-            return Ok(Acquired::Busy);
-        }
-        let unclaimed = self.unclaimed_by(lock, token, None);
-        let outcome =
-            lock.acquire_as(token, ttl_ms, mode, meta, self.now, self.fences, self.rules)?;
-        Ok(self.record_acquired(unclaimed, outcome))
+        let admission = self.admission(lock, token, mode)?;
+        self.take(lock, admission, token, ttl_ms, mode, meta)
     }
 
-    /// The transitions of an ACQUIRE's outcome (`unclaimed`: the token held the lease handed
-    /// over unclaimed before it).
-    fn record_acquired(&mut self, unclaimed: bool, outcome: Acquired) -> Acquired {
+    /// Carries out an `admission` of `token` just decided on this lock, and records the
+    /// outcome's transitions.
+    #[inline]
+    fn take(
+        &mut self,
+        lock: &mut Lock,
+        admission: Admission,
+        token: &[u8],
+        ttl_ms: u64,
+        mode: Mode,
+        meta: Option<&[u8]>,
+    ) -> Result<Acquired, DlockError> {
+        // A holder's repeated ACQUIRE claims a hand-over made with a claim window.
+        let unclaimed = self.unclaimed_by(lock, token, None);
+        let (now, rules) = (self.now, self.rules);
+        let outcome =
+            lock.take_admitted(admission, token, ttl_ms, mode, meta, now, self.fences, rules)?;
         if let (true, Acquired::Reacquired { fence }) = (unclaimed, &outcome) {
             self.changes.push(Transition::Claimed { fence: *fence });
         }
@@ -313,23 +319,20 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             }
             Acquired::Busy | Acquired::GrantsHeld => {}
         }
-        outcome
+        Ok(outcome)
     }
 
-    /// What an ACQUIRE would answer after the lock settles, granting nothing: the same rule as
-    /// [`Step::acquire_as`]. `DLOCK.ACQUIREALL` asks it of every member first, then grants every
-    /// member (each then answers what this said) or none.
+    /// What an ACQUIRE would answer after the lock settles, granting nothing: the rule
+    /// [`Step::acquire_as`] follows. `DLOCK.ACQUIREALL` asks [`Step::set_admission`] of every
+    /// member first, then grants every member (each then answers what it said) or none.
+    #[inline]
     pub fn admission(
         &mut self,
         lock: &mut Lock,
         token: &[u8],
         mode: Mode,
     ) -> Result<Admission, DlockError> {
-        self.settle(lock)?;
-        if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
-            return Ok(Admission::Busy);
-        }
-        lock.admission(token, mode, self.now, self.rules)
+        self.admit(lock, token, |lock, now, rules| lock.admission(token, mode, now, rules))
     }
 
     /// What `DLOCK.ACQUIREALL` may have of one member after the lock settles, granting nothing:
@@ -341,11 +344,24 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         token: &[u8],
         mode: Mode,
     ) -> Result<Admission, DlockError> {
+        self.admit(lock, token, |lock, now, rules| lock.set_admission(token, mode, now, rules))
+    }
+
+    /// Settles the lock, then asks `decide` unless expired leases are still ending.
+    #[inline]
+    fn admit(
+        &mut self,
+        lock: &mut Lock,
+        token: &[u8],
+        decide: impl FnOnce(&Lock, Now, Rules) -> Result<Admission, DlockError>,
+    ) -> Result<Admission, DlockError> {
         self.settle(lock)?;
         if lock.has_expired(self.now) && lock.holder(token, self.now).is_none() {
+            // Expired leases are still ending, a slice a turn: no new grant before they have
+            // (it would end them unannounced). The request waits or is refused as if held.
             return Ok(Admission::Busy);
         }
-        lock.set_admission(token, mode, self.now, self.rules)
+        decide(lock, self.now, self.rules)
     }
 
     /// `DLOCK.ACQUIREALL`'s grant of one member, once every member admitted the set
@@ -360,25 +376,13 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         meta: Option<&[u8]>,
     ) -> Result<Acquired, DlockError> {
         let admission = self.set_admission(lock, token, mode)?;
-        if !admission.grants() {
-            return Ok(Acquired::Busy);
-        }
-        if let Some(ticket) = lock.take_set_ticket(token) {
+        if admission.grants()
+            && let Some(ticket) = lock.take_set_ticket(token)
+        {
             let waited = self.now.mono.saturating_sub(ticket.queued_at);
             self.changes.push(Transition::SetTicketUsed { waited });
         }
-        let unclaimed = self.unclaimed_by(lock, token, None);
-        let outcome = lock.take_admitted(
-            admission,
-            token,
-            ttl_ms,
-            mode,
-            meta,
-            self.now,
-            self.fences,
-            self.rules,
-        )?;
-        Ok(self.record_acquired(unclaimed, outcome))
+        self.take(lock, admission, token, ttl_ms, mode, meta)
     }
 
     /// What a RENEW would answer after the lock settles, renewing nothing: the same rule as

@@ -83,7 +83,7 @@ func run(in io.Reader, out io.Writer, url string) int {
 		return 2
 	}
 	d := &driver{locks: dlock.New(rdb), out: json.NewEncoder(out), leases: map[string]*dlock.Lease{}}
-	d.write(map[string]any{"event": "ready"})
+	d.write(map[string]any{"event": "ready", "client": "dlock (Go) " + dlock.Version})
 	scanner := bufio.NewScanner(in)
 	scanner.Buffer(make([]byte, 1<<20), 1<<24)
 	for scanner.Scan() {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dlock "github.com/dlock-dev/dlock/go"
 	"github.com/dlock-dev/dlock/go/internal/testkit"
 )
 
@@ -47,7 +48,7 @@ func TestTheDriverAnswersEveryRequestAndReportsALoss(t *testing.T) {
 		}
 		return next()
 	}
-	if ready := next(); ready["event"] != "ready" {
+	if ready := next(); ready["event"] != "ready" || ready["client"] != "dlock (Go) "+dlock.Version {
 		t.Fatalf("first line %v", ready)
 	}
 	granted := send(`{"id":1,"op":"hold","lease":"a","resource":"r","ttl_ms":900}`)

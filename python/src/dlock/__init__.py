@@ -34,4 +34,4 @@ __all__ = [
     "Unsupported",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -388,6 +388,7 @@ impl Lock {
     /// `new_grants_held`, a lock without any lease record is not granted either. A re-acquire
     /// never carries the lease past `max_hold_ms` (its deadline is capped there), and never
     /// changes its mode (an error). `meta` replaces the holder's metadata when given.
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(in crate::core) fn acquire_as(
         &mut self,
@@ -406,6 +407,7 @@ impl Lock {
     /// Carries out an `admission` decided for `token` at `now` (by [`Lock::admission`] or, for a
     /// set, [`Lock::set_admission`]): grants, re-acquires, or refuses.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(in crate::core) fn take_admitted(
         &mut self,
         admission: Admission,
@@ -449,6 +451,7 @@ impl Lock {
     /// What an ACQUIRE of `token` in `mode` would be answered now, changing nothing: the rule
     /// [`Lock::acquire_as`] follows. A token holding a live lease of the other mode is a
     /// [`DlockError::ModeConflict`].
+    #[inline]
     pub fn admission(
         &self,
         token: &[u8],
@@ -487,6 +490,7 @@ impl Lock {
     }
 
     /// The rest of the admission once nobody stands in line before the request.
+    #[inline]
     fn admission_when_first(
         &self,
         mode: Mode,
