@@ -137,6 +137,10 @@ impl Executor<'_> {
 fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
     match effect {
         Effect::Count(change) => metrics::count(|stats| stats.record(change, now.mono)),
+        Effect::Watch(watch) => {
+            let db = expiry::selected_db(ctx);
+            state::with_watched(|watched| watched.note(db, name.as_slice(), watch));
+        }
         Effect::Block { waiter } => {
             // Its time-out (and, if the block fails, its leaving the line) is the timer's.
             waiters::block(ctx, waiter);

@@ -31,7 +31,7 @@ use redis_module::{Context, RedisString, Status, configuration::ConfigurationFla
 
 use crate::commands::{
     acquire, acquireall, endlease, fencecheck, fenced, guarded, info, list, release, releaseall,
-    renew, renewall, revoke, setfence, setlease,
+    renew, renewall, revoke, setfence, setlease, top,
 };
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
@@ -110,6 +110,7 @@ redis_module! {
         [fencecheck::META.name, |ctx, args| guarded(ctx, args, fencecheck::run), fencecheck::META.flags, 1, 1, 1, ""],
         [info::META.name, |ctx, args| guarded(ctx, args, info::run), info::META.flags, 1, 1, 1, ""],
         [list::META.name, |ctx, args| guarded(ctx, args, list::run), list::META.flags, 0, 0, 0, ""],
+        [top::META.name, |ctx, args| guarded(ctx, args, top::run), top::META.flags, 0, 0, 0, ""],
         [fenced::META.name, |ctx, args| guarded(ctx, args, fenced::run), fenced::META.flags, 1, 1, 1, ""],
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
         [endlease::META.name, |ctx, args| guarded(ctx, args, endlease::run), endlease::META.flags, 1, 1, 1, ""],

@@ -36,7 +36,9 @@ pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>
     Some(stats.get_or_insert_with(Stats::default).fields(gauges))
 }
 
-/// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters).
+/// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters), and the watched
+/// locks' histories forgotten.
 pub fn reset() {
     stats().get_or_insert_with(Stats::default).reset();
+    crate::state::with_watched(|watched| watched.clear());
 }

@@ -30,6 +30,7 @@ use crate::core::registry::Registry;
 use crate::core::schedule::Schedule;
 use crate::core::slotfloor::SlotMoves;
 use crate::core::stats::Stats;
+use crate::core::watch::{self, Watched};
 
 pub use crate::core::registry::{Grant, KeyRef};
 
@@ -46,6 +47,8 @@ pub struct Module {
     pub waiters: Mutex<Option<Registry>>,
     /// The counters of `INFO dlock` (`metrics.rs`).
     pub stats: Mutex<Option<Stats>>,
+    /// The watched locks behind `DLOCK.TOP` and `DLOCK.INFO`'s percentiles.
+    pub watched: Mutex<Option<Watched>>,
     /// Lock values Redis holds now (changed on the lazy-free thread too).
     pub lock_keys: AtomicU64,
     /// Monotonic instant until which new grants are held back after a start (0: none).
@@ -80,6 +83,7 @@ pub static MODULE: Module = Module {
     arm_requested: AtomicBool::new(false),
     waiters: Mutex::new(None),
     stats: Mutex::new(None),
+    watched: Mutex::new(None),
     lock_keys: AtomicU64::new(0),
     grants_held_until: AtomicU64::new(0),
     log: Log {
@@ -101,6 +105,11 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs `f` on the registry of blocked clients. `f` must not call into Redis.
 pub fn with_waiters<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     f(lock(&MODULE.waiters).get_or_insert_with(Registry::default))
+}
+
+/// Runs `f` on the watched locks. `f` must not call into Redis.
+pub fn with_watched<T>(f: impl FnOnce(&mut Watched) -> T) -> T {
+    f(lock(&MODULE.watched).get_or_insert_with(|| Watched::with_capacity(watch::CAPACITY)))
 }
 
 /// A copy of the server-wide fence counter to decide with; [`keep_fences`] stores it back.

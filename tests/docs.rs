@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use dlock_testkit::*;
 
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 15] = [
     "dlock.acquire",
     "dlock.renew",
     "dlock.release",
@@ -16,6 +16,7 @@ const COMMANDS: [&str; 14] = [
     "dlock.fencecheck",
     "dlock.info",
     "dlock.list",
+    "dlock.top",
     "dlock.fenced",
     "dlock.setlease",
     "dlock.endlease",

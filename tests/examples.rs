@@ -733,6 +733,7 @@ const PAGES: &[&str] = &[
     "docs/commands/dlock.revoke.md",
     "docs/commands/dlock.setfence.md",
     "docs/commands/dlock.setlease.md",
+    "docs/commands/dlock.top.md",
     "docs/operations.md",
     "docs/shared.md",
 ];
@@ -758,6 +759,7 @@ pages! {
     revoke => "docs/commands/dlock.revoke.md",
     setfence => "docs/commands/dlock.setfence.md",
     setlease => "docs/commands/dlock.setlease.md",
+    top => "docs/commands/dlock.top.md",
     operations => "docs/operations.md",
     shared => "docs/shared.md",
 }

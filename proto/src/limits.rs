@@ -12,6 +12,9 @@ pub const MAX_REASON_LEN: usize = 256;
 /// Largest `COUNT` of `DLOCK.LIST` (each call does about that much work).
 pub const MAX_LIST_COUNT: usize = 10_000;
 
+/// Largest `COUNT` of `DLOCK.TOP` (the watched locks shown by one call).
+pub const MAX_TOP_COUNT: usize = 1_000;
+
 /// Most resources in one set (`DLOCK.ACQUIREALL`, `RENEWALL`, `RELEASEALL`).
 pub const MAX_SET_SIZE: usize = 64;
 

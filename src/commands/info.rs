@@ -4,7 +4,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, FieldValue, Keys, lock_in, reply_fields, split_args};
 use crate::core::{DlockError, Lock, Now, Waiter};
-use crate::{clock, waiters};
+use crate::{clock, expiry, state, waiters};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.info",
@@ -12,7 +12,7 @@ pub const META: CommandMeta = CommandMeta {
     arity: 2,
     key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
     keys: Keys::One,
-    summary: "Shows the live leases on a resource: owner, fence, remaining ttl, hold time, renewals, mode, metadata, waiters, tickets",
+    summary: "Shows the live leases on a resource: owner, fence, remaining ttl, hold time, renewals, mode, metadata, waiters, tickets, hand-overs and wait and hold percentiles",
     complexity: "O(W + S) where W is the number of waiters and S the number of shared leases on the resource",
     args: &[ArgMeta::required("resource", ArgKind::Key)],
     acl_categories: "read fast",
@@ -68,6 +68,25 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         ("holders", number(holders as u64)),
         ("meta", bytes(meta)),
     ];
+    // The lock's history while watched (contended or renewed; `core/watch.rs`), 0 otherwise.
+    let db = expiry::selected_db(ctx);
+    let history = state::with_watched(|watched| {
+        watched.get(db, resource.as_slice()).map_or([0; 5], |record| {
+            [
+                record.handovers,
+                record.waits.percentile(50.0),
+                record.waits.percentile(99.0),
+                record.holds.percentile(50.0),
+                record.holds.percentile(99.0),
+            ]
+        })
+    });
+    for (name, value) in ["handovers", "wait-p50-us", "wait-p99-us", "hold-p50-us", "hold-p99-us"]
+        .iter()
+        .zip(history)
+    {
+        fields.push((name, number(value)));
+    }
     if lease.is_some_and(|lease| lease.shared) {
         fields.push(("leases", FieldValue::Value(shared_leases(lock, now))));
     }

@@ -100,18 +100,20 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
 }
 
 /// One lock as the listing shows it: O(log S) for S shared leases.
-struct Summary {
-    mode: Option<&'static str>,
-    holders: usize,
-    owner: Option<Vec<u8>>,
-    fence: Option<u64>,
-    ttl_ms: u64,
-    held_ms: u64,
-    line: usize,
+#[derive(Default)]
+pub(super) struct Summary {
+    pub(super) mode: Option<&'static str>,
+    pub(super) holders: usize,
+    pub(super) owner: Option<Vec<u8>>,
+    pub(super) meta: Option<Vec<u8>>,
+    pub(super) fence: Option<u64>,
+    pub(super) ttl_ms: u64,
+    pub(super) held_ms: u64,
+    pub(super) line: usize,
 }
 
 impl Summary {
-    fn of(lock: &Lock, now: Now) -> Self {
+    pub(super) fn of(lock: &Lock, now: Now) -> Self {
         let lease = lock.live_lease(now);
         let (mode, holders) =
             lock.live_mode(now).map_or((None, 0), |(mode, n)| (Some(mode.name()), n));
@@ -119,6 +121,7 @@ impl Summary {
             mode,
             holders,
             owner: lease.map(|lease| lease.token.to_vec()),
+            meta: lease.and_then(|lease| lease.token.meta()).map(<[u8]>::to_vec),
             fence: lease.map(|lease| lease.fence),
             ttl_ms: lease.map_or(0, |lease| lease.remaining_ms(now)),
             held_ms: lease.map_or(0, |lease| lease.held_ms(now)),
@@ -149,14 +152,14 @@ impl Summary {
 
 /// Which keys the calling user may read (ACL key patterns): a listing shows no lock the caller
 /// could not `DLOCK.INFO`.
-struct Readable {
+pub(super) struct Readable {
     user: *mut raw::RedisModuleUser,
     /// No user to check against (a context without a client: nothing is shown then).
     nobody: bool,
 }
 
 impl Readable {
-    fn of_caller(ctx: &Context) -> Self {
+    pub(super) fn of_caller(ctx: &Context) -> Self {
         // SAFETY: ctx is live; the name is freed right away, the user in Drop.
         unsafe {
             let (Some(name_of), Some(user_of)) =
@@ -176,7 +179,7 @@ impl Readable {
         }
     }
 
-    fn allows(&self, key: &RedisString) -> bool {
+    pub(super) fn allows(&self, key: &RedisString) -> bool {
         if self.nobody {
             return false;
         }

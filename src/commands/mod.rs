@@ -14,6 +14,7 @@ pub mod renewall;
 pub mod revoke;
 pub mod setfence;
 pub mod setlease;
+pub mod top;
 
 use std::os::raw::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -161,7 +162,7 @@ impl ArgMeta {
 }
 
 /// Every command the module registers, for key specs and docs.
-pub const ALL: [&CommandMeta; 14] = [
+pub const ALL: [&CommandMeta; 15] = [
     &acquire::META,
     &renew::META,
     &release::META,
@@ -172,6 +173,7 @@ pub const ALL: [&CommandMeta; 14] = [
     &fencecheck::META,
     &info::META,
     &list::META,
+    &top::META,
     &fenced::META,
     &setlease::META,
     &endlease::META,

@@ -8,6 +8,7 @@
 use super::DlockError;
 pub use super::limits::{
     MAX_LIMIT, MAX_LIST_COUNT, MAX_META_LEN, MAX_REASON_LEN, MAX_SET_SIZE, MAX_TOKEN_LEN,
+    MAX_TOP_COUNT,
 };
 use super::mode::Mode;
 
@@ -361,6 +362,63 @@ pub fn list<'a>(args: &[&'a [u8]]) -> Result<ListArgs<'a>, DlockError> {
     Ok(list)
 }
 
+/// What `DLOCK.TOP` orders the watched locks by, largest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopOrder {
+    /// Requests in line now (blocked clients and tickets).
+    Waiters,
+    /// How long the current lease has been held.
+    HeldMs,
+    /// Leases handed to a waiting request since the lock was first watched.
+    Handovers,
+}
+
+/// The arguments of TOP: `[BY waiters | held-ms | handovers] [COUNT n]`, in any order, each at
+/// most once; by waiters, 10 locks when not given.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TopArgs {
+    /// `BY`.
+    pub order: TopOrder,
+    /// `COUNT`: at most this many locks, 1 to [`MAX_TOP_COUNT`].
+    pub count: usize,
+}
+
+/// Parses the arguments of TOP.
+pub fn top(args: &[&[u8]]) -> Result<TopArgs, DlockError> {
+    let mut top = TopArgs { order: TopOrder::Waiters, count: 10 };
+    let (mut by_seen, mut count_seen) = (false, false);
+    let mut rest = args.iter();
+    while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"BY") {
+            if std::mem::replace(&mut by_seen, true) {
+                return Err(DlockError::RepeatedOption("BY"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("BY", "measure"))?;
+            top.order = if value.eq_ignore_ascii_case(b"waiters") {
+                TopOrder::Waiters
+            } else if value.eq_ignore_ascii_case(b"held-ms") {
+                TopOrder::HeldMs
+            } else if value.eq_ignore_ascii_case(b"handovers") {
+                TopOrder::Handovers
+            } else {
+                return Err(DlockError::BadChoice("BY", "waiters, held-ms or handovers"));
+            };
+        } else if option.eq_ignore_ascii_case(b"COUNT") {
+            if std::mem::replace(&mut count_seen, true) {
+                return Err(DlockError::RepeatedOption("COUNT"));
+            }
+            let value = rest.next().ok_or(DlockError::OptionWithoutValue("COUNT", "count"))?;
+            top.count = parse_int(value)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| (1..=MAX_TOP_COUNT).contains(n))
+                .ok_or(DlockError::BadCount { max: MAX_TOP_COUNT })?;
+        } else {
+            return Err(DlockError::UnknownOption(printable(option)));
+        }
+    }
+    Ok(top)
+}
+
 /// Parses the arguments of FENCECHECK after the resource: `fence`.
 pub fn fencecheck(args: &[&[u8]]) -> Result<u64, DlockError> {
     let [fence] = args else {
@@ -450,6 +508,34 @@ pub fn printable(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn top_takes_by_and_count_in_any_order_once_each() {
+        use super::{MAX_TOP_COUNT, TopArgs, TopOrder, top};
+        assert_eq!(top(&[]), Ok(TopArgs { order: TopOrder::Waiters, count: 10 }));
+        assert_eq!(
+            top(&[b"count", b"3", b"by", b"HELD-MS"]),
+            Ok(TopArgs { order: TopOrder::HeldMs, count: 3 })
+        );
+        assert_eq!(
+            top(&[b"BY", b"handovers"]),
+            Ok(TopArgs { order: TopOrder::Handovers, count: 10 })
+        );
+        assert_eq!(
+            top(&[b"BY", b"fences"]),
+            Err(DlockError::BadChoice("BY", "waiters, held-ms or handovers"))
+        );
+        assert_eq!(top(&[b"BY"]), Err(DlockError::OptionWithoutValue("BY", "measure")));
+        assert_eq!(
+            top(&[b"BY", b"waiters", b"BY", b"waiters"]),
+            Err(DlockError::RepeatedOption("BY"))
+        );
+        for count in [&b"0"[..], b"1001", b"-1", b"x"] {
+            assert_eq!(top(&[b"COUNT", count]), Err(DlockError::BadCount { max: MAX_TOP_COUNT }));
+        }
+        assert_eq!(top(&[b"COUNT", b"1000"]).map(|t| t.count), Ok(1_000));
+        assert_eq!(top(&[b"HELD"]), Err(DlockError::UnknownOption("HELD".into())));
+    }
     use super::*;
     use proptest::prelude::*;
 

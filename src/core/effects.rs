@@ -11,6 +11,7 @@
 
 use super::args::printable;
 use super::step::{Refusal, Transition};
+use super::watch::Watch;
 use super::{DlockError, Lease, Lock, Micros, Now};
 
 /// An ownership change, as its keyspace event and channel message name it.
@@ -221,6 +222,8 @@ impl LogLine<'_> {
 pub enum Effect<'a> {
     /// Count the transition in the module's counters.
     Count(&'a Transition),
+    /// Note this about the lock in the watched locks (`DLOCK.TOP`, `DLOCK.INFO`'s percentiles).
+    Watch(Watch),
     /// Block the client of this command: it joined the line as waiter `waiter` (its answer
     /// comes from a hand-over or its time-out, which the timer must now look for).
     Block {
@@ -308,6 +311,9 @@ pub fn plan<'a>(
 ) {
     for change in changes {
         effect(Effect::Count(change));
+        if let Some(watch) = watch(lock, change, changes, now) {
+            effect(Effect::Watch(watch));
+        }
         announce(lock, change, &mut effect);
     }
     let Place::Stored { indexes, grants_held_until } = place else {
@@ -364,6 +370,36 @@ pub fn plan_replicated<'a>(
         effect(Effect::Index(deadline));
     }
     effect(Effect::PassOn);
+}
+
+/// What the watched locks learn of one transition: a wait begun or granted, a first renewal, the
+/// end of a lease that others waited for. Nothing for an uncontended lease that is not renewed.
+fn watch(lock: &Lock, change: &Transition, changes: &[Transition], now: Now) -> Option<Watch> {
+    let waited_for = || {
+        lock.waiters().len() > 0
+            || changes.iter().any(|change| {
+                matches!(change, Transition::HandedOver { .. } | Transition::SetTicketUsed { .. })
+            })
+    };
+    match change {
+        Transition::Queued { .. } | Transition::Ticketed { refreshed: false } => {
+            Some(Watch::Joined)
+        }
+        Transition::HandedOver { waited, .. } | Transition::SetTicketUsed { waited } => {
+            Some(Watch::Waited(*waited))
+        }
+        Transition::Renewed { fence } | Transition::Reacquired { fence } => lock
+            .lease_with_fence(*fence)
+            .filter(|lease| lease.renewals == 1)
+            .map(|_| Watch::Renewed),
+        Transition::Released(lease) | Transition::Revoked { lease, .. } if waited_for() => {
+            Some(Watch::Held(now.mono.saturating_sub(lease.granted_mono)))
+        }
+        Transition::Expired(lease) if waited_for() => {
+            Some(Watch::Held(lease.deadline_mono.saturating_sub(lease.granted_mono)))
+        }
+        _ => None,
+    }
 }
 
 /// Events, log lines and answers for one transition.
@@ -539,6 +575,7 @@ mod tests {
     fn name(effect: &Effect<'_>) -> String {
         match effect {
             Effect::Count(_) => "count".into(),
+            Effect::Watch(watch) => format!("watch {watch:?}"),
             Effect::Block { waiter } => format!("block {waiter}"),
             Effect::Event { what, lease, publish, .. } => {
                 format!(
@@ -609,8 +646,13 @@ mod tests {
         };
         assert_eq!(
             planned(&mut lock, &mut fences, PRIMARY, at(1), renew),
+            ["count", "watch Renewed", "confirm 0", "renewed 0", "setlease 0"],
+            "the 10 s entry comes first and reschedules; a first renewal makes the lock watched"
+        );
+        assert_eq!(
+            planned(&mut lock, &mut fences, PRIMARY, at(2), renew),
             ["count", "confirm 0", "renewed 0", "setlease 0"],
-            "the 10 s entry comes first and reschedules"
+            "later renewals are not noted again"
         );
     }
 
@@ -660,7 +702,15 @@ mod tests {
         });
         assert_eq!(
             queued,
-            ["count", "acquired 0 published", "count", "block 7", "setlease 0", "index at 10"]
+            [
+                "count",
+                "acquired 0 published",
+                "count",
+                "watch Joined",
+                "block 7",
+                "setlease 0",
+                "index at 10"
+            ]
         );
         let release = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
             assert!(step.release(lock, b"A"));
@@ -669,8 +719,10 @@ mod tests {
             planned(&mut lock, &mut fences, PRIMARY, at(2), release),
             [
                 "count",
+                "watch Held(2000000)",
                 "released 0 published",
                 "count",
+                "watch Waited(2000000)",
                 "handoff 2000000 published",
                 "answer 7 2000000",
                 "setlease 2000000",

@@ -64,8 +64,10 @@ pub enum DlockError {
     ModeConflict { held: &'static str, asked: &'static str },
     /// A `REASON` of `DLOCK.REVOKE` that is empty or longer than `max` bytes.
     BadReason { max: usize },
-    /// A `COUNT` of `DLOCK.LIST` outside 1 to `max`.
+    /// A `COUNT` of `DLOCK.LIST` or `DLOCK.TOP` outside 1 to `max`.
     BadCount { max: usize },
+    /// An option (named) whose value is none of the choices (listed).
+    BadChoice(&'static str, &'static str),
     /// A set's `numkeys` outside 1 to `max`, or more than the arguments that follow.
     BadNumKeys { max: usize },
     /// A resource named twice in one set.
@@ -141,6 +143,7 @@ impl fmt::Display for DlockError {
             Self::BadCount { max } => {
                 write!(f, "ERR COUNT must be an integer between 1 and {max}")
             }
+            Self::BadChoice(option, choices) => write!(f, "ERR {option} must be {choices}"),
             Self::BadNumKeys { max } => write!(
                 f,
                 "ERR numkeys must be an integer between 1 and {max} (the number of resources that follow)"
@@ -213,6 +216,7 @@ mod tests {
             (DlockError::BadMeta { max: 1_024 }, "META"),
             (DlockError::BadReason { max: 256 }, "REASON"),
             (DlockError::BadCount { max: 10_000 }, "COUNT"),
+            (DlockError::BadChoice("BY", "waiters, held-ms or handovers"), "BY must be waiters"),
             (DlockError::OptionNeeds("LIMIT", "SHARED"), "LIMIT needs SHARED"),
         ];
         assert_eq!(
@@ -288,6 +292,8 @@ mod tests {
             DlockError::BadMeta { max: super::super::limits::MAX_META_LEN },
             DlockError::BadReason { max: super::super::limits::MAX_REASON_LEN },
             DlockError::BadCount { max: super::super::limits::MAX_LIST_COUNT },
+            DlockError::BadCount { max: super::super::limits::MAX_TOP_COUNT },
+            DlockError::BadChoice("BY", "waiters, held-ms or handovers"),
             DlockError::OptionNeeds("LIMIT", "SHARED"),
             DlockError::SlotMoving,
             DlockError::ModeConflict { held: "shared", asked: "exclusive" },
@@ -325,6 +331,7 @@ mod tests {
                 | DlockError::BadMeta { .. }
                 | DlockError::BadReason { .. }
                 | DlockError::BadCount { .. }
+                | DlockError::BadChoice(..)
                 | DlockError::OptionNeeds(..)
                 | DlockError::SlotMoving
                 | DlockError::ModeConflict { .. }

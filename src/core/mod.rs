@@ -34,6 +34,7 @@ pub mod slotfloor;
 pub mod stats;
 pub mod step;
 pub mod token;
+pub mod watch;
 
 pub use error::DlockError;
 pub use lock::{Acquired, Admission, HandOver, Lease, Lock, Renewal, Rules, Waiter};

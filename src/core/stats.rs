@@ -56,7 +56,7 @@ impl Histogram {
         self.max
     }
 
-    fn bucket_of(micros: u64) -> usize {
+    pub(crate) fn bucket_of(micros: u64) -> usize {
         if micros < u64::from(Self::SUB) {
             return micros as usize;
         }
@@ -65,7 +65,7 @@ impl Histogram {
         ((power - 2) * Self::SUB) as usize + sub as usize
     }
 
-    fn upper_bound(bucket: usize) -> u64 {
+    pub(crate) fn upper_bound(bucket: usize) -> u64 {
         let sub_count = Self::SUB as usize;
         if bucket < sub_count {
             return bucket as u64;
