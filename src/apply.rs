@@ -149,7 +149,7 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
         Effect::Event { what, lease, publish, detail } => {
             notify::transition(ctx, what, name, lease, now);
             if publish {
-                notify::publish(ctx, what, name, lease, detail);
+                notify::publish(ctx, what, name, lease, detail, now.mono);
             }
         }
         Effect::Log(line) => match line.level() {

@@ -33,12 +33,21 @@ pub fn fields_now(waiters: u64, index_entries: u64) -> Option<Vec<(String, u64)>
     let mut stats = MODULE.stats.try_lock().ok()?;
     let gauges =
         Gauges { lock_keys: MODULE.lock_keys.load(Ordering::Relaxed), waiters, index_entries };
-    Some(stats.get_or_insert_with(Stats::default).fields(gauges))
+    let mut fields = stats.get_or_insert_with(Stats::default).fields(gauges);
+    for (name, counter) in [
+        ("messages_published", &MODULE.log.messages_published),
+        ("messages_unheard", &MODULE.log.messages_unheard),
+    ] {
+        fields.push((name.to_owned(), counter.load(Ordering::Relaxed)));
+    }
+    Some(fields)
 }
 
 /// `CONFIG RESETSTAT`: every counter back to 0 (gauges are not counters), and the watched
 /// locks' histories forgotten.
 pub fn reset() {
     stats().get_or_insert_with(Stats::default).reset();
+    MODULE.log.messages_published.store(0, Ordering::Relaxed);
+    MODULE.log.messages_unheard.store(0, Ordering::Relaxed);
     crate::state::with_watched(|watched| watched.clear());
 }

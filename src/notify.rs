@@ -10,9 +10,10 @@ use redis_module::{Context, NotifyEvent, RedisString, RedisValue, raw};
 
 use crate::core::args::printable;
 use crate::core::channel;
+use crate::core::listeners::Subscribing;
 use crate::core::ratelimit::{RateLimit, Verdict};
-use crate::core::{Lease, Now};
-use crate::state::{self, MODULE};
+use crate::core::{Lease, Micros, Now};
+use crate::state::{self, Channels, MODULE};
 
 pub use crate::core::effects::Event;
 
@@ -83,7 +84,20 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
 /// with `SPUBLISH` semantics in Redis Cluster, where the server lets a module publish to a shard
 /// channel, else as `PUBLISH`. A hand-over names its new holder by the tag of its token
 /// ([`channel::tag`]), so that only that holder's client needs to ask.
-pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease, detail: &[u8]) {
+pub fn publish(
+    ctx: &Context,
+    what: Event,
+    resource: &RedisString,
+    lease: &Lease,
+    detail: &[u8],
+    now: Micros,
+) {
+    // Nobody subscribed to the channel: nothing to send (`core/listeners.rs`).
+    let Some(channel) = channel_heard(ctx, resource.as_slice(), now) else {
+        MODULE.log.messages_unheard.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    MODULE.log.messages_published.fetch_add(1, Ordering::Relaxed);
     // Every grant publishes: no allocation and no formatting on this path (a `format!` and two
     // vectors were a sixth of an uncontended ACQUIRE's instructions).
     let mut message = [0; channel::MAX_MESSAGE];
@@ -97,13 +111,6 @@ pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease
         with_detail = [message, b" ", detail].concat();
         &with_detail[..]
     };
-    let channel = {
-        // The name's buffer is reused from message to message.
-        let mut name = state::lock(&MODULE.log.channel);
-        name.clear();
-        channel::write_name(resource.as_slice(), &mut name);
-        RedisString::create_from_slice(ctx.ctx, &name)
-    };
     let message = RedisString::create_from_slice(ctx.ctx, message);
     // SAFETY: ctx is live; both strings live until the end of this call.
     unsafe {
@@ -116,6 +123,69 @@ pub fn publish(ctx: &Context, what: Event, resource: &RedisString, lease: &Lease
             publish(ctx.ctx, channel.inner, message.inner);
         }
     }
+}
+
+/// The channel of `resource`, if a subscriber may hear it; the server's account of its
+/// subscriptions is taken first when the last one is too old.
+fn channel_heard(ctx: &Context, resource: &[u8], now: Micros) -> Option<RedisString> {
+    let mut channels = state::lock(&MODULE.log.channel);
+    if channels.as_ref().is_none_or(|channels| channels.listeners.stale(now)) {
+        // Read with no lock held: a call into the server may come back into the module.
+        drop(channels);
+        let account = subscriptions(ctx);
+        channels = state::lock(&MODULE.log.channel);
+        let listeners = &mut channels.get_or_insert_with(Channels::default).listeners;
+        match &account {
+            Some((patterns, names)) => {
+                listeners.accounted(now, Some((*patterns, names.iter().map(Vec::as_slice))));
+            }
+            None => listeners.accounted(now, None::<(bool, std::iter::Empty<&[u8]>)>),
+        }
+    }
+    let channels = channels.get_or_insert_with(Channels::default);
+    // The name's buffer is reused from message to message.
+    channels.name.clear();
+    channel::write_name(resource, &mut channels.name);
+    channels
+        .listeners
+        .may_hear(&channels.name)
+        .then(|| RedisString::create_from_slice(ctx.ctx, &channels.name))
+}
+
+/// The server's subscriptions that matter: whether any pattern is subscribed, and the dlock
+/// channels (and shard channels) with a subscriber; `None` if the server would not say.
+fn subscriptions(ctx: &Context) -> Option<(bool, Vec<Vec<u8>>)> {
+    let pattern = [channel::PREFIX, b"*"].concat();
+    let patterns = match ctx.call("PUBSUB", &[&b"NUMPAT"[..]]).ok()? {
+        RedisValue::Integer(n) => n > 0,
+        _ => return None,
+    };
+    let mut names = Vec::new();
+    for kind in [&b"CHANNELS"[..], b"SHARDCHANNELS"] {
+        let RedisValue::Array(list) = ctx.call("PUBSUB", &[kind, &pattern[..]]).ok()? else {
+            return None;
+        };
+        for name in list {
+            match name {
+                RedisValue::StringBuffer(bytes) => names.push(bytes),
+                RedisValue::SimpleString(text) | RedisValue::BulkString(text) => {
+                    names.push(text.into_bytes());
+                }
+                RedisValue::BulkRedisString(name) => names.push(name.as_slice().to_vec()),
+                _ => return None,
+            }
+        }
+    }
+    Some((patterns, names))
+}
+
+/// A subscribing command is about to run (the command filter saw it): its channels may be
+/// heard from now on.
+pub fn subscribing(what: Subscribing, names: &[&[u8]]) {
+    state::lock(&MODULE.log.channel)
+        .get_or_insert_with(Channels::default)
+        .listeners
+        .subscribe(what, names.iter().copied());
 }
 
 /// Whether the server runs in Cluster mode: read once, as `cluster-enabled` cannot change while

@@ -7,7 +7,7 @@ use redis_module::{Context, Status, raw};
 
 use crate::{metrics, state, waiters};
 
-/// Registers the `INFO` callback and the `CONFIG RESETSTAT` watch.
+/// Registers the `INFO` callback and the module's command filter (`filter.rs`).
 pub fn register(ctx: &Context) -> Status {
     // SAFETY: ctx is the load context; the callback is a plain function. Registering replaces
     // the generic handler the module declaration installs.
@@ -17,7 +17,7 @@ pub fn register(ctx: &Context) -> Status {
     if registered != Some(raw::REDISMODULE_OK as i32) {
         return Status::Err;
     }
-    watch_resetstat(ctx)
+    crate::filter::register(ctx)
 }
 
 /// # Safety
@@ -51,29 +51,5 @@ unsafe extern "C" fn on_info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_repor
                 add_field(ctx, name.as_ptr(), value);
             }
         }
-    }
-}
-
-/// Registers the command filter that sees `CONFIG RESETSTAT` (the module API has no event for it).
-fn watch_resetstat(ctx: &Context) -> Status {
-    // SAFETY: ctx is the load context; the filter is a plain function.
-    let filter = unsafe {
-        raw::RedisModule_RegisterCommandFilter.map(|register| {
-            register(ctx.ctx, Some(on_command), raw::REDISMODULE_CMDFILTER_NOSELF as i32)
-        })
-    };
-    if filter.is_some_and(|f| !f.is_null()) { Status::Ok } else { Status::Err }
-}
-
-/// # Safety
-/// Called by Redis for every command, with a filter context valid for this call.
-unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    // SAFETY: fctx is this call's filter context, and `command` lives only in this call.
-    let command = unsafe { crate::filter::Filtered::new(fctx) };
-    if command.len() == 2
-        && command.arg(0).eq_ignore_ascii_case(b"config")
-        && command.arg(1).eq_ignore_ascii_case(b"resetstat")
-    {
-        metrics::reset();
     }
 }

@@ -25,6 +25,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::core::expiry::ExpiryIndex;
 use crate::core::fence::FenceCounter;
+use crate::core::listeners::Listeners;
 use crate::core::ratelimit::RateLimit;
 use crate::core::registry::Registry;
 use crate::core::schedule::Schedule;
@@ -72,8 +73,22 @@ pub struct Log {
     pub warned_policy: Mutex<Option<String>>,
     /// Whether the server runs in Cluster mode (it cannot change while the server runs).
     pub in_cluster: OnceLock<bool>,
-    /// The channel name being published to, reused from message to message.
-    pub channel: Mutex<Vec<u8>>,
+    /// The channel name being published to, reused from message to message, and which
+    /// channels may have a subscriber.
+    pub channel: Mutex<Option<Channels>>,
+    /// Channel messages published (someone may hear them).
+    pub messages_published: AtomicU64,
+    /// Channel messages not published: nobody subscribed to the channel.
+    pub messages_unheard: AtomicU64,
+}
+
+/// The publishing side of the resources' channels (`notify::publish`).
+#[derive(Default)]
+pub struct Channels {
+    /// The name being published to, reused from message to message.
+    pub name: Vec<u8>,
+    /// Which channels may have a subscriber.
+    pub listeners: Listeners,
 }
 
 /// The one owner of the module's state.
@@ -91,7 +106,9 @@ pub static MODULE: Module = Module {
         notices: Mutex::new(None),
         warned_policy: Mutex::new(None),
         in_cluster: OnceLock::new(),
-        channel: Mutex::new(Vec::new()),
+        channel: Mutex::new(None),
+        messages_published: AtomicU64::new(0),
+        messages_unheard: AtomicU64::new(0),
     },
     slots: Mutex::new(None),
     slots_busy: AtomicBool::new(false),

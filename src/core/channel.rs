@@ -2,7 +2,9 @@
 //! protocol crate's rule (`dlock_proto::channel`), which the clients share. The module publishes
 //! with [`write_name`] and [`write_message`] (no allocation on the grant path).
 
-pub use dlock_proto::channel::{MAX_MESSAGE, TAG_LEN, name, tag, write_message, write_name};
+pub use dlock_proto::channel::{
+    MAX_MESSAGE, PREFIX, TAG_LEN, name, tag, write_message, write_name,
+};
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,7 @@ pub mod expiry;
 pub mod fence;
 pub mod fenced;
 pub mod limits;
+pub mod listeners;
 pub mod lock;
 pub mod mode;
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub fn free_port() -> u16 {
 pub struct Launch {
     binary: String,
     module: Option<PathBuf>,
+    /// Started without the module (`MODULE LOAD` later).
+    bare: bool,
     args: Vec<String>,
     files: Vec<(String, Vec<u8>)>,
     env: Vec<(String, String)>,
@@ -70,6 +72,7 @@ impl Launch {
         Self {
             binary: server_binary(),
             module: None,
+            bare: false,
             args: Vec::new(),
             files: Vec::new(),
             env: Vec::new(),
@@ -85,6 +88,14 @@ impl Launch {
     /// Loads this module instead of [`module_path`].
     pub fn module(mut self, module: PathBuf) -> Self {
         self.module = Some(module);
+        self
+    }
+
+    /// Starts the server without the module, with `MODULE LOAD` enabled: the test loads it
+    /// ([`module_path`]) when it wants to.
+    pub fn without_module(mut self) -> Self {
+        self.bare = true;
+        self.args.extend(["--enable-module-command".to_owned(), "yes".to_owned()]);
         self
     }
 
@@ -133,7 +144,7 @@ impl Launch {
             port: free_port(),
             dir,
             binary: self.binary,
-            module,
+            module: (!self.bare).then_some(module),
             args: self.args,
             env: self.env,
         };
@@ -149,7 +160,7 @@ pub struct Server {
     pub port: u16,
     dir: TempDir,
     binary: String,
-    module: PathBuf,
+    module: Option<PathBuf>,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -219,8 +230,7 @@ impl Server {
             .arg("verbose")
             .arg("--enable-debug-command")
             .arg("yes")
-            .arg("--loadmodule")
-            .arg(&self.module)
+            .args(self.module.iter().flat_map(|module| [Path::new("--loadmodule"), module]))
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
