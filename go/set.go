@@ -165,9 +165,11 @@ func (a *attempt) all(ctx context.Context) (*Lease, error) {
 			a.locks.router.channels.leave(w)
 		}
 	}()
+	// The wait's end: held while the server answered (the tickets withdrawn), else as giveUp
+	// says (unreachable, or unknown after the release of the token).
 	stop := func(cause error) error {
-		if queued {
-			return a.withdraw(ctx, queued, cause)
+		if queued && a.answered {
+			return a.withdraw(ctx, true, cause)
 		}
 		return a.giveUp(ctx, cause)
 	}
@@ -176,7 +178,7 @@ func (a *attempt) all(ctx context.Context) (*Lease, error) {
 			return nil, stop(err)
 		}
 		if queued && a.left() <= 0 {
-			return nil, a.withdraw(ctx, queued, nil)
+			return nil, stop(nil)
 		}
 		if ticket > 0 && wake == nil {
 			// Subscribed before the first ticket: no change in a line goes unheard.

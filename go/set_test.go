@@ -122,6 +122,25 @@ func TestASetIsCheckedBeforeAnythingIsSent(t *testing.T) {
 	}
 }
 
+func TestASetWhoseRepliesAreLostIsUnknownAndItsGrantReleased(t *testing.T) {
+	t.Parallel()
+	server := testkit.StartServer(t)
+	rdb := server.Client(t)
+	proxy := testkit.StartProxy(t, server.Addr(), "DLOCK.ACQUIREALL") // the set is granted, unanswered
+	locks := newLocks(t, redis.NewClient(&redis.Options{Addr: proxy.Addr()}), dlock.RequestTimeout(200*time.Millisecond))
+	ctx := context.Background()
+	for _, wait := range []time.Duration{0, 500 * time.Millisecond} {
+		_, err := locks.HoldAll(ctx, accounts, dlock.Wait(wait))
+		var failed *dlock.AcquireError
+		if !errors.Is(err, dlock.ErrUnknownOutcome) || !errors.As(err, &failed) || !failed.Released {
+			t.Fatalf("Wait(%v), every reply lost: %v", wait, err)
+		}
+		if n := rdb.Exists(ctx, accounts...).Val(); n != 0 {
+			t.Fatalf("Wait(%v): %d members left held by the unknown grant", wait, n)
+		}
+	}
+}
+
 func TestASetIsGrantedWholeRenewedAndReleasedWhole(t *testing.T) {
 	t.Parallel()
 	server := testkit.StartServer(t)
