@@ -117,7 +117,13 @@ func (c *channels) add(resource string, w *watch) (sub *subscription, created bo
 // join registers a watch on resource's channel and returns once the server confirmed the
 // subscription (or timeout passed: the watcher's own refreshes cover that).
 func (c *channels) join(ctx context.Context, resource, tag string, timeout time.Duration) *watch {
-	w := &watch{channel: ChannelName(resource), tag: tag, wake: make(chan struct{}, 1)}
+	return c.joinWaking(ctx, resource, tag, timeout, make(chan struct{}, 1))
+}
+
+// joinWaking is join with the wake channel given: a waiter on several channels (a set's members)
+// shares one.
+func (c *channels) joinWaking(ctx context.Context, resource, tag string, timeout time.Duration, wake chan struct{}) *watch {
+	w := &watch{channel: ChannelName(resource), tag: tag, wake: wake}
 	sub, created := c.add(resource, w)
 	if created {
 		c.route(ctx, w.channel, sub, timeout)

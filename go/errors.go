@@ -3,6 +3,8 @@ package dlock
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -107,10 +109,14 @@ func (e *AcquireError) Is(target error) bool {
 	return false
 }
 
-// LeaseLostError says which lease was lost and why.
+// LeaseLostError says which lease was lost and why. A set (HoldAll) is lost whole: Resources
+// and Fences name every member in the caller's order, Resource and Fence are the first one's.
 type LeaseLostError struct {
 	Resource string
 	Fence    uint64
+	// Resources and Fences: a set's members and their fences; nil for a single lease.
+	Resources []string
+	Fences    []uint64
 	// Reason: ReasonRenewalRefused, ReasonUnreachable, ReasonStalled, ReasonMaxHold,
 	// ReasonEnded or ReasonRevoked.
 	Reason string
@@ -120,10 +126,14 @@ type LeaseLostError struct {
 }
 
 func (e *LeaseLostError) Error() string {
-	if e.Detail != "" {
-		return fmt.Sprintf("dlock: lease on %q (fence %d) lost: %s: %s", e.Resource, e.Fence, e.Reason, e.Detail)
+	what := fmt.Sprintf("lease on %q (fence %d)", e.Resource, e.Fence)
+	if e.Resources != nil {
+		what = fmt.Sprintf("set lease on %s (fences %s)", quoteAll(e.Resources), joinFences(e.Fences))
 	}
-	return fmt.Sprintf("dlock: lease on %q (fence %d) lost: %s", e.Resource, e.Fence, e.Reason)
+	if e.Detail != "" {
+		return fmt.Sprintf("dlock: %s lost: %s: %s", what, e.Reason, e.Detail)
+	}
+	return fmt.Sprintf("dlock: %s lost: %s", what, e.Reason)
 }
 
 // Is matches ErrLeaseLost.
@@ -136,11 +146,36 @@ func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 type ReleaseError struct {
 	Resource string
 	Fence    uint64
-	Err      error
+	// Resources and Fences: a set's members and their fences (Resource and Fence are the first
+	// one's); nil for a single lease.
+	Resources []string
+	Fences    []uint64
+	Err       error
 }
 
 func (e *ReleaseError) Error() string {
+	if e.Resources != nil {
+		return fmt.Sprintf("dlock: set lease on %s (fences %s) not released: %v", quoteAll(e.Resources), joinFences(e.Fences), e.Err)
+	}
 	return fmt.Sprintf("dlock: lease on %q (fence %d) not released: %v", e.Resource, e.Fence, e.Err)
+}
+
+// quoteAll is resources quoted, joined by ", ".
+func quoteAll(resources []string) string {
+	quoted := make([]string, len(resources))
+	for i, resource := range resources {
+		quoted[i] = strconv.Quote(resource)
+	}
+	return strings.Join(quoted, ", ")
+}
+
+// joinFences is fences joined by "," (a set's fence in its log lines).
+func joinFences(fences []uint64) string {
+	text := make([]string, len(fences))
+	for i, fence := range fences {
+		text[i] = unum(fence)
+	}
+	return strings.Join(text, ",")
 }
 
 // Unwrap gives the cause.

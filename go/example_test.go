@@ -183,6 +183,34 @@ func ExampleLocks_Read() {
 	// <nil> exclusive
 }
 
+// transfer is the README's set.
+func transfer(ctx context.Context, locks *dlock.Locks) error {
+	// README:begin
+	accounts := []string{"{acct}:alice", "{acct}:bob"} // one hash tag: one slot in a Cluster
+	err := locks.DoAll(ctx, accounts, func(ctx context.Context, set *dlock.SetLease) error {
+		// Every member is held, each with its own fence; ctx is cancelled if the set is lost.
+		if _, err := set.Fenced(ctx, "{acct}:alice", "DECRBY", "{acct}:alice:balance", 10); err != nil {
+			return err
+		}
+		_, err := set.Fenced(ctx, "{acct}:bob", "INCRBY", "{acct}:bob:balance", 10)
+		return err
+	}, dlock.TTL(30*time.Second), dlock.Wait(10*time.Second))
+	// README:end
+	return err
+}
+
+func ExampleLocks_DoAll() {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	locks := dlock.New(rdb)
+	fmt.Println(transfer(ctx, locks))
+	fmt.Println(rdb.MGet(ctx, "{acct}:alice:balance", "{acct}:bob:balance").Val())
+	// Output:
+	// <nil>
+	// [-10 10]
+}
+
 func ExampleLocks_Campaign() {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	locks := dlock.New(rdb)

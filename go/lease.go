@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -16,6 +17,9 @@ const maxHoldRounding = 2 * time.Millisecond
 // kept alive by renewals (every ttl/3, with FENCE) until Release or the loss. An operator's
 // DLOCK.REVOKE of its fence, heard on the resource's channel, loses it at once (ReasonRevoked).
 // Context is cancelled when the lease is lost or released; Err says why.
+//
+// A set (Locks.HoldAll) runs on a Lease too, hidden in its *SetLease: the same lifecycle, with
+// the set's commands (RENEWALL, RELEASEALL) over all its members.
 type Lease struct {
 	locks    *Locks
 	resource string
@@ -28,6 +32,13 @@ type Lease struct {
 	metrics  Metrics
 	granted  time.Time
 	holdEnd  time.Time // zero: no MaxHold
+
+	// Every resource the lease holds with its fence: the one resource and fence above, or a
+	// set's members in the caller's order (resource and fence are then the first member's,
+	// where the set's commands are routed). isSet: renewed and released as a set.
+	members []string
+	fences  []uint64
+	isSet   bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -49,25 +60,31 @@ type Lease struct {
 	finished chan struct{} // closed by the renewer when it exits
 	once     sync.Once
 
-	// The lease's watch on its resource's channel, where a revocation of its fence is heard,
+	// The lease's watches on its resources' channels, where a revocation of a fence is heard,
 	// from the grant until the lease ends.
-	watch *watch
-	leave sync.Once
+	watches []*watch
+	leave   sync.Once
 }
 
-func newLease(ctx context.Context, l *Locks, resource, token string, fence uint64, m mode, ttl time.Duration, set settings, sent time.Time, holdEnd time.Time) *Lease {
-	logger, metrics := set.observe()
+// newLease starts the lease an attempt was granted with fences (one per member of the
+// attempt's set, else one) by a request sent at sent.
+func newLease(ctx context.Context, a *attempt, fences []uint64, sent time.Time) *Lease {
+	l := a.locks
+	logger, metrics := a.set.observe()
 	lease := &Lease{
-		locks: l, resource: resource, token: token, fence: fence, mode: m, ttl: ttl, set: set,
-		log: logger, metrics: metrics, granted: time.Now(), holdEnd: holdEnd,
-		localExpiry: sent.Add(asSent(ttl)), nextRenewal: sent.Add(renewEvery(ttl)),
+		locks: l, resource: a.resource, token: a.token, fence: fences[0], mode: a.mode, ttl: a.ttl,
+		set: a.set, log: logger, metrics: metrics, granted: time.Now(), holdEnd: a.holdEnd,
+		members: a.resources(), fences: fences, isSet: a.members != nil,
+		localExpiry: sent.Add(asSent(a.ttl)), nextRenewal: sent.Add(renewEvery(a.ttl)),
 		stop: make(chan struct{}), finished: make(chan struct{}),
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
 	lease.ctx, lease.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	// Listening for a revocation starts now, without waiting for the subscription's
 	// confirmation (docs/protocol.md, section 4): one that races it is caught by the renewal.
-	lease.watch = l.router.channels.hold(resource, fence, lease.revoke)
+	for i, member := range lease.members {
+		lease.watches = append(lease.watches, l.router.channels.hold(member, fences[i], lease.revoke))
+	}
 	done := l.router.use()
 	go func() {
 		defer done()
@@ -165,6 +182,9 @@ func (l *Lease) loseWith(reason, detail string) bool {
 		return false
 	}
 	lost := &LeaseLostError{Resource: l.resource, Fence: l.fence, Reason: reason, Detail: detail}
+	if l.isSet {
+		lost.Resources, lost.Fences = l.members, l.fences
+	}
 	l.ended = lost
 	l.mu.Unlock()
 	l.cancel(lost)
@@ -173,16 +193,48 @@ func (l *Lease) loseWith(reason, detail string) bool {
 	if detail != "" {
 		attrs = append(attrs, slog.String("detail", detail))
 	}
-	logLease(l.log, slog.LevelWarn, logLost, l.resource, l.token, l.fence, attrs...)
+	l.logLine(slog.LevelWarn, logLost, attrs...)
 	return true
 }
 
-// revoke: the channel said that an operator revoked this lease (DLOCK.REVOKE), for reason.
+// logLine logs one of the lease's lines: a set's resource and fence fields are its members' and
+// their fences, each joined by ",".
+func (l *Lease) logLine(level slog.Level, msg string, attrs ...slog.Attr) {
+	if !l.isSet {
+		logLease(l.log, level, msg, l.resource, l.token, slog.Uint64Value(l.fence), attrs...)
+		return
+	}
+	logLease(l.log, level, msg, strings.Join(l.members, ","), l.token, slog.StringValue(joinFences(l.fences)), attrs...)
+}
+
+// revoke: the channel said that an operator revoked this lease (a set: one of its members)
+// (DLOCK.REVOKE), for reason.
 func (l *Lease) revoke(reason string) { l.loseWith(ReasonRevoked, reason) }
 
 // leaveChannel stops listening for a revocation, once the lease ended.
 func (l *Lease) leaveChannel() {
-	l.leave.Do(func() { l.locks.router.channels.leave(l.watch) })
+	l.leave.Do(func() {
+		for _, w := range l.watches {
+			l.locks.router.channels.leave(w)
+		}
+	})
+}
+
+// renewArgs is the lease's RENEW (a set's RENEWALL) of ttlMS for the server at addr.
+func (l *Lease) renewArgs(addr string, ttlMS int64) []any {
+	if l.isSet {
+		return renewAllArgs(l.members, l.token, ttlMS, l.fences)
+	}
+	return renewArgs(l.resource, l.token, ttlMS, l.locks.fenceArg(addr, cmdRenew, l.fence))
+}
+
+// releaseArgs is the lease's RELEASE (a set's RELEASEALL), with its fences, for the server at
+// addr. Answered len(members) when everything was released.
+func (l *Lease) releaseArgs(addr string) []any {
+	if l.isSet {
+		return releaseAllArgs(l.members, l.token, l.fences)
+	}
+	return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
 }
 
 // renew runs until Release or the loss: a RENEW every ttl/3, retried every ttl/10 after a
@@ -253,7 +305,7 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 		timeout = time.Millisecond
 	}
 	reply, err := l.locks.call(ctx, l.resource, timeout, func(addr string) []any {
-		return renewArgs(l.resource, l.token, millis(ttl), l.locks.fenceArg(addr, cmdRenew, l.fence))
+		return l.renewArgs(addr, millis(ttl))
 	})
 	var n int64
 	if err == nil {
@@ -272,7 +324,7 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 	}
 	if err == nil {
 		l.metrics.RenewalFailed("refused")
-		logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence, slog.String("reason", "refused"))
+		l.logLine(slog.LevelWarn, logRenewalFailed, slog.String("reason", "refused"))
 		l.mu.Lock()
 		releasing := l.releasing
 		l.mu.Unlock()
@@ -282,8 +334,7 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	l.metrics.RenewalFailed("error")
-	logLease(l.log, slog.LevelWarn, logRenewalFailed, l.resource, l.token, l.fence,
-		slog.String("reason", "error"), slog.String("error", err.Error()))
+	l.logLine(slog.LevelWarn, logRenewalFailed, slog.String("reason", "error"), slog.String("error", err.Error()))
 	l.mu.Lock()
 	l.nextRenewal = time.Now().Add(renewRetry(l.ttl))
 	l.mu.Unlock()
@@ -305,17 +356,15 @@ func (l *Lease) Renew(ctx context.Context) (bool, error) {
 
 // forgetAfterLoss: a best-effort RELEASE with FENCE after a loss (a lease the server still
 // holds passes on at once instead of at its ttl); none after a revocation, which ended the
-// lease on the server.
+// lease on the server (a set's RELEASEALL still goes: the members not revoked are held).
 func (l *Lease) forgetAfterLoss() {
-	if lost, ok := l.lost().(*LeaseLostError); ok && lost.Reason == ReasonRevoked {
+	if lost, ok := l.lost().(*LeaseLostError); ok && lost.Reason == ReasonRevoked && !l.isSet {
 		l.metrics.Held(time.Since(l.granted))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.set.release())
 	defer cancel()
-	_, _ = l.locks.call(ctx, l.resource, l.set.release(), func(addr string) []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
-	})
+	_, _ = l.locks.call(ctx, l.resource, l.set.release(), l.releaseArgs)
 	l.metrics.Held(time.Since(l.granted))
 }
 
@@ -355,31 +404,30 @@ func (l *Lease) release(ctx context.Context) error {
 	timeout := l.set.release()
 	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	reply, err := l.locks.call(call, l.resource, timeout, func(addr string) []any {
-		return releaseArgs(l.resource, l.token, l.locks.fenceArg(addr, cmdRelease, l.fence))
-	})
+	reply, err := l.locks.call(call, l.resource, timeout, l.releaseArgs)
 	l.metrics.Held(time.Since(l.granted))
 	var n int64
 	if err == nil {
 		n, err = asInt(reply)
 	}
-	if err == nil && n == 1 {
+	if err == nil && n == int64(len(l.members)) {
 		l.mu.Lock()
 		l.ended = ErrReleased
 		l.mu.Unlock()
 		l.cancel(ErrReleased)
-		logLease(l.log, slog.LevelInfo, logReleased, l.resource, l.token, l.fence)
+		l.logLine(slog.LevelInfo, logReleased)
 		return nil
 	}
 	if err == nil {
-		// Gone before the work ended: the end of the work was not protected. That is the loss
-		// (ended), logged and counted as one, not a release failure as well.
+		// Gone before the work ended (a set: some member was): the end of the work was not
+		// protected. That is the loss (ended), logged and counted as one, not a release
+		// failure as well.
 		l.lose(ReasonEnded)
 		return l.lost()
 	}
 	// No answer (or an error reply) for a lease believed live: a release failure.
 	l.metrics.ReleaseFailed()
-	logLease(l.log, slog.LevelWarn, logReleaseFailed, l.resource, l.token, l.fence, slog.String("error", err.Error()))
+	l.logLine(slog.LevelWarn, logReleaseFailed, slog.String("error", err.Error()))
 	if !time.Now().Before(l.LocalExpiry()) {
 		l.lose(ReasonUnreachable)
 		return l.lost()
@@ -388,7 +436,11 @@ func (l *Lease) release(ctx context.Context) error {
 	l.ended = ErrReleased
 	l.mu.Unlock()
 	l.cancel(ErrReleased)
-	return &ReleaseError{Resource: l.resource, Fence: l.fence, Err: err}
+	failed := &ReleaseError{Resource: l.resource, Fence: l.fence, Err: err}
+	if l.isSet {
+		failed.Resources, failed.Fences = l.members, l.fences
+	}
+	return failed
 }
 
 // Fenced runs command (its name and arguments, as for go-redis's Do) in the server only if this

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -142,6 +143,11 @@ func (l *Locks) Do(ctx context.Context, resource string, fn func(ctx context.Con
 // context is ctx, also cancelled when the lease is lost. If fn panics (or calls runtime.Goexit),
 // the lease is released all the same and the panic goes on.
 func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, lease *Lease) error) error {
+	return runUnder(ctx, l, l, fn)
+}
+
+// runUnder is Run for the lease l, whose holder (the *Lease, or the *SetLease around it) fn gets.
+func runUnder[H any](ctx context.Context, l *Lease, holder H, fn func(ctx context.Context, holder H) error) error {
 	work, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
 	returned := false
@@ -152,7 +158,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, lease *Lea
 			_ = l.Release(ctx)
 		}
 	}()
-	err := fn(work, l)
+	err := fn(work, holder)
 	returned = true
 	stop()
 	cancel(nil)
@@ -306,6 +312,12 @@ func newToken() string {
 
 // acquire runs one attempt (one token) and counts and logs its outcome.
 func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settings) (*Lease, error) {
+	return l.try(ctx, &attempt{locks: l, resource: resource, mode: m, set: set})
+}
+
+// try runs the attempt a (one token) and counts and logs its outcome.
+func (l *Locks) try(ctx context.Context, a *attempt) (*Lease, error) {
+	set := a.set
 	if l.err != nil {
 		return nil, l.err
 	}
@@ -315,10 +327,10 @@ func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settin
 	if set.requestTimeout <= 0 {
 		return nil, fmt.Errorf("%w: request timeout must be positive, not %v", ErrInvalidArgument, set.requestTimeout)
 	}
-	logger, metrics := set.observe()
+	metrics := set.figures()
 	metrics.AcquireAttempt()
 	started := time.Now()
-	a := &attempt{locks: l, resource: resource, mode: m, set: set, token: newToken(), started: started}
+	a.token, a.started = newToken(), started
 	done := l.router.use()
 	lease, err := a.run(ctx)
 	done()
@@ -332,14 +344,15 @@ func (l *Locks) acquire(ctx context.Context, resource string, m mode, set settin
 		return nil, err
 	}
 	metrics.Acquired(time.Since(started))
-	logLease(logger, slog.LevelInfo, logAcquired, resource, lease.token, lease.fence, slog.String("mode", m.name()))
+	lease.logLine(slog.LevelInfo, logAcquired, slog.String("mode", a.mode.name()))
 	return lease, nil
 }
 
 // attempt is one acquire: its token, its deadline, and what it learned so far.
 type attempt struct {
 	locks    *Locks
-	resource string
+	resource string   // a set's first member, where its commands go
+	members  []string // a set's resources (HoldAll), in the caller's order; nil for one resource
 	mode     mode
 	set      settings
 	token    string
@@ -355,6 +368,22 @@ type attempt struct {
 	failures   int           // ambiguous failures in a row
 	failingFor time.Time     // since the first of them
 	lastErr    error
+}
+
+// name is the resource as errors and log lines name it: a set's members joined by ",".
+func (a *attempt) name() string {
+	if a.members != nil {
+		return strings.Join(a.members, ",")
+	}
+	return a.resource
+}
+
+// resources is every resource the attempt asks for.
+func (a *attempt) resources() []string {
+	if a.members != nil {
+		return a.members
+	}
+	return []string{a.resource}
 }
 
 func (a *attempt) left() time.Duration {
@@ -388,6 +417,9 @@ func (a *attempt) run(ctx context.Context) (*Lease, error) {
 	}
 	if deadline, ok := ctx.Deadline(); ok && (a.waitUntil.IsZero() || deadline.Before(a.waitUntil)) {
 		a.waitUntil = deadline
+	}
+	if a.members != nil {
+		return a.all(ctx)
 	}
 	if a.set.tickets && a.left() > 0 {
 		lease, err, fallBack := a.tickets(ctx)
@@ -453,7 +485,7 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			return nil, a.giveUp(ctx, ctx.Err())
 		}
 		if fence != 0 && !waited {
-			return newLease(ctx, a.locks, a.resource, a.token, fence, a.mode, a.ttl, a.set, sent, a.holdEnd), nil
+			return newLease(ctx, a, []uint64{fence}, sent), nil
 		}
 		if fence != 0 {
 			// Granted from the queue at some instant of the wait: claim it now (the same
@@ -477,7 +509,7 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 			if a.reached {
 				released = a.forget(ctx)
 			}
-			return nil, &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released}
+			return nil, &AcquireError{Resource: a.name(), Outcome: OutcomeHeld, Token: a.token, Released: released}
 		}
 		if waited && !sleep(ctx, min(waitAgainPause, a.left())) {
 			return nil, a.giveUp(ctx, ctx.Err())
@@ -542,7 +574,7 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 			if ctx.Err() != nil {
 				return nil, a.giveUp(ctx, ctx.Err()), false
 			}
-			return newLease(ctx, a.locks, a.resource, a.token, fence, a.mode, a.ttl, a.set, sent, a.holdEnd), nil, false
+			return newLease(ctx, a, []uint64{fence}, sent), nil, false
 		}
 		refresh := time.NewTimer(max(0, min(ticket/3, a.left())))
 		select {
@@ -560,7 +592,7 @@ func (a *attempt) withdraw(ctx context.Context, queued bool, cause error) error 
 	if queued {
 		a.forget(ctx)
 	}
-	return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Err: cause}
+	return &AcquireError{Resource: a.name(), Outcome: OutcomeHeld, Token: a.token, Err: cause}
 }
 
 // failed classifies a failed request: retry (with the same token, until the deadline), or the
@@ -626,10 +658,10 @@ func (a *attempt) retryPause() time.Duration {
 // else unknown, after the release of the attempt's token.
 func (a *attempt) unsettled(ctx context.Context) error {
 	if !a.reached && !a.fenced {
-		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: a.lastErr}
+		return &AcquireError{Resource: a.name(), Outcome: OutcomeUnreachable, Token: a.token, Err: a.lastErr}
 	}
 	released := a.forget(ctx)
-	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: a.lastErr}
+	return &AcquireError{Resource: a.name(), Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: a.lastErr}
 }
 
 // giveUp: the caller's context ended the attempt. Whatever may have been granted to the token (a
@@ -641,25 +673,26 @@ func (a *attempt) giveUp(ctx context.Context, cause error) error {
 		if a.reached || a.fenced {
 			released = a.forget(ctx)
 		}
-		return &AcquireError{Resource: a.resource, Outcome: OutcomeHeld, Token: a.token, Released: released, Err: cause}
+		return &AcquireError{Resource: a.name(), Outcome: OutcomeHeld, Token: a.token, Released: released, Err: cause}
 	}
 	if !a.reached && !a.fenced {
-		return &AcquireError{Resource: a.resource, Outcome: OutcomeUnreachable, Token: a.token, Err: cause}
+		return &AcquireError{Resource: a.name(), Outcome: OutcomeUnreachable, Token: a.token, Err: cause}
 	}
 	released := a.forget(ctx)
-	return &AcquireError{Resource: a.resource, Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: cause}
+	return &AcquireError{Resource: a.name(), Outcome: OutcomeUnknown, Token: a.token, Released: released, Err: cause}
 }
 
 func (a *attempt) serverFailure(err error) error {
 	if a.reached || a.fenced {
 		a.forget(context.Background())
 	}
-	return &AcquireError{Resource: a.resource, Outcome: OutcomeServer, Token: a.token, Err: serverError(err)}
+	return &AcquireError{Resource: a.name(), Outcome: OutcomeServer, Token: a.token, Err: serverError(err)}
 }
 
 // forget releases the attempt's token (no FENCE: the fence is unknown; the token is this
-// attempt's alone) from a connection opened for it, once more after forgetAgainAfter if the
-// first found nothing. True if a grant (or ticket) was found and freed.
+// attempt's alone; a set's RELEASEALL without FENCES) from a connection opened for it, once
+// more after forgetAgainAfter if the first found nothing. True if a grant (or ticket) was found
+// and freed.
 func (a *attempt) forget(ctx context.Context) bool {
 	ctx = context.WithoutCancel(ctx)
 	timeout := a.set.release()
@@ -667,13 +700,17 @@ func (a *attempt) forget(ctx context.Context) bool {
 		if try > 0 {
 			time.Sleep(forgetAgainAfter)
 		}
-		released, err := a.locks.router.alone(ctx, a.resource, timeout, releaseArgs(a.resource, a.token, 0))
+		args := releaseArgs(a.resource, a.token, 0)
+		if a.members != nil {
+			args = releaseAllArgs(a.members, a.token, nil)
+		}
+		released, err := a.locks.router.alone(ctx, a.resource, timeout, args)
 		if err != nil {
 			a.set.log().LogAttrs(ctx, slog.LevelDebug, "dlock: could not release an unknown grant",
-				slog.String("resource", a.resource), slog.String("error", err.Error()))
+				slog.String("resource", a.name()), slog.String("error", err.Error()))
 			return false
 		}
-		if n, _ := asInt(released); n == 1 {
+		if n, _ := asInt(released); n > 0 {
 			return true
 		}
 	}

@@ -75,9 +75,11 @@ const (
 	logStale         = "dlock: stale operation rejected"
 )
 
-func logLease(logger *slog.Logger, level slog.Level, msg, resource, token string, fence uint64, attrs ...slog.Attr) {
+// logLease logs one line of a lease: fence is its fence (a set's: its members' fences joined by
+// ",", as its resource is its members).
+func logLease(logger *slog.Logger, level slog.Level, msg, resource, token string, fence slog.Value, attrs ...slog.Attr) {
 	all := append([]slog.Attr{
-		slog.String("resource", resource), slog.String("owner", token), slog.Uint64("fence", fence),
+		slog.String("resource", resource), slog.String("owner", token), {Key: "fence", Value: fence},
 	}, attrs...)
 	logger.LogAttrs(context.Background(), level, msg, all...)
 }

@@ -20,7 +20,26 @@ const (
 	cmdFenceCheck = "DLOCK.FENCECHECK"
 	cmdFenced     = "DLOCK.FENCED"
 	cmdInfo       = "DLOCK.INFO"
+	cmdAcquireAll = "DLOCK.ACQUIREALL"
+	cmdRenewAll   = "DLOCK.RENEWALL"
+	cmdReleaseAll = "DLOCK.RELEASEALL"
 )
+
+// MaxSetSize is the most resources one set (HoldAll) may have: the server's bound on numkeys.
+const MaxSetSize = 64
+
+// A set's ticket (ACQUIREALL … QUEUE ticket-ms) lives as long as its wait, within these bounds;
+// a wait without limit has tickets of setTicketMax.
+const (
+	setTicketMin = time.Second
+	setTicketMax = 30 * time.Second
+)
+
+// setTicket is the life of a set's ticket for a wait of left (longer than setTicketMax: no
+// limit).
+func setTicket(left time.Duration) time.Duration {
+	return min(setTicketMax, max(setTicketMin, left))
+}
 
 // MaxPermits is the server's bound on a semaphore's permits (SHARED LIMIT n).
 const MaxPermits = 1_000_000
@@ -222,6 +241,57 @@ func releaseArgs(resource, token string, fence uint64) []any {
 	args := []any{cmdRelease, resource, token}
 	if fence != 0 {
 		args = append(args, "FENCE", unum(fence))
+	}
+	return args
+}
+
+// acquireAllArgs: DLOCK.ACQUIREALL numkeys resource … token ttl-ms [QUEUE ticket-ms] [META
+// value]: every resource of the set in the caller's order (the fences come back in that
+// order), or none. A set waits with QUEUE only (the server refuses WAIT); queueMS 0 leaves it
+// out.
+func acquireAllArgs(resources []string, token string, ttlMS, queueMS int64, meta string, hasMeta bool) []any {
+	args := setArgs(cmdAcquireAll, resources, token)
+	args = append(args, num(ttlMS))
+	if queueMS > 0 {
+		args = append(args, "QUEUE", num(queueMS))
+	}
+	if hasMeta {
+		args = append(args, "META", meta)
+	}
+	return args
+}
+
+// renewAllArgs: DLOCK.RENEWALL numkeys resource … token ttl-ms FENCES fence …: every member
+// renewed, or none, each only under the fence of its grant.
+func renewAllArgs(resources []string, token string, ttlMS int64, fences []uint64) []any {
+	args := setArgs(cmdRenewAll, resources, token)
+	args = append(args, num(ttlMS))
+	return appendFences(args, fences)
+}
+
+// releaseAllArgs: DLOCK.RELEASEALL numkeys resource … token [FENCES fence …]. Without fences (an
+// attempt whose wait ended, or whose outcome is unknown) it frees whatever that attempt's token
+// holds of the set and takes its tickets out of every line.
+func releaseAllArgs(resources []string, token string, fences []uint64) []any {
+	return appendFences(setArgs(cmdReleaseAll, resources, token), fences)
+}
+
+func setArgs(command string, resources []string, token string) []any {
+	args := make([]any, 0, len(resources)+6+len(resources))
+	args = append(args, command, num(int64(len(resources))))
+	for _, resource := range resources {
+		args = append(args, resource)
+	}
+	return append(args, token)
+}
+
+func appendFences(args []any, fences []uint64) []any {
+	if len(fences) == 0 {
+		return args
+	}
+	args = append(args, "FENCES")
+	for _, fence := range fences {
+		args = append(args, unum(fence))
 	}
 	return args
 }

@@ -483,3 +483,42 @@ func TestTheClientsOwnRulesAreWrittenOnce(t *testing.T) {
 		t.Errorf("the renewal period: %v", got)
 	}
 }
+
+func TestTheSetsCommandsAsSent(t *testing.T) {
+	set := []string{"{acct}:bob", "{acct}:alice"}
+	for _, c := range []struct {
+		got, want []any
+	}{
+		{acquireAllArgs(set, "t", 30000, 0, "", false),
+			[]any{"DLOCK.ACQUIREALL", "2", "{acct}:bob", "{acct}:alice", "t", "30000"}},
+		{acquireAllArgs(set, "t", 30000, 8000, "m", true),
+			[]any{"DLOCK.ACQUIREALL", "2", "{acct}:bob", "{acct}:alice", "t", "30000", "QUEUE", "8000", "META", "m"}},
+		{renewAllArgs(set, "t", 30000, []uint64{11, 12}),
+			[]any{"DLOCK.RENEWALL", "2", "{acct}:bob", "{acct}:alice", "t", "30000", "FENCES", "11", "12"}},
+		{releaseAllArgs(set, "t", []uint64{11, 12}),
+			[]any{"DLOCK.RELEASEALL", "2", "{acct}:bob", "{acct}:alice", "t", "FENCES", "11", "12"}},
+		{releaseAllArgs(set, "t", nil), []any{"DLOCK.RELEASEALL", "2", "{acct}:bob", "{acct}:alice", "t"}},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%v, want %v", c.got, c.want)
+		}
+	}
+	// A set's ticket lives as long as its wait, from 1 s to 30 s (a wait without limit: 30 s).
+	for wait, want := range map[time.Duration]time.Duration{
+		200 * time.Millisecond: time.Second, 8 * time.Second: 8 * time.Second,
+		time.Hour: 30 * time.Second, time.Duration(1<<63 - 1): 30 * time.Second,
+	} {
+		if got := setTicket(wait); got != want {
+			t.Errorf("setTicket(%v) = %v, want %v", wait, got, want)
+		}
+	}
+	if fences, err := fencesOf([]any{int64(11), int64(12)}, 2); err != nil || !reflect.DeepEqual(fences, []uint64{11, 12}) {
+		t.Errorf("fencesOf: %v, %v", fences, err)
+	}
+	if fences, err := fencesOf(nil, 2); err != nil || fences != nil {
+		t.Errorf("fencesOf(nil): %v, %v", fences, err)
+	}
+	if _, err := fencesOf([]any{int64(11)}, 2); err == nil {
+		t.Error("fencesOf took one fence for a set of two")
+	}
+}

@@ -25,23 +25,24 @@ import (
 )
 
 type request struct {
-	ID       *int64   `json:"id"`
-	Op       string   `json:"op"`
-	Lease    string   `json:"lease"`
-	Resource string   `json:"resource"`
-	Name     string   `json:"name"`
-	Address  string   `json:"address"`
-	TTLMS    int64    `json:"ttl_ms"`
-	WaitMS   *int64   `json:"wait_ms"`
-	TicketMS int64    `json:"ticket_ms"`
-	Strategy string   `json:"strategy"`
-	Meta     *string  `json:"meta"`
-	MaxHold  *int64   `json:"max_hold_ms"`
-	Mode     string   `json:"mode"`
-	Permits  int      `json:"permits"`
-	Command  []string `json:"command"`
-	WorkMS   int64    `json:"work_ms"`
-	Fail     bool     `json:"fail"`
+	ID        *int64   `json:"id"`
+	Op        string   `json:"op"`
+	Lease     string   `json:"lease"`
+	Resource  string   `json:"resource"`
+	Resources []string `json:"resources"`
+	Name      string   `json:"name"`
+	Address   string   `json:"address"`
+	TTLMS     int64    `json:"ttl_ms"`
+	WaitMS    *int64   `json:"wait_ms"`
+	TicketMS  int64    `json:"ticket_ms"`
+	Strategy  string   `json:"strategy"`
+	Meta      *string  `json:"meta"`
+	MaxHold   *int64   `json:"max_hold_ms"`
+	Mode      string   `json:"mode"`
+	Permits   int      `json:"permits"`
+	Command   []string `json:"command"`
+	WorkMS    int64    `json:"work_ms"`
+	Fail      bool     `json:"fail"`
 }
 
 // failure is an error reply's body.
@@ -64,7 +65,50 @@ type driver struct {
 	inFlight sync.WaitGroup
 
 	mu     sync.Mutex
-	leases map[string]*dlock.Lease
+	leases map[string]held
+}
+
+// held is a lease the driver holds by name: a single lease, or a set (hold_all).
+type held struct {
+	lease *dlock.Lease
+	set   *dlock.SetLease
+}
+
+func (h held) done() <-chan struct{} {
+	if h.set != nil {
+		return h.set.Done()
+	}
+	return h.lease.Done()
+}
+
+func (h held) err() error {
+	if h.set != nil {
+		return h.set.Err()
+	}
+	return h.lease.Err()
+}
+
+func (h held) release(ctx context.Context) error {
+	if h.set != nil {
+		return h.set.Release(ctx)
+	}
+	return h.lease.Release(ctx)
+}
+
+// run runs work under the lease (the client's own Run) and releases it.
+func (h held) run(ctx context.Context, work func(ctx context.Context) error) error {
+	if h.set != nil {
+		return h.set.Run(ctx, func(ctx context.Context, _ *dlock.SetLease) error { return work(ctx) })
+	}
+	return h.lease.Run(ctx, func(ctx context.Context, _ *dlock.Lease) error { return work(ctx) })
+}
+
+// fenced sends command under the lease's fence (a set's: the fence of its member resource).
+func (h held) fenced(ctx context.Context, resource string, command []any) (any, error) {
+	if h.set != nil {
+		return h.set.Fenced(ctx, resource, command...)
+	}
+	return h.lease.Fenced(ctx, command...)
 }
 
 // closingGrace: after stdin closes, how long requests already read may take to be answered.
@@ -82,7 +126,7 @@ func run(in io.Reader, out io.Writer, url string) int {
 		fmt.Fprintln(os.Stderr, "dlock-conformance-driver:", err)
 		return 2
 	}
-	d := &driver{locks: dlock.New(rdb), out: json.NewEncoder(out), leases: map[string]*dlock.Lease{}}
+	d := &driver{locks: dlock.New(rdb), out: json.NewEncoder(out), leases: map[string]held{}}
 	d.write(map[string]any{"event": "ready", "client": "dlock (Go) " + dlock.Version})
 	scanner := bufio.NewScanner(in)
 	scanner.Buffer(make([]byte, 1<<20), 1<<24)
@@ -156,14 +200,23 @@ func (d *driver) serve(req request) {
 	d.write(map[string]any{"id": *req.ID, "ok": ok})
 }
 
-func (d *driver) lease(name string) (*dlock.Lease, error) {
+func (d *driver) held(name string) (held, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	lease, ok := d.leases[name]
+	h, ok := d.leases[name]
 	if !ok {
-		return nil, &dlock.ServerError{Class: dlock.ClassUsage, Reply: fmt.Sprintf("no lease named %q", name)}
+		return held{}, &dlock.ServerError{Class: dlock.ClassUsage, Reply: fmt.Sprintf("no lease named %q", name)}
 	}
-	return lease, nil
+	return h, nil
+}
+
+// lease is the single lease named name (a set has no renew).
+func (d *driver) lease(name string) (*dlock.Lease, error) {
+	h, err := d.held(name)
+	if err == nil && h.lease == nil {
+		err = &dlock.ServerError{Class: dlock.ClassUsage, Reply: fmt.Sprintf("%q is a set", name)}
+	}
+	return h.lease, err
 }
 
 func (d *driver) handle(req request) (any, error) {
@@ -171,6 +224,17 @@ func (d *driver) handle(req request) (any, error) {
 	switch req.Op {
 	case "hold", "wait", "ticket", "shared", "semaphore":
 		return d.hold(ctx, req)
+	case "hold_all":
+		opts := []dlock.Option{dlock.TTL(ms(req.TTLMS)), dlock.Wait(0)}
+		if req.WaitMS != nil {
+			opts = append(opts, dlock.Wait(ms(*req.WaitMS)))
+		}
+		set, err := d.locks.HoldAll(ctx, req.Resources, opts...)
+		if err != nil {
+			return nil, err
+		}
+		d.keep(req.Lease, held{set: set})
+		return map[string]any{"fences": set.Fences(), "token": set.Token()}, nil
 	case "campaign":
 		opts := []dlock.Option{dlock.TTL(ms(req.TTLMS))}
 		if req.WaitMS != nil {
@@ -180,7 +244,7 @@ func (d *driver) handle(req request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		d.keep(req.Lease, lease)
+		d.keep(req.Lease, held{lease: lease})
 		return map[string]any{"fence": lease.Fence()}, nil
 	case "renew":
 		lease, err := d.lease(req.Lease)
@@ -197,11 +261,11 @@ func (d *driver) handle(req request) (any, error) {
 		}
 		return map[string]any{"renewed": renewed}, nil
 	case "release":
-		lease, err := d.lease(req.Lease)
+		h, err := d.held(req.Lease)
 		if err != nil {
 			return nil, err
 		}
-		err = lease.Release(ctx)
+		err = h.release(ctx)
 		var lost *dlock.LeaseLostError
 		if errors.As(err, &lost) {
 			return map[string]any{"released": false}, nil
@@ -211,7 +275,7 @@ func (d *driver) handle(req request) (any, error) {
 		}
 		return map[string]any{"released": true}, nil
 	case "fenced":
-		lease, err := d.lease(req.Lease)
+		h, err := d.held(req.Lease)
 		if err != nil {
 			return nil, err
 		}
@@ -219,17 +283,17 @@ func (d *driver) handle(req request) (any, error) {
 		for i, arg := range req.Command {
 			command[i] = arg
 		}
-		reply, err := lease.Fenced(ctx, command...)
+		reply, err := h.fenced(ctx, req.Resource, command)
 		if err != nil {
 			return nil, err
 		}
 		return map[string]any{"reply": encode(reply)}, nil
 	case "run":
-		lease, err := d.lease(req.Lease)
+		h, err := d.held(req.Lease)
 		if err != nil {
 			return nil, err
 		}
-		err = lease.Run(ctx, func(ctx context.Context, _ *dlock.Lease) error {
+		err = h.run(ctx, func(ctx context.Context) error {
 			timer := time.NewTimer(ms(req.WorkMS))
 			defer timer.Stop()
 			select {
@@ -311,19 +375,19 @@ func (d *driver) hold(ctx context.Context, req request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.keep(req.Lease, lease)
+	d.keep(req.Lease, held{lease: lease})
 	return map[string]any{"fence": lease.Fence(), "token": lease.Token()}, nil
 }
 
-// keep names lease and reports its loss the moment the client knows it.
-func (d *driver) keep(name string, lease *dlock.Lease) {
+// keep names a held lease and reports its loss the moment the client knows it.
+func (d *driver) keep(name string, h held) {
 	d.mu.Lock()
-	d.leases[name] = lease
+	d.leases[name] = h
 	d.mu.Unlock()
 	go func() {
-		<-lease.Done()
+		<-h.done()
 		var lost *dlock.LeaseLostError
-		if errors.As(lease.Err(), &lost) {
+		if errors.As(h.err(), &lost) {
 			d.write(map[string]any{"event": "lost", "lease": name, "reason": lost.Reason})
 		}
 	}()

@@ -74,6 +74,22 @@ func TestTheDriverAnswersEveryRequestAndReportsALoss(t *testing.T) {
 	if bad := send(`{"id":6,"op":"semaphore","lease":"s","resource":"p","permits":0,"ttl_ms":900}`); bad["error"].(map[string]any)["kind"] != "usage" {
 		t.Fatalf("0 permits: %v", bad)
 	}
+	set := send(`{"id":7,"op":"hold_all","lease":"s","resources":["{s}:2","{s}:1"],"ttl_ms":900}`)
+	if ok, _ := set["ok"].(map[string]any); ok == nil || len(ok["fences"].([]any)) != 2 || ok["token"] == nil {
+		t.Fatalf("hold_all: %v", set)
+	}
+	if wrote := send(`{"id":8,"op":"fenced","lease":"s","resource":"{s}:1","command":["SET","{s}:data","x"]}`); wrote["ok"].(map[string]any)["reply"] != "OK" {
+		t.Fatalf("a fenced write under a member's fence: %v", wrote)
+	}
+	if outside := send(`{"id":9,"op":"fenced","lease":"s","resource":"{s}:3","command":["SET","{s}:data","y"]}`); outside["error"].(map[string]any)["kind"] != "usage" {
+		t.Fatalf("a fenced write under a resource outside the set: %v", outside)
+	}
+	if work := send(`{"id":10,"op":"run","lease":"s","work_ms":10,"fail":false}`); work["ok"].(map[string]any)["output"] != "done" {
+		t.Fatalf("a set's work: %v", work)
+	}
+	if n := admin.Exists(context.Background(), "{s}:1", "{s}:2").Val(); n != 0 {
+		t.Fatalf("%d members held after the set's work", n)
+	}
 	_ = toDriver.Close()
 	if status := <-done; status != 0 {
 		t.Fatalf("exit status %d", status)
