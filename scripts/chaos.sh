@@ -32,11 +32,12 @@ chaos="target/$build/dlock-chaos"
 
 if [ "$self_check" = yes ]; then
   echo "chaos: self-check (broken workers must be caught)"
-  # One resource of each kind for the mixed workers: more of them meet there.
-  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql --broken-mixed --broken-mirror --rw 1 --sem 1 \
+  # Few resources for the mixed workers, so that more of them meet there: two read-write
+  # resources (a set takes two) and one semaphore.
+  "$chaos" --seconds 8 --seed "$seed" --unfenced-sql --broken-mixed --broken-mirror --rw 2 --sem 1 \
     > target/chaos-self-check.log 2>&1 || true
   caught=""
-  for finding in 'state-order): sql' permit-limit writer-overlap reader-overlap claim-window ticket-fifo; do
+  for finding in 'state-order): sql' permit-limit writer-overlap reader-overlap claim-window ticket-fifo set-atomicity; do
     n=$(grep -c "^VIOLATION ($finding" target/chaos-self-check.log || true)
     if [ "$n" -eq 0 ]; then
       cat target/chaos-self-check.log

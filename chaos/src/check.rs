@@ -149,22 +149,25 @@ impl Operation {
     }
 }
 
-/// Pairs each worker's invokes with their completions. An invoke followed by another invoke of
-/// the same worker (it was killed and restarted) ended `Unknown`.
+/// Pairs each worker's invokes with their completions, resource by resource (a set's request
+/// is one invoke per member, then one completion per member). An invoke followed by another
+/// invoke of the same worker on the same resource (it was killed and restarted) ended
+/// `Unknown`.
 pub fn operations(events: &[Event]) -> Vec<Operation> {
     let mut sorted: Vec<&Event> = events.iter().collect();
     sorted.sort_by_key(|event| event.at);
-    let mut open: HashMap<u32, Operation> = HashMap::new();
+    let mut open: HashMap<(u32, &str), Operation> = HashMap::new();
     let mut done = Vec::new();
     for event in sorted {
         match event.kind {
             Kind::Invoke => {
-                if let Some(killed) = open.remove(&event.worker) {
+                let key = (event.worker, event.resource.as_str());
+                if let Some(killed) = open.remove(&key) {
                     done.push(killed);
                 }
-                open.insert(event.worker, Operation::from_event(event, u64::MAX, Kind::Unknown));
+                open.insert(key, Operation::from_event(event, u64::MAX, Kind::Unknown));
             }
-            outcome => match open.remove(&event.worker) {
+            outcome => match open.remove(&(event.worker, event.resource.as_str())) {
                 Some(mut operation) if operation.op == event.op => {
                     operation.completed = event.at;
                     operation.outcome = outcome;

@@ -350,7 +350,10 @@ fn readings_hold(
         for reading in list {
             let sample = &reading.sample;
             let live = sample.holders.len().max(sample.live as usize);
-            let writer = sample.holders.iter().any(|h| h.token.starts_with("w-"));
+            let writer = sample
+                .holders
+                .iter()
+                .any(|h| h.token.starts_with("w-") || h.token.starts_with("s-"));
             if live > 1 && (sample.exclusive == Some(true) || writer) && bad_mode.is_none() {
                 bad_mode = Some(reading);
             }
@@ -394,20 +397,46 @@ fn readings_hold(
                 to: reading.at.completed,
             });
         }
-        stuck_lines(resource, list, faults, settings, report);
+        stuck_lines(resource, list, readings, faults, settings, report);
     }
 }
 
-/// Runs of readings, each soon after the last, that show requests in line and no lease live.
+/// Whether the set whose ticket heads the line of `resource` in reading `r` waits for another
+/// of its members: the last reading of that member shows a lease live or another request at
+/// the head of its line (a set's ticket at the head keeps the member for its set until every
+/// member is free for it). No reading of the member: taken as waiting.
+fn set_waits_elsewhere(
+    resource: &str,
+    r: &Reading,
+    readings: &BTreeMap<&str, Vec<Reading>>,
+) -> bool {
+    let Some(head) = r.sample.next.first() else { return false };
+    let Some(members) = crate::mirror_check::set_members(head) else { return false };
+    members.iter().filter(|member| member.as_str() != resource).any(|member| {
+        let last = readings
+            .get(member.as_str())
+            .and_then(|list| list.iter().rev().find(|o| o.at.invoked <= r.at.completed));
+        last.is_none_or(|o| {
+            !o.sample.holders.is_empty() || o.sample.live > 0 || o.sample.next.first() != Some(head)
+        })
+    })
+}
+
+/// Runs of readings, each soon after the last, that show requests in line and no lease live
+/// (a set's ticket at the head waiting for another member is not a stand).
 fn stuck_lines(
     resource: &str,
     list: &[Reading],
+    readings: &BTreeMap<&str, Vec<Reading>>,
     faults: &[Fault],
     settings: &Settings,
     report: &mut Report,
 ) {
     let stuck = |r: &Reading| {
-        r.sample.holders.is_empty() && r.sample.live == 0 && r.sample.waiters + r.sample.tickets > 0
+        r.sample.holders.is_empty()
+            && r.sample.live == 0
+            && r.sample.waiters + r.sample.tickets > 0
+            && !set_waits_elsewhere(resource, r, readings)
     };
     let excused = |from: u64, to: u64| {
         faults.iter().any(|f| {
@@ -648,5 +677,37 @@ mod tests {
             reading(&mut history, at, &line);
         }
         assert_eq!(checkers(&history), ["line-stuck"]);
+    }
+
+    #[test]
+    fn a_set_heading_a_free_line_stands_only_while_another_member_is_not_free_for_it() {
+        let set = "s-1-ab-3-0.1";
+        let on = |at: u64, resource: &str, sample: &Sample| {
+            let mut pair = [
+                event(at, OBSERVER, Op::Observe, Kind::Invoke, 0, ""),
+                event(at + 1, OBSERVER, Op::Observe, Kind::Ok, 0, &sample.encode()),
+            ];
+            for e in &mut pair {
+                e.resource = resource.into();
+            }
+            pair
+        };
+        let headed = Sample { tickets: 1, next: vec![set.into()], ..Sample::default() };
+        let settings = Settings {
+            mixed: BTreeMap::from([("rw:{0}".to_owned(), None), ("rw:{1}".to_owned(), None)]),
+            ..settings()
+        };
+        let run = |other: &Sample| {
+            let mut history = Vec::new();
+            for at in (0..1_000).step_by(50) {
+                history.extend(on(at, "rw:{0}", &headed));
+                history.extend(on(at + 10, "rw:{1}", other));
+            }
+            let report = check(&history, &[], &State::default(), &settings);
+            report.violations.iter().map(|v| v.checker).collect::<Vec<_>>()
+        };
+        let held = Sample { next: vec![set.into()], tickets: 1, ..holding("w-9", 500) };
+        assert!(run(&held).is_empty(), "the set waits for rw:{{1}}'s lease");
+        assert_eq!(run(&headed), ["line-stuck", "line-stuck"], "both free for it: stuck");
     }
 }

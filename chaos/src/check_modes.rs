@@ -40,7 +40,8 @@ pub struct ModeReport {
     pub most_readers: usize,
 }
 
-/// What a holder is, as the first letter of its token says.
+/// What a holder is, as the first letter of its token says (a set's member, `s-…`, is held as
+/// a writer's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Reader,
@@ -51,7 +52,7 @@ pub enum Role {
 pub fn role_of(token: &str) -> Option<Role> {
     match token.as_bytes().first() {
         Some(b'r') => Some(Role::Reader),
-        Some(b'w') => Some(Role::Writer),
+        Some(b'w' | b's') => Some(Role::Writer),
         Some(b'p') => Some(Role::Permit),
         _ => None,
     }

@@ -251,7 +251,7 @@ fn main() {
     );
     let (mirror, promotions) = (&outcome.mirror, &outcome.promotions);
     println!(
-        "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry, writes paused {} ms at most; {} AOF copies compared, {} leases equal ({} near their end){}",
+        "chaos: mirror: {} comparisons of the replica ({} quiet points skipped), {} leases equal ({} near their end on one side), {} digests equal, {} agreed on a retry, writes paused {} ms at most; {} AOF copies compared, {} leases equal ({} near their end); sets whole {} times ({} members near their end){}",
         mirror.replica_checks,
         mirror.skipped,
         mirror.holders,
@@ -262,6 +262,8 @@ fn main() {
         mirror.aof_checks,
         mirror.aof_holders,
         mirror.aof_settling,
+        mirror.whole_sets,
+        mirror.sets_settling,
         if mirror.broken > 0 {
             format!("; broken on purpose {} times", mirror.broken)
         } else {

@@ -11,6 +11,11 @@
 //! A difference must outlast a few such comparisons, each a little later, to count: a lease whose
 //! deadline passes between the two reads may show on one side only (it is then at most
 //! [`TTL_SLACK_MS`] from its end).
+//!
+//! The same reads check that every set of resources is whole (`set-atomicity`): a set's token
+//! (`s-…-i.j`, see `mixed.rs`) that holds one member holds every member, on the primary and on
+//! the replica, after every fault (a failover included). A member near its end is excused as
+//! above: a set's members share one deadline, and reads are a moment apart.
 
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -100,6 +105,10 @@ pub struct MirrorReport {
     pub broken: usize,
     /// The longest write pause a comparison took (from `CLIENT PAUSE` to `CLIENT UNPAUSE`).
     pub longest_pause_ms: u128,
+    /// Sets of resources seen whole (each read of each copy counted), and members seen missing
+    /// near their end.
+    pub whole_sets: usize,
+    pub sets_settling: usize,
 }
 
 /// The mirror checker of one run.
@@ -278,6 +287,61 @@ fn compare_all(
     Ok(total)
 }
 
+/// The members of a set's token `s-{worker}-{nonce}-{n}-{i}.{j}…`: `rw:{i}`, `rw:{j}`, …;
+/// `None` for any other token.
+pub fn set_members(token: &str) -> Option<Vec<String>> {
+    let rest = token.strip_prefix("s-")?;
+    let members = rest.rsplit('-').next()?;
+    members.split('.').map(|i| i.parse::<u32>().ok().map(crate::mixed::rw_resource)).collect()
+}
+
+/// Sets seen whole, and members missing near their end, in one read of every resource; or the
+/// first set seen in part, with the resource that lacks it.
+fn whole_sets(resources: &[String], read: &[Resource]) -> Result<(usize, usize), (String, String)> {
+    let lease_of = |name: &str, token: &str| {
+        let at = resources.iter().position(|r| r == name)?;
+        read.get(at)?.leases.iter().find(|lease| lease.token == token)
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut settling = 0;
+    for (name, resource) in resources.iter().zip(read) {
+        for lease in &resource.leases {
+            let Some(members) = set_members(&lease.token) else { continue };
+            if !seen.insert(lease.token.clone()) {
+                continue;
+            }
+            for member in &members {
+                if lease_of(member, &lease.token).is_some() {
+                    continue;
+                }
+                if lease.ttl_ms <= TTL_SLACK_MS {
+                    settling += 1;
+                    continue;
+                }
+                return Err((
+                    member.clone(),
+                    format!(
+                        "set {} holds {name} (fence {}, {} ms left) but not {member}: {}",
+                        lease.token,
+                        lease.fence,
+                        lease.ttl_ms,
+                        members
+                            .iter()
+                            .map(|m| format!(
+                                "{m}: {}",
+                                lease_of(m, &lease.token)
+                                    .map_or("-".to_owned(), |l| l.fence.to_string())
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((seen.len(), settling))
+}
+
 /// Writes paused on the primary until dropped (`CLIENT UNPAUSE`).
 struct Paused<'a>(&'a mut redis::Connection);
 
@@ -365,6 +429,26 @@ impl Mirror {
         }
     }
 
+    /// Every set whole in one read of `copy` (the primary or the replica), or a finding.
+    fn sets_whole(&mut self, read: &[Resource], copy: &str, when: &str) {
+        match whole_sets(&self.resources, read) {
+            Ok((whole, settling)) => {
+                self.report.whole_sets += whole;
+                self.report.sets_settling += settling;
+            }
+            Err((resource, message)) => {
+                let at = now_ns();
+                self.findings.push(Finding {
+                    checker: "set-atomicity",
+                    message: format!("on {copy} ({when}): {message}"),
+                    resource,
+                    from: at,
+                    to: at,
+                });
+            }
+        }
+    }
+
     /// At a quiet point (`when`: after which fault, or the run's end): the replica holds the
     /// primary's leases. Skipped (and counted) when the replica does not stream from it.
     pub fn replica(&mut self, primary: &Server, replica: &Server, when: &str) {
@@ -387,6 +471,11 @@ impl Mirror {
             let reads = self.read_paused(&mut p, &mut r);
             self.note_pause(paused_at);
             let Some((on_primary, on_replica)) = reads else { continue };
+            if !compared {
+                // Once per quiet point: a set is whole or not in the first reads.
+                self.sets_whole(&on_primary, "the primary", when);
+                self.sets_whole(&on_replica, "the replica", when);
+            }
             compared = true;
             match compare_all("the replica", &self.resources, &on_primary, &on_replica, 0) {
                 Ok(agreed) => {
@@ -548,5 +637,23 @@ mod tests {
         assert!(compare(&a, &resource(vec![lease("w-1", 7, 500)], "d"), 300).is_ok());
         let waiting = Resource { waiters: 2, ..resource(vec![], "d") };
         assert!(compare(&waiting, &resource(vec![], "z"), 0).is_ok());
+    }
+
+    #[test]
+    fn a_set_holding_one_member_but_not_another_is_partial_unless_near_its_end() {
+        let names: Vec<String> = (0..3).map(crate::mixed::rw_resource).collect();
+        let set = "s-1-ab-7-0.2";
+        assert_eq!(set_members(set), Some(vec![names[0].clone(), names[2].clone()]));
+        assert_eq!(set_members("w-1-ab-7"), None);
+        let held = |ttl| resource(vec![lease(set, 5, ttl)], "");
+        let free = resource(vec![], "");
+        let whole = [held(900), free.clone(), held(900)];
+        assert_eq!(whole_sets(&names, &whole), Ok((1, 0)));
+        let partial = [held(900), free.clone(), free.clone()];
+        let Err((resource, message)) = whole_sets(&names, &partial) else { panic!("partial") };
+        assert_eq!(resource, names[2]);
+        assert!(message.contains("but not rw:{2}"), "{message}");
+        let ending = [held(TTL_SLACK_MS), free.clone(), free];
+        assert_eq!(whole_sets(&names, &ending), Ok((1, 1)));
     }
 }

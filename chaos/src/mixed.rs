@@ -12,8 +12,9 @@
 //! it tries the lease once more (a fenced use and a RENEW), which the server must refuse.
 //!
 //! `--broken-mixed` is the self-check: permits ignore the limit, writers take shared leases,
-//! abandoned waiters carry no claim window (the history says they do), and ticket refreshes
-//! send a new token each time. The checkers must fail the run.
+//! abandoned waiters carry no claim window (the history says they do), ticket refreshes send a
+//! new token each time, and a set lets one member go and holds the rest. The checkers must fail
+//! the run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -226,6 +227,13 @@ async fn work(args: Args) {
         worker.take_triggers();
         let now = Instant::now();
         worker.abandoned.retain(|(_, until)| *until > now);
+        if let Some((members, ticket)) = worker.plan_set() {
+            match worker.acquire_set(&members, ticket).await {
+                Some(held) => worker.hold_set(held).await,
+                None => tokio::time::sleep(Duration::from_millis(10 + worker.rng.below(30))).await,
+            }
+            continue;
+        }
         let (resource, index, role, style) = worker.plan();
         match worker.acquire(&resource, index, role, style).await {
             Some(held) => worker.hold(held).await,
@@ -319,6 +327,255 @@ impl Worker {
             }
         };
         (resource, index, role, style)
+    }
+
+    /// Now and then (no client fault pending, two read-write resources or more): a set of two or
+    /// three of them, in a random order, and whether to wait with a ticket (`QUEUE` ms).
+    fn plan_set(&mut self) -> Option<(Vec<u32>, Option<u64>)> {
+        let rw = self.args.rw;
+        if rw < 2
+            || self.abandon_pending
+            || self.retry_pending
+            || self.stop_pending
+            || self.rng.below(8) != 0
+        {
+            return None;
+        }
+        let size = 2 + self.rng.below(u64::from(rw.min(3)) - 1) as usize;
+        let mut members = Vec::with_capacity(size);
+        while members.len() < size {
+            let i = self.rng.below(u64::from(rw)) as u32;
+            if !members.contains(&i) {
+                members.push(i);
+            }
+        }
+        let ticket = (self.rng.below(2) == 0).then(|| self.rng.between(300, 600));
+        Some((members, ticket))
+    }
+
+    /// `DLOCK.ACQUIREALL` of `members` (read-write resources) by one token, plainly retried for
+    /// two seconds or with a ticket refreshed for four; each member's grant is logged as a
+    /// writer's. An attempt that ends without a grant withdraws (`RELEASEALL` without `FENCES`).
+    async fn acquire_set(&mut self, members: &[u32], ticket: Option<u64>) -> Option<Vec<Held>> {
+        self.tokens += 1;
+        let names: Vec<String> = members.iter().map(u32::to_string).collect();
+        let token =
+            format!("s-{}-{:x}-{}-{}", self.args.id, self.nonce, self.tokens, names.join("."));
+        let resources: Vec<String> = members.iter().map(|&i| rw_resource(i)).collect();
+        let (op, give_up) = match ticket {
+            Some(_) => (Op::Queue, Instant::now() + Duration::from_secs(4)),
+            None => (Op::Acquire, Instant::now() + Duration::from_secs(2)),
+        };
+        let request = match ticket {
+            Some(ms) => format!("{token} ticket={ms}"),
+            None => token.clone(),
+        };
+        let mut cmd = redis::cmd("DLOCK.ACQUIREALL");
+        cmd.arg(resources.len()).arg(&resources).arg(&token).arg(millis(self.args.ttl));
+        if let Some(ms) = ticket {
+            cmd.arg("QUEUE").arg(ms);
+        }
+        loop {
+            for resource in &resources {
+                self.record(op, Kind::Invoke, resource, 0, &request);
+            }
+            let sent = Instant::now();
+            match self.link.query::<Option<Vec<u64>>>(&cmd, Duration::ZERO).await {
+                Reply::Ok(Some(fences)) if fences.len() == resources.len() => {
+                    let expiry = sent + self.args.ttl;
+                    let held: Vec<Held> = resources
+                        .iter()
+                        .zip(members)
+                        .zip(&fences)
+                        .map(|((resource, &index), &fence)| Held {
+                            resource: resource.clone(),
+                            index,
+                            token: token.clone(),
+                            fence,
+                            role: Role::Writer,
+                            expiry,
+                        })
+                        .collect();
+                    for member in &held {
+                        self.record(op, Kind::Ok, &member.resource, member.fence, &token);
+                    }
+                    if self.replicated().await {
+                        return Some(held);
+                    }
+                    self.release_set(&held, "not replicated").await;
+                    return None;
+                }
+                Reply::Ok(other) => {
+                    let why =
+                        if other.is_some() { "a reply without a fence per member" } else { "held" };
+                    for resource in &resources {
+                        self.record(op, Kind::Fail, resource, 0, why);
+                    }
+                }
+                Reply::Refused(why) => {
+                    for resource in &resources {
+                        self.record(op, Kind::Fail, resource, 0, &why);
+                    }
+                }
+                Reply::Unknown(why) => {
+                    for resource in &resources {
+                        self.record(op, Kind::Unknown, resource, 0, &why);
+                    }
+                }
+            }
+            if Instant::now() >= give_up {
+                self.withdraw_set(&resources, &token).await;
+                return None;
+            }
+            let pause = match ticket {
+                Some(ms) => self.rng.between(ms / 4, ms / 3),
+                None => self.rng.between(30, 80),
+            };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+
+    /// `RELEASEALL` without `FENCES`: withdraws the set's tickets and releases a grant whose
+    /// reply was lost.
+    async fn withdraw_set(&mut self, resources: &[String], token: &str) {
+        for resource in resources {
+            self.record(Op::Release, Kind::Invoke, resource, 0, token);
+        }
+        let mut cmd = redis::cmd("DLOCK.RELEASEALL");
+        cmd.arg(resources.len()).arg(resources).arg(token);
+        let reply = self.link.query::<i64>(&cmd, Duration::ZERO).await;
+        for resource in resources {
+            match &reply {
+                Reply::Ok(n) if *n > 0 => {
+                    self.record(Op::Release, Kind::Ok, resource, 0, "forgot a grant")
+                }
+                Reply::Ok(_) => {
+                    self.record(Op::Release, Kind::Fail, resource, 0, "nothing to forget")
+                }
+                Reply::Refused(why) => self.record(Op::Release, Kind::Fail, resource, 0, why),
+                Reply::Unknown(why) => self.record(Op::Release, Kind::Unknown, resource, 0, why),
+            }
+        }
+    }
+
+    /// A set's command with every member and, after `rest`, `FENCES` with every member's fence.
+    fn set_cmd(name: &str, held: &[Held], rest: &[String]) -> redis::Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(held.len());
+        for member in held {
+            cmd.arg(&member.resource);
+        }
+        cmd.arg(&held[0].token).arg(rest).arg("FENCES");
+        for member in held {
+            cmd.arg(member.fence);
+        }
+        cmd
+    }
+
+    /// Holds a set as `hold` holds a lease: uses each member under its fence, renews the set
+    /// every third of the ttl (`RENEWALL`), releases it (`RELEASEALL`); stops at the local expiry.
+    async fn hold_set(&mut self, mut held: Vec<Held>) {
+        if self.args.broken {
+            // Broken: lets one member go and holds the rest, as a set that is not one.
+            let first = held.remove(0);
+            self.release(&first, "broken set").await;
+        }
+        let ttl = self.args.ttl;
+        let end = Instant::now() + Duration::from_millis(self.rng.between(20, 700));
+        let mut next_renewal = Instant::now() + ttl / 3;
+        loop {
+            let now = Instant::now();
+            if now + MARGIN >= held[0].expiry {
+                for member in &held {
+                    self.use_lease(member).await;
+                    let detail = "local expiry passed";
+                    self.record(Op::Lost, Kind::Ok, &member.resource, member.fence, detail);
+                }
+                return self.release_set(&held, "after loss").await;
+            }
+            if now >= end {
+                break;
+            }
+            if now >= next_renewal {
+                for member in &held {
+                    self.record(
+                        Op::Renew,
+                        Kind::Invoke,
+                        &member.resource,
+                        member.fence,
+                        &member.token,
+                    );
+                }
+                let cmd = Self::set_cmd("DLOCK.RENEWALL", &held, &[millis(ttl).to_string()]);
+                let sent = Instant::now();
+                let reply = self.link.query::<i64>(&cmd, Duration::ZERO).await;
+                for member in &held {
+                    let (resource, fence) = (member.resource.as_str(), member.fence);
+                    match &reply {
+                        Reply::Ok(1) => self.record(Op::Renew, Kind::Ok, resource, fence, ""),
+                        Reply::Ok(_) => {
+                            self.record(Op::Renew, Kind::Fail, resource, fence, "not held")
+                        }
+                        Reply::Refused(why) => {
+                            self.record(Op::Renew, Kind::Fail, resource, fence, why)
+                        }
+                        Reply::Unknown(why) => {
+                            self.record(Op::Renew, Kind::Unknown, resource, fence, why)
+                        }
+                    }
+                }
+                match reply {
+                    Reply::Ok(1) if self.replicated().await => {
+                        for member in &mut held {
+                            member.expiry = sent + ttl;
+                        }
+                        next_renewal = Instant::now() + ttl / 3;
+                    }
+                    Reply::Ok(0) => {
+                        for member in &held {
+                            let (resource, fence) = (member.resource.as_str(), member.fence);
+                            self.record(Op::Lost, Kind::Ok, resource, fence, "renewal refused");
+                        }
+                        return self.release_set(&held, "after loss").await;
+                    }
+                    _ => next_renewal = Instant::now() + ttl / 10,
+                }
+                continue;
+            }
+            for member in &held {
+                self.use_lease(member).await;
+            }
+            let pause = Duration::from_millis(self.rng.between(5, 40));
+            let until = (Instant::now() + pause).min(next_renewal).min(end);
+            tokio::time::sleep_until(until.into()).await;
+        }
+        self.release_set(&held, "").await;
+    }
+
+    /// `RELEASEALL … FENCES`: every member released, or (fewer) some had ended before.
+    async fn release_set(&mut self, held: &[Held], why: &str) {
+        for member in held {
+            self.record(Op::Release, Kind::Invoke, &member.resource, member.fence, why);
+        }
+        let cmd = Self::set_cmd("DLOCK.RELEASEALL", held, &[]);
+        let reply = self.link.query::<i64>(&cmd, Duration::ZERO).await;
+        for member in held {
+            let (resource, fence) = (member.resource.as_str(), member.fence);
+            match &reply {
+                Reply::Ok(n) if *n == held.len() as i64 => {
+                    self.record(Op::Release, Kind::Ok, resource, fence, why)
+                }
+                Reply::Ok(_) => {
+                    self.record(Op::Release, Kind::Fail, resource, fence, "not all held")
+                }
+                Reply::Refused(error) => {
+                    self.record(Op::Release, Kind::Fail, resource, fence, error)
+                }
+                Reply::Unknown(error) => {
+                    self.record(Op::Release, Kind::Unknown, resource, fence, error)
+                }
+            }
+        }
     }
 
     /// `DLOCK.ACQUIRE resource token ttl` and the mode's options.
