@@ -124,6 +124,16 @@ class SetsTest {
             assertEquals(NotAcquiredException.Outcome.HELD, e.outcome());
             assertFalse(exists("{part}:1"), "nothing of the set was taken");
             assertEquals(held.token(), locks.info("{part}:2").orElseThrow().owner());
+
+            // A wait that ends without a grant withdraws the set's tickets from every line (its
+            // ticket, 1 s at the least, would otherwise keep the free member for a while).
+            long started = System.nanoTime();
+            e = assertThrows(NotAcquiredException.class,
+                    () -> locks.holdAll(List.of("{part}:1", "{part}:2"), NO_WAIT.waitFor(Duration.ofMillis(300))));
+            assertEquals(NotAcquiredException.Outcome.HELD, e.outcome());
+            assertTrue(System.nanoTime() - started >= Duration.ofMillis(300).toNanos());
+            assertFalse(exists("{part}:1"), "the set's ticket withdrawn");
+            assertEquals(0, locks.info("{part}:2").orElseThrow().tickets());
         }
     }
 
