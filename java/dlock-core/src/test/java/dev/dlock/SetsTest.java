@@ -229,4 +229,20 @@ class SetsTest {
             assertNotEquals(0, one.fence("{end}:2"));
         }
     }
+
+    @Test
+    void aSetWhoseRenewalsGoUnansweredIsLostAtItsLocalExpiry() throws Exception {
+        SetLease set = locks.holdAll(List.of("{far}:1", "{far}:2"), NO_WAIT.ttl(Duration.ofMillis(600))
+                .requestTimeout(Duration.ofMillis(200)));
+        server.pause(); // the process runs, the set's RENEWALLs go unanswered
+        try {
+            LeaseLostException loss = set.whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
+            assertEquals(LossReason.UNREACHABLE, loss.reason());
+            assertTrue(System.nanoTime() - set.localExpiryNanos() >= 0, "lost before the local expiry");
+            assertEquals(LossReason.UNREACHABLE, assertThrows(LeaseLostException.class, set::check).reason());
+        } finally {
+            server.resume();
+        }
+        assertEquals(LossReason.UNREACHABLE, assertThrows(LeaseLostException.class, set::close).reason());
+    }
 }
