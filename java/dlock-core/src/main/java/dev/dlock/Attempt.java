@@ -162,9 +162,6 @@ final class Attempt {
         }
     }
 
-    /** A watch of a channel, and the channels it was joined through. */
-    private record Joined(Channels channels, Channels.Watch watch) {}
-
     /** The ACQUIRE (a set's ACQUIREALL) of this attempt, with a ticket of queueMs (0: none). */
     private List<String> acquireArgs(long queueMs) {
         if (resources == null) {
@@ -184,13 +181,13 @@ final class Attempt {
      */
     private Lease tickets() {
         long ticketMs = resources == null ? Protocol.wholeMs(options.ticket()) : Protocol.setTicketMs(options.waitLimit());
-        List<Joined> watches = new ArrayList<>();
+        List<Channels.Joined> watches = new ArrayList<>();
         Channels.Signal woken = new Channels.Signal();
         if (leftMs() > 0) {
             for (String member : resources == null ? List.of(resource) : resources) {
                 try {
                     Channels channels = locks.transport().channels(member);
-                    watches.add(new Joined(channels, channels.join(member, resources == null ? Protocol.tokenTag(token) : null,
+                    watches.add(new Channels.Joined(channels, channels.join(member, resources == null ? Protocol.tokenTag(token) : null,
                             options.requestTimeoutValue(), woken)));
                 } catch (RuntimeException e) {
                     if (resources == null) {
@@ -219,7 +216,8 @@ final class Attempt {
                             reply = locks.transport().call(args, options.requestTimeoutValue());
                         } catch (Exception e) {
                             if (locks.dropRefused(args, e)) {
-                                if (resources == null && Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE")) {
+                                boolean queueRefused = Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE");
+                                if (queueRefused && resources == null) {
                                     return null;
                                 }
                                 continue;
@@ -260,7 +258,7 @@ final class Attempt {
                 }
             }
         } finally {
-            watches.forEach(each -> each.channels().leave(each.watch()));
+            watches.forEach(Channels.Joined::leave);
         }
     }
 

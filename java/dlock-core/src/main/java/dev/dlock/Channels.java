@@ -62,6 +62,13 @@ final class Channels {
      */
     private final Map<String, CompletableFuture<Void>> subscribed = new HashMap<>();
 
+    /** A watch, and the channels it was joined through (where {@link #leave()} leaves it). */
+    record Joined(Channels channels, Watch watch) {
+        void leave() {
+            channels.leave(watch);
+        }
+    }
+
     /**
      * What wakes a waiter: set by a message to any of the watches that share it (a set's waiter
      * watches every member's channel with one signal), cleared by the wait it ends.

@@ -44,10 +44,7 @@ public final class Lease implements AutoCloseable {
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
     private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
-    private List<Listening> listening = List.of(); // where the lease listens for a revocation until it ends
-
-    /** A watch of a resource's channel, and the channels it was joined through. */
-    private record Listening(Channels channels, Channels.Watch watch) {}
+    private List<Channels.Joined> listening = List.of(); // where the lease listens for a revocation until it ends
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs, HoldOptions options,
             long sent, long holdEnd) {
@@ -93,12 +90,12 @@ public final class Lease implements AutoCloseable {
      * 4): one that races it is caught by the next renewal.
      */
     private void listen() {
-        List<Listening> joined = new java.util.ArrayList<>();
+        List<Channels.Joined> joined = new java.util.ArrayList<>();
         List<String> members = resources == null ? List.of(resource) : resources;
         for (int i = 0; i < members.size(); i++) {
             try {
                 Channels on = locks.transport().channels(members.get(i));
-                joined.add(new Listening(on, on.hold(members.get(i), fences[i], this::revoked)));
+                joined.add(new Channels.Joined(on, on.hold(members.get(i), fences[i], this::revoked)));
             } catch (RuntimeException e) {
                 // No node known for the slot: the renewals alone tell of a loss.
             }
@@ -111,7 +108,7 @@ public final class Lease implements AutoCloseable {
             }
         }
         if (ended) {
-            joined.forEach(each -> each.channels().leave(each.watch()));
+            joined.forEach(Channels.Joined::leave);
         }
     }
 
@@ -122,12 +119,12 @@ public final class Lease implements AutoCloseable {
 
     /** Stops listening on the channel, once the lease ended. */
     private void stopListening() {
-        List<Listening> joined;
+        List<Channels.Joined> joined;
         synchronized (this) {
             joined = listening;
             listening = List.of();
         }
-        joined.forEach(each -> each.channels().leave(each.watch()));
+        joined.forEach(Channels.Joined::leave);
     }
 
     /** The RENEW (a set's RENEWALL) of this grant to ttlMs from now, with its fence (fences). */

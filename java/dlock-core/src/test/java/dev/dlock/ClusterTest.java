@@ -174,7 +174,8 @@ class ClusterTest {
             assertTrue(tookMs < 1000, "woken by the shard channel " + tookMs + " ms after the release (its refresh: 2 s)");
             Thread.sleep(900); // past the ttl: kept by its renewals
             set.check();
-            assertEquals(":1", owner.command("DLOCK.FENCECHECK", members.get(1), Long.toUnsignedString(set.fence(members.get(1)))));
+            String fence = Long.toUnsignedString(set.fence(members.get(1)));
+            assertEquals(":1", owner.command("DLOCK.FENCECHECK", members.get(1), fence));
             set.close();
             assertEquals(":0", owner.command("EXISTS", members.get(0), members.get(1)));
         }

@@ -145,7 +145,8 @@ class SetsTest {
         Lease holder = locks.hold(busy, NO_WAIT);
         CompletableFuture<SetLease> set = CompletableFuture.supplyAsync(() -> locks.holdAll(List.of(free, busy), wait));
         // The set waits in line and holds nothing: the free member stays free, kept for it.
-        eventually("the set's ticket in line", () -> locks.info(free).map(i -> i.tickets() == 1 && i.owner() == null).orElse(false));
+        eventually("the set's ticket in line",
+                () -> locks.info(free).map(i -> i.tickets() == 1 && i.owner() == null).orElse(false));
         CompletableFuture<Lease> single = CompletableFuture.supplyAsync(() -> locks.hold(free, wait.blocking()));
         eventually("a single waiter behind it", () -> locks.info(free).map(i -> i.waiters() == 1).orElse(false));
         assertFalse(single.isDone(), "a single request came later: it waits behind the set");
