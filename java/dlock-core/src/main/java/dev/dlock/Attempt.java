@@ -1,11 +1,13 @@
 package dev.dlock;
 
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 
 /**
  * One acquire: its token (made before the first send, reused for every ambiguous retry), its
- * deadline, and what it learned so far ({@code docs/protocol.md}, sections 1 and 2).
+ * deadline, and what it learned so far ({@code docs/protocol.md}, sections 1 and 2). A set's
+ * ({@code DLOCK.ACQUIREALL}) waits with tickets in every member's line.
  */
 final class Attempt {
     /** One server-side wait lasts at most this when the caller waits without limit. */
@@ -18,7 +20,9 @@ final class Attempt {
     private static final long FORGET_AGAIN_AFTER_MS = 100;
 
     private final Locks locks;
-    final String resource;
+    final String resource; // a set's first member (a Cluster routes the set by it)
+    final List<String> resources; // a set's members, in the caller's order; null for a single resource
+    final String name; // the resource, or a set's members joined by ','
     private final boolean shared;
     private final int permits;
     private final HoldOptions options;
@@ -36,8 +40,19 @@ final class Attempt {
     private Throwable lastFailure;
 
     Attempt(Locks locks, String resource, boolean shared, int permits, HoldOptions options) {
+        this(locks, resource, null, shared, permits, options);
+    }
+
+    /** A set's attempt: an exclusive lease on every resource, or on none. */
+    Attempt(Locks locks, List<String> resources, HoldOptions options) {
+        this(locks, resources.get(0), List.copyOf(resources), false, 0, options);
+    }
+
+    private Attempt(Locks locks, String resource, List<String> resources, boolean shared, int permits, HoldOptions options) {
         this.locks = locks;
         this.resource = resource;
+        this.resources = resources;
+        this.name = resources == null ? resource : String.join(",", resources);
         this.shared = shared;
         this.permits = permits;
         this.options = options;
@@ -69,6 +84,9 @@ final class Attempt {
     }
 
     Lease run() {
+        if (resources != null) {
+            return tickets();
+        }
         if (options.usesTickets() && !locks.isRefused(Protocol.ACQUIRE, "QUEUE") && leftMs() > 0) {
             Lease lease = tickets();
             if (lease != null) {
@@ -121,7 +139,7 @@ final class Attempt {
             answer();
             long fence = fenceOf(reply);
             if (fence != 0 && !waited) {
-                return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd, started);
+                return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd);
             }
             if (fence != 0) {
                 // Granted from the queue: claim it now (the same ACQUIRE without WAIT starts the full ttl).
@@ -144,24 +162,43 @@ final class Attempt {
         }
     }
 
+    /** The ACQUIRE (a set's ACQUIREALL) of this attempt, with a ticket of queueMs (0: none). */
+    private List<String> acquireArgs(long queueMs) {
+        if (resources == null) {
+            return form(null, queueMs).args();
+        }
+        String meta = locks.isRefused(Protocol.ACQUIREALL, "META") ? null : options.metaValue();
+        return Protocol.acquireAllArgs(resources, token, ttlMs, queueMs, meta);
+    }
+
     /**
-     * Tickets: subscribe to the resource's channel before the first ACQUIRE ... QUEUE, then send the
-     * same ACQUIRE on a hand-over to this token, on every (re)subscription, and every ticket / 3.
-     * Null: the server refused QUEUE, or the channel could not be joined (fall back to blocking
-     * waits).
+     * Tickets: subscribe to the resource's channel (a set: every member's, one signal for all)
+     * before the first ACQUIRE ... QUEUE, then send the same ACQUIRE on a hand-over to this token
+     * (a set: on any message of any member's channel), on every (re)subscription, and every
+     * ticket / 3. Null: the server refused QUEUE, or the channel could not be joined (fall back
+     * to blocking waits). A set always waits this way; without a wait it sends one ACQUIREALL;
+     * a member's channel that cannot be joined leaves the set to its refreshes.
      */
     private Lease tickets() {
-        long ticketMs = Protocol.wholeMs(options.ticket());
-        Channels channels;
-        Channels.Watch watch;
-        try {
-            channels = locks.transport().channels(resource);
-            watch = channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue());
-        } catch (RuntimeException e) {
-            // No channel (the slot map or the subscription connection failed): blocking waits, whose
-            // failures end the attempt with its outcome.
-            return null;
+        long ticketMs = resources == null ? Protocol.wholeMs(options.ticket()) : Protocol.setTicketMs(options.waitLimit());
+        List<Channels.Joined> watches = new ArrayList<>();
+        Channels.Signal woken = new Channels.Signal();
+        if (leftMs() > 0) {
+            for (String member : resources == null ? List.of(resource) : resources) {
+                try {
+                    Channels channels = locks.transport().channels(member);
+                    watches.add(new Channels.Joined(channels, channels.join(member, resources == null ? Protocol.tokenTag(token) : null,
+                            options.requestTimeoutValue(), woken)));
+                } catch (RuntimeException e) {
+                    if (resources == null) {
+                        // No channel (the slot map or the subscription connection failed): blocking
+                        // waits, whose failures end the attempt with its outcome.
+                        return null;
+                    }
+                }
+            }
         }
+        boolean queued = false;
         try {
             while (true) {
                 checkInterrupted();
@@ -170,15 +207,17 @@ final class Attempt {
                 Object reply;
                 try {
                     if (left <= 0) {
-                        reply = locks.call(() -> form(null, 0).args(), options.requestTimeoutValue());
+                        reply = locks.call(() -> acquireArgs(0), options.requestTimeoutValue());
                     } else {
                         long queue = Math.max(1, Math.min(ticketMs, left + ticketMs));
-                        List<String> args = form(null, queue).args();
+                        List<String> args = acquireArgs(queue);
+                        queued = true;
                         try {
                             reply = locks.transport().call(args, options.requestTimeoutValue());
                         } catch (Exception e) {
                             if (locks.dropRefused(args, e)) {
-                                if (Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE")) {
+                                boolean queueRefused = Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE");
+                                if (queueRefused && resources == null) {
                                     return null;
                                 }
                                 continue;
@@ -194,29 +233,38 @@ final class Attempt {
                     throw new IllegalStateException("unreachable");
                 }
                 answer();
-                long fence = fenceOf(reply);
-                if (fence != 0) {
-                    return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd, started);
+                if (resources != null) {
+                    long[] fences = Protocol.fencesOf(reply, resources.size());
+                    if (fences != null) {
+                        return new Lease(locks, resources, token, fences, ttlMs, options, sent, holdEnd);
+                    }
+                } else {
+                    long fence = fenceOf(reply);
+                    if (fence != 0) {
+                        return new Lease(locks, resource, token, fence, shared, ttlMs, options, sent, holdEnd);
+                    }
                 }
                 if (left <= 0) {
-                    forget(); // takes the ticket out of line
+                    if (queued) {
+                        forget(); // takes the tickets out of line
+                    }
                     throw failed(NotAcquiredException.Outcome.HELD, false, null);
                 }
                 try {
-                    watch.await(Duration.ofMillis(Math.max(1, Math.min(Protocol.ticketRefreshMs(ticketMs), Math.max(left, 1)))));
+                    woken.await(Duration.ofMillis(Math.max(1, Math.min(Protocol.ticketRefreshMs(ticketMs), Math.max(left, 1)))));
                 } catch (InterruptedException e) {
                     Thread.currentThread().interrupt();
                     checkInterrupted();
                 }
             }
         } finally {
-            channels.leave(watch);
+            watches.forEach(Channels.Joined::leave);
         }
     }
 
     private void checkInterrupted() {
         if (Thread.currentThread().isInterrupted()) {
-            throw giveUp(new InterruptedException("interrupted while acquiring " + resource));
+            throw giveUp(new InterruptedException("interrupted while acquiring " + name));
         }
     }
 
@@ -318,7 +366,7 @@ final class Attempt {
 
     private NotAcquiredException failed(NotAcquiredException.Outcome outcome, boolean released, Throwable cause) {
         locks.metrics().acquireFailed(outcome.wireName());
-        return new NotAcquiredException(resource, outcome, token, released, cause);
+        return new NotAcquiredException(name, outcome, token, released, cause);
     }
 
     /**
@@ -338,14 +386,14 @@ final class Attempt {
                     }
                 }
                 try {
-                    Object reply = locks.transport().alone(resource, Protocol.releaseArgs(resource, token, 0),
-                            options.releaseTimeoutValue());
-                    if (reply instanceof Long n && n == 1) {
+                    Object reply = locks.transport().alone(resource, resources == null ? Protocol.releaseArgs(resource, token, 0)
+                            : Protocol.releaseAllArgs(resources, token, null), options.releaseTimeoutValue());
+                    if (reply instanceof Long n && n >= 1) {
                         return true;
                     }
                 } catch (Exception e) {
                     Locks.LOG.log(System.Logger.Level.DEBUG, "dlock: could not release an unknown grant resource={0} error={1}",
-                            resource, e.toString());
+                            name, e.toString());
                     return false;
                 }
             }

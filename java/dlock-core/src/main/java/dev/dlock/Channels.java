@@ -62,31 +62,19 @@ final class Channels {
      */
     private final Map<String, CompletableFuture<Void>> subscribed = new HashMap<>();
 
+    /** A watch, and the channels it was joined through (where {@link #leave()} leaves it). */
+    record Joined(Channels channels, Watch watch) {
+        void leave() {
+            channels.leave(watch);
+        }
+    }
+
     /**
-     * One registration: a waiter's or observer's, woken by the messages that concern it, or a held
-     * lease's, told of a revocation of its fence.
+     * What wakes a waiter: set by a message to any of the watches that share it (a set's waiter
+     * watches every member's channel with one signal), cleared by the wait it ends.
      */
-    static final class Watch {
-        final String resource;
-        final String channel;
-        final String tag; // null: an observer (or a lease, which is never woken)
-        final long fence; // a lease's
-        final Consumer<String> revoked; // a lease's: called with the revocation's reason; null for others
+    static final class Signal {
         private boolean woken;
-        volatile Channels home; // where it is registered (it moves with its slot)
-        volatile boolean left;
-
-        Watch(String resource, String tag) {
-            this(resource, tag, 0, null);
-        }
-
-        Watch(String resource, String tag, long fence, Consumer<String> revoked) {
-            this.resource = resource;
-            this.channel = Protocol.channelName(resource);
-            this.tag = tag;
-            this.fence = fence;
-            this.revoked = revoked;
-        }
 
         synchronized void signal() {
             woken = true;
@@ -108,6 +96,43 @@ final class Channels {
         }
     }
 
+    /**
+     * One registration: a waiter's or observer's, woken by the messages that concern it, or a held
+     * lease's, told of a revocation of its fence.
+     */
+    static final class Watch {
+        final String resource;
+        final String channel;
+        final String tag; // null: an observer, a set's waiter (woken by every message), or a lease (never woken)
+        final long fence; // a lease's
+        final Consumer<String> revoked; // a lease's: called with the revocation's reason; null for others
+        private final Signal signal;
+        volatile Channels home; // where it is registered (it moves with its slot)
+        volatile boolean left;
+
+        Watch(String resource, String tag, Signal signal) {
+            this(resource, tag, 0, null, signal);
+        }
+
+        Watch(String resource, String tag, long fence, Consumer<String> revoked, Signal signal) {
+            this.resource = resource;
+            this.channel = Protocol.channelName(resource);
+            this.tag = tag;
+            this.fence = fence;
+            this.revoked = revoked;
+            this.signal = signal;
+        }
+
+        void signal() {
+            signal.signal();
+        }
+
+        /** Waits until signalled or the timeout passed; clears the signal. */
+        boolean await(Duration timeout) throws InterruptedException {
+            return signal.await(timeout);
+        }
+    }
+
     Channels(RedisClient client, RedisURI uri, boolean sharded, Function<String, Channels> owner) {
         this.client = client;
         this.uri = uri;
@@ -123,7 +148,12 @@ final class Channels {
      * the same confirmation (a message published before it would be missed).
      */
     Watch join(String resource, String tag, Duration timeout) {
-        Watch watch = new Watch(resource, tag);
+        return join(resource, tag, timeout, new Signal());
+    }
+
+    /** {@link #join(String, String, Duration)} with a signal that other watches may share. */
+    Watch join(String resource, String tag, Duration timeout, Signal signal) {
+        Watch watch = new Watch(resource, tag, signal);
         CompletableFuture<?> open;
         CompletableFuture<Void> confirmed;
         synchronized (this) {
@@ -153,7 +183,7 @@ final class Channels {
      * Lettuce's I/O thread.
      */
     synchronized Watch hold(String resource, long fence, Consumer<String> revoked) {
-        Watch watch = new Watch(resource, null, fence, revoked);
+        Watch watch = new Watch(resource, null, fence, revoked, new Signal());
         register(watch);
         return watch;
     }

@@ -21,9 +21,13 @@ public final class Lease implements AutoCloseable {
     private static final long MAX_HOLD_ROUNDING_NANOS = 2_000_000;
 
     private final Locks locks;
-    private final String resource;
+    private final String resource; // a set's first member (a Cluster routes the set by it)
     private final String token;
-    private final long fence;
+    private final long fence; // a set's first member's
+    private final List<String> resources; // a set's members, in the caller's order; null for a single lease
+    private final long[] fences; // a set's fences, in the resources' order
+    private final String name; // as log lines give it: the resource, or a set's members joined by ','
+    private final String fenceName; // the fence, or a set's fences joined by ','
     private final boolean shared;
     private final long ttlMs; // as sent: whole milliseconds
     private final HoldOptions options;
@@ -40,15 +44,33 @@ public final class Lease implements AutoCloseable {
     private DlockException released; // the release's failure, once it ran
     private boolean releaseRan;
     private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
-    private Channels channels; // where the lease listens for a revocation until it ends; null: nowhere
-    private Channels.Watch watch;
+    private List<Channels.Joined> listening = List.of(); // where the lease listens for a revocation until it ends
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs, HoldOptions options,
-            long sent, long holdEnd, long started) {
+            long sent, long holdEnd) {
+        this(locks, resource, null, token, new long[] {fence}, shared, ttlMs, options, sent, holdEnd);
+    }
+
+    /** The lease of a set ({@code DLOCK.ACQUIREALL}): exclusive, one token, a fence per member. */
+    Lease(Locks locks, List<String> resources, String token, long[] fences, long ttlMs, HoldOptions options, long sent,
+            long holdEnd) {
+        this(locks, resources.get(0), List.copyOf(resources), token, fences.clone(), false, ttlMs, options, sent, holdEnd);
+    }
+
+    private Lease(Locks locks, String resource, List<String> resources, String token, long[] fences, boolean shared,
+            long ttlMs, HoldOptions options, long sent, long holdEnd) {
         this.locks = locks;
         this.resource = resource;
+        this.resources = resources;
         this.token = token;
-        this.fence = fence;
+        this.fences = fences;
+        this.fence = fences[0];
+        this.name = resources == null ? resource : String.join(",", resources);
+        StringBuilder fenceText = new StringBuilder();
+        for (long each : fences) {
+            fenceText.append(fenceText.length() == 0 ? "" : ",").append(Long.toUnsignedString(each));
+        }
+        this.fenceName = fenceText.toString();
         this.shared = shared;
         this.ttlMs = ttlMs;
         this.options = options;
@@ -63,29 +85,30 @@ public final class Lease implements AutoCloseable {
     }
 
     /**
-     * Listens on the resource's channel for a revocation of this lease's fence, without waiting for
-     * the subscription ({@code docs/protocol.md}, section 4): one that races it is caught by the
-     * next renewal.
+     * Listens on the resource's channel (a set: every member's) for a revocation of this lease's
+     * fence (a member's), without waiting for the subscription ({@code docs/protocol.md}, section
+     * 4): one that races it is caught by the next renewal.
      */
     private void listen() {
-        Channels on;
-        Channels.Watch joined;
-        try {
-            on = locks.transport().channels(resource);
-            joined = on.hold(resource, fence, this::revoked);
-        } catch (RuntimeException e) {
-            return; // no node known for the slot: the renewals alone tell of a loss
+        List<Channels.Joined> joined = new java.util.ArrayList<>();
+        List<String> members = resources == null ? List.of(resource) : resources;
+        for (int i = 0; i < members.size(); i++) {
+            try {
+                Channels on = locks.transport().channels(members.get(i));
+                joined.add(new Channels.Joined(on, on.hold(members.get(i), fences[i], this::revoked)));
+            } catch (RuntimeException e) {
+                // No node known for the slot: the renewals alone tell of a loss.
+            }
         }
         boolean ended;
         synchronized (this) {
             ended = releaseRan || lost.isDone();
             if (!ended) {
-                channels = on;
-                watch = joined;
+                listening = joined;
             }
         }
         if (ended) {
-            on.leave(joined);
+            joined.forEach(Channels.Joined::leave);
         }
     }
 
@@ -96,17 +119,39 @@ public final class Lease implements AutoCloseable {
 
     /** Stops listening on the channel, once the lease ended. */
     private void stopListening() {
-        Channels on;
-        Channels.Watch joined;
+        List<Channels.Joined> joined;
         synchronized (this) {
-            on = channels;
-            joined = watch;
-            channels = null;
-            watch = null;
+            joined = listening;
+            listening = List.of();
         }
-        if (on != null) {
-            on.leave(joined);
-        }
+        joined.forEach(Channels.Joined::leave);
+    }
+
+    /** The RENEW (a set's RENEWALL) of this grant to ttlMs from now, with its fence (fences). */
+    private List<String> renewArgs(long ttlMs) {
+        return resources == null ? Protocol.renewArgs(resource, token, ttlMs, locks.fenceArg(Protocol.RENEW, fence))
+                : Protocol.renewAllArgs(resources, token, ttlMs, fences);
+    }
+
+    /** The RELEASE (a set's RELEASEALL) of this grant, with its fence (fences). */
+    private List<String> releaseArgs() {
+        return resources == null ? Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence))
+                : Protocol.releaseAllArgs(resources, token, fences);
+    }
+
+    /** A set's fences, in its members' order. */
+    long[] memberFences() {
+        return fences.clone();
+    }
+
+    /** The resource, or a set's members joined by ',' (as log lines give it). */
+    String name() {
+        return name;
+    }
+
+    /** The fence, or a set's fences joined by ',' (as log lines give it). */
+    String fenceName() {
+        return fenceName;
     }
 
     /**
@@ -328,7 +373,7 @@ public final class Lease implements AutoCloseable {
             return CompletableFuture.failedFuture(lossError());
         }
         long timeoutNanos = Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent));
-        List<String> args = Protocol.renewArgs(resource, token, renewMs, locks.fenceArg(Protocol.RENEW, fence));
+        List<String> args = renewArgs(renewMs);
         return locks.transport().send(args, Duration.ofNanos(timeoutNanos)).handle((reply, failure) -> {
             if (failure == null && reply instanceof Long n) {
                 synchronized (this) {
@@ -342,8 +387,8 @@ public final class Lease implements AutoCloseable {
                     return true;
                 }
                 locks.metrics().renewalFailed("refused");
-                Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", resource, "owner", token,
-                        "fence", Long.toUnsignedString(fence), "reason", "refused");
+                Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", name, "owner", token,
+                        "fence", fenceName, "reason", "refused");
                 boolean quiet;
                 synchronized (this) {
                     quiet = releasing; // a RENEW in flight as the release ran may be refused: not a loss
@@ -357,7 +402,7 @@ public final class Lease implements AutoCloseable {
                 return false; // FENCE refused by an older server: the next RENEW goes without it at once
             }
             locks.metrics().renewalFailed("error");
-            Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+            Locks.log(Protocol.LogLine.RENEWAL_FAILED, "resource", name, "owner", token, "fence", fenceName,
                     "reason", "error", "error", failure != null ? Transport.unwrap(failure) : reply);
             synchronized (this) {
                 nextRenewal = System.nanoTime() + Protocol.renewalRetryNanos(ttlMs);
@@ -400,7 +445,8 @@ public final class Lease implements AutoCloseable {
     }
 
     private boolean lose(LossReason reason, String detail) {
-        LeaseLostException loss = new LeaseLostException(resource, fence, reason, detail);
+        LeaseLostException loss = resources == null ? new LeaseLostException(resource, fence, reason, detail)
+                : new LeaseLostException(resources, fences, reason, detail);
         if (!lost.complete(loss)) {
             return false;
         }
@@ -413,10 +459,10 @@ public final class Lease implements AutoCloseable {
         stopListening();
         locks.metrics().leaseLost(reason);
         if (detail.isEmpty()) {
-            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", name, "owner", token, "fence", fenceName,
                     "reason", reason.wireName());
         } else {
-            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+            Locks.log(Protocol.LogLine.LEASE_LOST, "resource", name, "owner", token, "fence", fenceName,
                     "reason", reason.wireName(), "detail", detail);
         }
         if (reason == LossReason.REVOKED) {
@@ -426,11 +472,14 @@ public final class Lease implements AutoCloseable {
             }
             if (!releaseCounts) {
                 locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
+                if (resources != null) {
+                    // A revoked member ended alone: the set's other members pass on at once.
+                    lossRelease = locks.transport().send(releaseArgs(), options.releaseTimeoutValue());
+                }
             }
         } else if (reason != LossReason.ENDED) {
             // A lease the server still holds passes on at once instead of at its ttl.
-            lossRelease = locks.transport().send(Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence)),
-                    options.releaseTimeoutValue());
+            lossRelease = locks.transport().send(releaseArgs(), options.releaseTimeoutValue());
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
         }
         return true;
@@ -496,9 +545,7 @@ public final class Lease implements AutoCloseable {
         }
         Object reply;
         try {
-            reply = locks.call(() -> keepMs == 0 ? Protocol.releaseArgs(resource, token, locks.fenceArg(Protocol.RELEASE, fence))
-                    : Protocol.renewArgs(resource, token, keepMs, locks.fenceArg(Protocol.RENEW, fence)),
-                    options.releaseTimeoutValue());
+            reply = locks.call(() -> keepMs == 0 ? releaseArgs() : renewArgs(keepMs), options.releaseTimeoutValue());
         } catch (Exception e) {
             if (e instanceof InterruptedException) {
                 Thread.currentThread().interrupt();
@@ -506,18 +553,20 @@ public final class Lease implements AutoCloseable {
             // The outcome is unknown for a lease believed live: a release failure.
             locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
             locks.metrics().releaseFailed();
-            Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence),
+            Locks.log(Protocol.LogLine.RELEASE_FAILED, "resource", name, "owner", token, "fence", fenceName,
                     "error", Transport.unwrap(e));
             if (System.nanoTime() - localExpiryNanos() >= 0) {
                 lose(LossReason.UNREACHABLE);
                 throw lossError();
             }
-            throw new NotReleasedException(resource, fence, Transport.unwrap(e));
+            throw new NotReleasedException(name, fence, Transport.unwrap(e));
         }
         locks.metrics().held(Duration.ofNanos(System.nanoTime() - granted));
-        if (Long.valueOf(1).equals(reply)) {
+        // Every member released (a RENEW, a RELEASE: 1); fewer, and one ended before.
+        long expected = keepMs != 0 || resources == null ? 1 : resources.size();
+        if (Long.valueOf(expected).equals(reply)) {
             if (keepMs == 0) {
-                Locks.log(Protocol.LogLine.LEASE_RELEASED, "resource", resource, "owner", token, "fence", Long.toUnsignedString(fence));
+                Locks.log(Protocol.LogLine.LEASE_RELEASED, "resource", name, "owner", token, "fence", fenceName);
             }
             return;
         }
@@ -625,6 +674,6 @@ public final class Lease implements AutoCloseable {
 
     @Override
     public String toString() {
-        return "Lease[" + resource + ", fence " + Long.toUnsignedString(fence) + (isLost() ? ", lost" : "") + "]";
+        return "Lease[" + name + ", fence " + fenceName + (isLost() ? ", lost" : "") + "]";
     }
 }

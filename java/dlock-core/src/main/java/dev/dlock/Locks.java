@@ -234,6 +234,90 @@ public final class Locks implements AutoCloseable {
         return acquire(name, true, permits, options);
     }
 
+    /**
+     * Acquires an exclusive lease on every one of {@code resources} ({@code DLOCK.ACQUIREALL}), or
+     * on none: one token, a fence per member, and keeps the set renewed until it is closed or lost.
+     * The set is one lease: the loss of any member (a refused renewal, a revocation, ...) is the
+     * loss of the whole set. With a wait (the options' wait; {@link HoldOptions#waitForever()}: no
+     * limit) the set takes a ticket in the line of every member, holding nothing meanwhile, first
+     * come first served with single leases (a single request that comes later waits behind it), and
+     * asks again on any message of a member's channel and every third of its ticket's life (the
+     * wait, 1 s to 30 s). The options' tickets or blocking choice does not apply; {@code META} is
+     * stored with every member.
+     *
+     * <pre>{@code
+     * try (SetLease set = locks.holdAll(List.of("{acct}:alice", "{acct}:bob"), HoldOptions.defaults())) {
+     *     transfer(set.fence("{acct}:alice"), set.fence("{acct}:bob"));
+     * }
+     * }</pre>
+     *
+     * @param resources 1 to {@link Protocol#MAX_SET} keys, each once, in the order their fences
+     *     come (in a cluster all in one slot: give them a common hash tag)
+     * @param options the hold's options
+     * @return the granted set
+     * @throws IllegalArgumentException if the set is empty, too large, or names a resource twice
+     * @throws NotAcquiredException if nothing was granted ({@code HELD}: a member stayed held)
+     * @throws ServerErrorException if the server refused the request
+     */
+    public SetLease holdAll(List<String> resources, HoldOptions options) {
+        Objects.requireNonNull(resources, "resources");
+        Objects.requireNonNull(options, "options");
+        if (resources.isEmpty() || resources.size() > Protocol.MAX_SET) {
+            throw new IllegalArgumentException("a set has 1 to " + Protocol.MAX_SET + " resources, not " + resources.size());
+        }
+        Set<String> seen = new java.util.HashSet<>();
+        for (String resource : resources) {
+            if (!seen.add(Objects.requireNonNull(resource, "resource"))) {
+                throw new IllegalArgumentException("resource '" + resource + "' appears twice in the set");
+            }
+        }
+        metrics.acquireAttempt();
+        Attempt attempt = new Attempt(this, resources, options);
+        Lease lease = attempt.run();
+        metrics.acquired(Duration.ofNanos(System.nanoTime() - attempt.started));
+        log(Protocol.LogLine.LEASE_ACQUIRED, "resource", lease.name(), "owner", lease.token(),
+                "fence", lease.fenceName(), "mode", "exclusive");
+        return new SetLease(this, resources, lease);
+    }
+
+    /**
+     * {@link #holdAll(List, HoldOptions)} with the default options.
+     *
+     * @param resources the set's keys
+     * @return the granted set
+     */
+    public SetLease holdAll(List<String> resources) {
+        return holdAll(resources, HoldOptions.defaults());
+    }
+
+    /**
+     * Runs the work under a set ({@link #holdAll(List, HoldOptions)}) and releases it after, with
+     * {@link #run(String, HoldOptions, LeaseWork)}'s rules.
+     *
+     * @param <T> the work's result
+     * @param resources the set's keys
+     * @param options the hold's options
+     * @param work the protected work
+     * @return the work's result
+     * @throws Exception the work's own exception, as it was thrown
+     */
+    public <T> T runAll(List<String> resources, HoldOptions options, SetWork<T> work) throws Exception {
+        return holdAll(resources, options).run(work);
+    }
+
+    /** Work that runs under a set of leases and may use it. */
+    @FunctionalInterface
+    public interface SetWork<T> {
+        /**
+         * The work.
+         *
+         * @param set the set it runs under
+         * @return its result
+         * @throws Exception whatever the work throws
+         */
+        T call(SetLease set) throws Exception;
+    }
+
     /** Work that runs under a lease and may use it. */
     @FunctionalInterface
     public interface LeaseWork<T> {

@@ -26,6 +26,16 @@ public final class Protocol {
     static final String FENCECHECK = "DLOCK.FENCECHECK";
     static final String FENCED = "DLOCK.FENCED";
     static final String INFO = "DLOCK.INFO";
+    static final String ACQUIREALL = "DLOCK.ACQUIREALL";
+    static final String RENEWALL = "DLOCK.RENEWALL";
+    static final String RELEASEALL = "DLOCK.RELEASEALL";
+
+    /** The most resources in one set ({@code DLOCK.ACQUIREALL}, {@code RENEWALL}, {@code RELEASEALL}). */
+    public static final int MAX_SET = 64;
+    /** A set's ticket lives as long as its wait, at least this (milliseconds)... */
+    static final long SET_TICKET_MIN_MS = 1_000;
+    /** ... and at most this, which is also the ticket of a wait without limit. */
+    static final long SET_TICKET_MAX_MS = 30_000;
 
     private static final List<String> OPTION_KEYWORDS =
             List.of("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT");
@@ -249,6 +259,116 @@ public final class Protocol {
             args.add(Long.toUnsignedString(fence));
         }
         return args;
+    }
+
+    /**
+     * {@code DLOCK.ACQUIREALL numkeys resource ... token ttl-ms [QUEUE ticket-ms] [META value]}: an
+     * exclusive lease on every resource, in the caller's order, or on none.
+     *
+     * @param resources the set's members, in the order their fences are answered
+     * @param token the attempt's token
+     * @param ttlMs each lease's length
+     * @param queueMs the set's ticket ({@code QUEUE}), or 0 for none
+     * @param meta what the holder says of itself ({@code META}), or null
+     * @return the argument vector
+     */
+    static List<String> acquireAllArgs(List<String> resources, String token, long ttlMs, long queueMs, String meta) {
+        List<String> args = setArgs(ACQUIREALL, resources, token);
+        args.add(Long.toString(ttlMs));
+        if (queueMs > 0) {
+            args.add("QUEUE");
+            args.add(Long.toString(queueMs));
+        }
+        if (meta != null) {
+            args.add("META");
+            args.add(meta);
+        }
+        return args;
+    }
+
+    /**
+     * {@code DLOCK.RENEWALL numkeys resource ... token ttl-ms FENCES fence ...}: every member
+     * renewed, or none.
+     *
+     * @param resources the set's members
+     * @param token the set's token
+     * @param ttlMs the new length
+     * @param fences the members' fences, in the resources' order
+     * @return the argument vector
+     */
+    static List<String> renewAllArgs(List<String> resources, String token, long ttlMs, long[] fences) {
+        List<String> args = setArgs(RENEWALL, resources, token);
+        args.add(Long.toString(ttlMs));
+        addFences(args, fences);
+        return args;
+    }
+
+    /**
+     * {@code DLOCK.RELEASEALL numkeys resource ... token [FENCES fence ...]}. Without fences (an
+     * attempt that ended without a grant) it frees what the attempt's token holds of the set and
+     * takes its tickets out of every line.
+     *
+     * @param resources the set's members
+     * @param token the set's token
+     * @param fences the members' fences, in the resources' order, or null for none
+     * @return the argument vector
+     */
+    static List<String> releaseAllArgs(List<String> resources, String token, long[] fences) {
+        List<String> args = setArgs(RELEASEALL, resources, token);
+        if (fences != null) {
+            addFences(args, fences);
+        }
+        return args;
+    }
+
+    private static List<String> setArgs(String command, List<String> resources, String token) {
+        List<String> args = new ArrayList<>(resources.size() + 8);
+        args.add(command);
+        args.add(Integer.toString(resources.size()));
+        args.addAll(resources);
+        args.add(token);
+        return args;
+    }
+
+    private static void addFences(List<String> args, long[] fences) {
+        args.add("FENCES");
+        for (long fence : fences) {
+            args.add(Long.toUnsignedString(fence));
+        }
+    }
+
+    /** Whether args is a command on a set: its second argument is numkeys, its keys follow. */
+    static boolean onSet(List<String> args) {
+        String command = args.get(0);
+        return command.equals(ACQUIREALL) || command.equals(RENEWALL) || command.equals(RELEASEALL);
+    }
+
+    /**
+     * A set's ticket: as long as its wait, from 1 s to 30 s; 30 s for a wait without limit (null).
+     */
+    static long setTicketMs(Duration wait) {
+        if (wait == null) {
+            return SET_TICKET_MAX_MS;
+        }
+        return Math.min(SET_TICKET_MAX_MS, Math.max(SET_TICKET_MIN_MS, wait.toMillis()));
+    }
+
+    /**
+     * An {@code ACQUIREALL} reply: the {@code count} fences in the caller's order, or null (nil: not
+     * granted).
+     */
+    static long[] fencesOf(Object reply, int count) {
+        if (reply == null) {
+            return null;
+        }
+        if (reply instanceof List<?> list && list.size() == count) {
+            long[] fences = new long[count];
+            for (int i = 0; i < count; i++) {
+                fences[i] = unsigned(list.get(i));
+            }
+            return fences;
+        }
+        throw new DlockException("dlock: unexpected reply " + reply);
     }
 
     /**

@@ -101,9 +101,20 @@ final class Transport implements AutoCloseable {
 
     private static CommandArgs<String, String> commandArgs(List<String> args) {
         CommandArgs<String, String> out = new CommandArgs<>(StringCodec.UTF8);
+        int keys = 1;
+        int first = 1;
+        if (Protocol.onSet(args)) {
+            // numkeys, then the set's members: a cluster connection routes by the first one's slot
+            // (every member is in it).
+            out.add(args.get(1));
+            keys = Integer.parseInt(args.get(1));
+            first = 2;
+        }
         // The resource is the key: a cluster connection routes by its slot.
-        out.addKey(args.get(1));
-        for (String arg : args.subList(2, args.size())) {
+        for (String key : args.subList(first, first + keys)) {
+            out.addKey(key);
+        }
+        for (String arg : args.subList(first + keys, args.size())) {
             out.add(arg);
         }
         return out;

@@ -141,4 +141,54 @@ class ClusterTest {
             Thread.sleep(20);
         }
     }
+
+    /**
+     * A set in a cluster (one hash tag) is routed by its members, not by its numkeys argument: it
+     * waits with tickets on the shard channels of its slot's primary, is woken there, renewed
+     * ({@code RENEWALL}) past its ttl and released whole.
+     */
+    @Test
+    void aSetWaitsIsRenewedAndIsReleasedOnItsSlotsPrimary() throws Exception {
+        Servers.Server numkeys = owner("2");
+        int tag = 0;
+        while (owner("{set" + tag + "}:a") == numkeys) {
+            tag++;
+        }
+        List<String> members = List.of("{set" + tag + "}:a", "{set" + tag + "}:b");
+        Servers.Server owner = owner(members.get(0));
+        HoldOptions options = HoldOptions.defaults().ttl(Duration.ofMillis(600)).noWait();
+        long movedBefore = moved(numkeys);
+        try (Locks locks = Locks.connect(cluster.url())) {
+            Lease held = locks.hold(members.get(1), options.ttl(Duration.ofSeconds(10)));
+            CompletableFuture<SetLease> waiting = CompletableFuture.supplyAsync(
+                    () -> locks.holdAll(members, options.waitFor(Duration.ofSeconds(6))));
+            long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
+            while (locks.info(members.get(0)).map(Info::tickets).orElse(0L) != 1) {
+                assertTrue(System.nanoTime() < deadline, "the set's ticket in line");
+                Thread.sleep(5);
+            }
+            held.release();
+            long released = System.nanoTime();
+            SetLease set = waiting.get(5, TimeUnit.SECONDS);
+            long tookMs = (System.nanoTime() - released) / 1_000_000;
+            assertTrue(tookMs < 1000, "woken by the shard channel " + tookMs + " ms after the release (its refresh: 2 s)");
+            Thread.sleep(900); // past the ttl: kept by its renewals
+            set.check();
+            String fence = Long.toUnsignedString(set.fence(members.get(1)));
+            assertEquals(":1", owner.command("DLOCK.FENCECHECK", members.get(1), fence));
+            set.close();
+            assertEquals(":0", owner.command("EXISTS", members.get(0), members.get(1)));
+        }
+        assertEquals(movedBefore, moved(numkeys), "a set's command sent to the node of its numkeys' slot");
+    }
+
+    /** How many MOVED replies the node has sent ({@code INFO errorstats}). */
+    private static long moved(Servers.Server node) {
+        for (String line : node.command("INFO", "errorstats").split("\r?\n")) {
+            if (line.startsWith("errorstat_MOVED:count=")) {
+                return Long.parseLong(line.substring("errorstat_MOVED:count=".length()).split(",")[0].trim());
+            }
+        }
+        return 0;
+    }
 }

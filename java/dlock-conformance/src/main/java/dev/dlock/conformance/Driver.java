@@ -14,6 +14,7 @@ import dev.dlock.LossReason;
 import dev.dlock.NotAcquiredException;
 import dev.dlock.NotReleasedException;
 import dev.dlock.ServerErrorException;
+import dev.dlock.SetLease;
 import dev.dlock.StaleFenceException;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
@@ -39,6 +40,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
+import java.util.concurrent.Callable;
+import java.util.concurrent.CompletionStage;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -56,7 +59,8 @@ import java.util.concurrent.atomic.AtomicInteger;
  * (after answering the requests already read, for at most 2 s), releasing nothing on purpose.
  *
  * <p>A held lease needs no thread of its own here: the {@link Locks}' scheduler renews it until a
- * {@code release} or the end of a {@code run}, whose work runs in {@link Lease#run}.
+ * {@code release} or the end of a {@code run}, whose work runs in {@link Lease#run} (a set's, from
+ * {@code hold_all}, in {@link SetLease#run}).
  */
 public final class Driver {
     /** After stdin closes, how long the requests already read may take to be answered. */
@@ -70,14 +74,50 @@ public final class Driver {
     private final Map<String, Held> leases = new ConcurrentHashMap<>();
     private final ExecutorService requests;
 
-    /** A lease the harness named: whether its hold ended (a release, a run) and its loss was reported. */
+    /**
+     * A lease (or a set: {@code hold_all}) the harness named: whether its hold ended (a release, a
+     * run) and its loss was reported.
+     */
     private static final class Held {
-        final Lease lease;
+        final Lease lease; // null for a set
+        final SetLease set; // null for a single lease
         final AtomicBoolean ended = new AtomicBoolean();
         final AtomicBoolean lossReported = new AtomicBoolean();
 
-        Held(Lease lease) {
+        Held(Lease lease, SetLease set) {
             this.lease = lease;
+            this.set = set;
+        }
+
+        Optional<LossReason> lostReason() {
+            return lease != null ? lease.lostReason() : set.lostReason();
+        }
+
+        CompletionStage<LeaseLostException> whenLost() {
+            return lease != null ? lease.whenLost() : set.whenLost();
+        }
+
+        void release() {
+            if (lease != null) {
+                lease.release();
+            } else {
+                set.release();
+            }
+        }
+
+        <T> T run(Callable<T> work) throws Exception {
+            return lease != null ? lease.run(held -> work.call()) : set.run(held -> work.call());
+        }
+
+        /** A fenced write under the lease's fence; a set's under the fence of the member {@code resource}. */
+        Object fenced(String resource, String[] command) {
+            if (lease != null) {
+                return lease.fenced(command);
+            }
+            if (resource == null) {
+                throw new Usage("fenced on a set needs the member's resource");
+            }
+            return set.fenced(resource, command);
         }
     }
 
@@ -273,6 +313,8 @@ public final class Driver {
         switch (op) {
             case "hold": case "wait": case "ticket": case "shared": case "semaphore":
                 return hold(op, request);
+            case "hold_all":
+                return holdAll(request);
             case "campaign":
                 return campaign(request);
             case "release":
@@ -324,28 +366,41 @@ public final class Driver {
             default:
                 throw new Usage("unknown mode " + mode);
         }
-        keep(text(request, "lease"), lease);
+        keep(text(request, "lease"), new Held(lease, null));
         return object().<ObjectNode>set("fence", fence(lease.fence())).put("token", lease.token());
+    }
+
+    private JsonNode holdAll(JsonNode request) {
+        HoldOptions options = HoldOptions.defaults().ttl(millis(request, "ttl_ms"));
+        options = request.hasNonNull("wait_ms") ? options.waitFor(millis(request, "wait_ms")) : options.noWait();
+        List<String> resources = new ArrayList<>();
+        for (JsonNode resource : request.path("resources")) {
+            resources.add(resource.asText());
+        }
+        SetLease set = locks.holdAll(resources, options);
+        keep(text(request, "lease"), new Held(null, set));
+        ArrayNode fences = NODES.arrayNode();
+        set.fences().forEach(fence -> fences.add(fence(fence)));
+        return object().<ObjectNode>set("fences", fences).put("token", set.token());
     }
 
     private JsonNode campaign(JsonNode request) {
         HoldOptions options = HoldOptions.defaults().ttl(millis(request, "ttl_ms"));
         options = request.hasNonNull("wait_ms") ? options.waitFor(millis(request, "wait_ms")) : options.waitForever();
         Lease lease = locks.campaign(text(request, "name"), text(request, "address"), options);
-        keep(text(request, "lease"), lease);
+        keep(text(request, "lease"), new Held(lease, null));
         return object().set("fence", fence(lease.fence()));
     }
 
     /** Names the lease and reports its loss the moment the client knows it. */
-    private void keep(String name, Lease lease) {
-        Held held = new Held(lease);
+    private void keep(String name, Held held) {
         leases.put(name, held);
-        lease.whenLost().thenAccept(loss -> reportLoss(name, held));
+        held.whenLost().thenAccept(loss -> reportLoss(name, held));
     }
 
     /** The {@code lost} event, once per lease, as soon as the lease says it is lost. */
     private void reportLoss(String name, Held held) {
-        Optional<LossReason> reason = held.lease.lostReason();
+        Optional<LossReason> reason = held.lostReason();
         if (reason.isPresent() && held.lossReported.compareAndSet(false, true)) {
             write(object().put("event", "lost").put("lease", name).put("reason", reason.get().wireName()));
         }
@@ -367,7 +422,7 @@ public final class Driver {
         }
         boolean released;
         try {
-            held.lease.release();
+            held.release();
             released = true;
         } catch (LeaseLostException | NotReleasedException e) {
             released = false;
@@ -380,12 +435,12 @@ public final class Driver {
         Held held = held(request);
         String name = text(request, "lease");
         if (!held.ended.compareAndSet(false, true)) {
-            throw new Ended(name, held.lease.lostReason());
+            throw new Ended(name, held.lostReason());
         }
         long workMs = request.path("work_ms").asLong(0);
         boolean fail = request.path("fail").asBoolean(false);
         try {
-            held.lease.run(lease -> {
+            held.run(() -> {
                 try {
                     Thread.sleep(workMs);
                 } catch (InterruptedException e) {
@@ -413,7 +468,7 @@ public final class Driver {
         if (command.isEmpty()) {
             throw new Usage("fenced needs a command");
         }
-        Object reply = held.lease.fenced(command.toArray(String[]::new));
+        Object reply = held.fenced(optionalText(request, "resource", null), command.toArray(String[]::new));
         return object().set("reply", encode(reply));
     }
 

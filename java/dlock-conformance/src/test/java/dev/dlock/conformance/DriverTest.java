@@ -90,6 +90,23 @@ class DriverTest {
             JsonNode read = session.send("{\"id\":11,\"op\":\"fenced\",\"lease\":\"d\",\"command\":[\"LRANGE\",\"q:list\",\"0\",\"-1\"]}");
             assertEquals("[\"x\",\"y\"]", read.path("ok").path("reply").toString(), read.toString());
 
+            // A set: its fences in the order asked, a fenced write under a member's fence, released whole.
+            JsonNode set = session.send("{\"id\":12,\"op\":\"hold_all\",\"lease\":\"s\",\"resources\":[\"{s}:2\",\"{s}:1\"],"
+                    + "\"ttl_ms\":5000}");
+            JsonNode fences = set.path("ok").path("fences");
+            assertEquals(2, fences.size(), set.toString());
+            assertTrue(fences.get(1).asLong() > fences.get(0).asLong(), set.toString());
+            assertEquals(set.path("ok").path("token").asText(), server.command("EVAL",
+                    "return redis.call('DLOCK.INFO', KEYS[1])[2]", "1", "{s}:1"));
+            JsonNode member = session.send("{\"id\":13,\"op\":\"fenced\",\"lease\":\"s\",\"resource\":\"{s}:1\","
+                    + "\"command\":[\"SET\",\"{s}:data\",\"x\"]}");
+            assertEquals("OK", member.path("ok").path("reply").asText(), member.toString());
+            JsonNode which = session.send("{\"id\":14,\"op\":\"fenced\",\"lease\":\"s\",\"command\":[\"GET\",\"{s}:data\"]}");
+            assertEquals("usage", which.path("error").path("kind").asText(), which.toString());
+            JsonNode releasedSet = session.send("{\"id\":15,\"op\":\"release\",\"lease\":\"s\"}");
+            assertTrue(releasedSet.path("ok").path("released").asBoolean(false), releasedSet.toString());
+            assertEquals(":0", server.command("EXISTS", "{s}:1", "{s}:2"));
+
             toDriver.close();
             assertEquals(0, status.get(5, TimeUnit.SECONDS));
             // stdin closed: nothing was released on purpose.
