@@ -207,7 +207,12 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
             "tickets",
             "mode",
             "holders",
-            "meta"
+            "meta",
+            "handovers",
+            "wait-p50-us",
+            "wait-p99-us",
+            "hold-p50-us",
+            "hold-p99-us"
         ]
     );
     assert_eq!(fields[0].1, "worker-a");
@@ -224,7 +229,7 @@ fn info_reports_owner_fence_remaining_ttl_hold_time_renewals_and_waiters() {
     let mut resp3 = server.client_resp3();
     let value: redis::Value =
         redis::cmd("DLOCK.INFO").arg("invoice:10").query(&mut resp3).expect("INFO");
-    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 11), "{value:?}");
+    assert!(matches!(value, redis::Value::Map(ref pairs) if pairs.len() == 16), "{value:?}");
     assert_eq!(info_field(&mut resp3, "invoice:10", "owner").as_deref(), Some("worker-a"));
 }
 

@@ -269,6 +269,15 @@ fn a_set_reaches_the_replica_whole_and_survives_an_aof_restart() {
         assert_eq!(fencecheck(&mut r, resource, *fence), 1, "{resource} on the replica");
         assert_eq!(digest(&mut p, resource), digest(&mut r, resource), "{resource}");
     }
+    // One MULTI/EXEC around the set's leases: a copy applies them together or not at all.
+    let aof = String::from_utf8_lossy(&primary.aof_contents()).to_lowercase();
+    let at = |needle: &str, from: usize| aof[from..].find(needle).map(|i| i + from);
+    let multi = at("\r\nmulti\r\n", 0).expect("a MULTI in the AOF");
+    let first = at("dlock.setlease", multi).expect("a lease after the MULTI");
+    let second = at("dlock.setlease", first + 1).expect("a second lease");
+    let exec = at("\r\nexec\r\n", multi).expect("an EXEC");
+    assert!(exec > second, "both leases between MULTI and EXEC: {aof:?}");
+    assert!(!aof[multi..first].contains("dlock."), "nothing else first");
     let restarted = primary.start_from_aof_copy(&[]);
     let mut a = restarted.client();
     for (resource, fence) in ["s1", "s2"].iter().zip(&fences) {
