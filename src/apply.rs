@@ -55,6 +55,9 @@ pub struct Site<'a> {
     pub key: &'a RedisKeyWritable,
     /// The key's name.
     pub name: &'a RedisString,
+    /// The request's token as the client sent it (ACQUIRE, RENEW): the lease's effect passes
+    /// this string on rather than a copy of its bytes.
+    pub token: Option<&'a RedisString>,
 }
 
 /// Makes `changes` (of `lock`, stored at `site` unless `stored` is false) visible and durable:
@@ -75,7 +78,7 @@ pub fn apply(
     } else {
         Place::NotStored
     };
-    let mut executor = Executor { ctx, name: site.name, now, delete: None };
+    let mut executor = Executor { ctx, name: site.name, token: site.token, now, delete: None };
     effects::plan(lock, place, &changes, now, |effect| executor.perform(effect));
     executor.finish(site);
 }
@@ -90,7 +93,7 @@ pub fn announce_only(
     changes: Vec<Transition>,
     now: Now,
 ) {
-    let mut executor = Executor { ctx, name, now, delete: None };
+    let mut executor = Executor { ctx, name, token: None, now, delete: None };
     effects::plan(lock, Place::Notified, &changes, now, |effect| executor.perform(effect));
 }
 
@@ -98,7 +101,7 @@ pub fn announce_only(
 /// already made to `lock` at `site` ([`effects::plan_replicated`]).
 pub fn apply_replicated(ctx: &Context, site: &Site<'_>, lock: &Lock, now: Now) {
     let indexes = expiry::decides_expiry(ctx);
-    let mut executor = Executor { ctx, name: site.name, now, delete: None };
+    let mut executor = Executor { ctx, name: site.name, token: site.token, now, delete: None };
     effects::plan_replicated(lock, indexes, now, |effect| executor.perform(effect));
     executor.finish(site);
 }
@@ -108,6 +111,7 @@ pub fn apply_replicated(ctx: &Context, site: &Site<'_>, lock: &Lock, now: Now) {
 struct Executor<'c> {
     ctx: &'c Context,
     name: &'c RedisString,
+    token: Option<&'c RedisString>,
     now: Now,
     /// A planned deletion: the pending index entry to forget, and whether to propagate it.
     delete: Option<(Option<Micros>, bool)>,
@@ -117,6 +121,11 @@ impl Executor<'_> {
     fn perform(&mut self, effect: Effect<'_>) {
         match effect {
             Effect::DeleteKey { forget, propagate } => self.delete = Some((forget, propagate)),
+            Effect::ReplicateLease(lease) => {
+                // The client's own string, when it is this lease's token.
+                let token = self.token.filter(|token| token.as_slice() == &*lease.token);
+                replicate_lease(self.ctx, self.name, lease, token, self.now);
+            }
             effect => perform(self.ctx, self.name, effect, self.now),
         }
     }
@@ -174,7 +183,7 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
             waiters::confirm_grant(fence);
             state::confirm_grant(fence);
         }
-        Effect::ReplicateLease(lease) => replicate_lease(ctx, name, lease, now),
+        Effect::ReplicateLease(lease) => replicate_lease(ctx, name, lease, None, now),
         Effect::ReplicateEnd(lease) => {
             let fence = lease.fence.to_string();
             ctx.replicate(ENDLEASE, &[name.as_slice(), &lease.token, fence.as_bytes()]);
@@ -215,7 +224,15 @@ pub fn propagate_fence_counter(ctx: &Context) {
 /// Propagates a lease as its effect, history included:
 /// `DLOCK.SETLEASE resource token fence deadline-unix-us GRANTED granted-unix-us RENEWALS n`,
 /// then `SHARED` and `META value` when they apply.
-fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: Now) {
+/// Propagates `DLOCK.SETLEASE` with `lease` as it now is; `token`, when given, is a string
+/// holding the lease's token (the client's), passed on instead of a copy.
+fn replicate_lease(
+    ctx: &Context,
+    resource: &RedisString,
+    lease: &Lease,
+    token: Option<&RedisString>,
+    now: Now,
+) {
     if !lease.is_plain() {
         let args = lease.effect_args(now);
         let mut all: Vec<&[u8]> = vec![resource.as_slice()];
@@ -233,31 +250,135 @@ fn replicate_lease(ctx: &Context, resource: &RedisString, lease: &Lease, now: No
     // The raw call: the crate's `replicate` would copy every argument into a new string, and
     // ACQUIRE makes this call on every grant. Numbers go as digits we print (format `b`, one
     // allocation each in Redis) rather than as `l` (Redis prints them into a string of its own
-    // and wraps it: two).
-    // SAFETY: ctx is live; the command name, the format and the keywords are NUL-terminated;
-    // "sbbbcbcb" takes a RedisModuleString, then (pointer, length) buffers that Redis copies and
-    // C strings, each as the format says; every buffer outlives the call.
+    // and wraps it: two); the keywords and a fresh grant's `0` renewals go as strings made once
+    // and kept (format `s`: Redis takes a reference, no allocation and no free).
+    let Some(kept) = Kept::get() else {
+        // Never made (no string API): every argument as a copied buffer.
+        let args = lease.effect_args(now);
+        let mut all: Vec<&[u8]> = vec![resource.as_slice()];
+        all.extend(args.iter().map(Vec::as_slice));
+        return ctx.replicate(SETLEASE_NAME, all.as_slice());
+    };
+    // SAFETY: the API table is written once, when the module loads.
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else { return };
+    let buffer = |bytes: &[u8]| (bytes.as_ptr().cast::<std::os::raw::c_char>(), bytes.len());
+    let ((fence_ptr, fence_len), (deadline_ptr, deadline_len), (granted_ptr, granted_len)) =
+        (buffer(fence), buffer(deadline), buffer(granted));
+    let (token_ptr, token_len) = buffer(&lease.token);
+    let (renewals_ptr, renewals_len) = buffer(renewals);
+    let (ctx, command, key) = (ctx.ctx, SETLEASE.as_ptr(), resource.inner);
+    let (kw_granted, kw_renewals, zero) = (kept.granted, kept.renewals, kept.zero);
+    // The token as the client's string or a copy; the renewals as the kept `0` or digits.
+    // SAFETY: ctx is live; the command name and the formats are NUL-terminated; each format
+    // takes RedisModuleStrings (`s`: the key's name and the client's token, live for this call,
+    // and the kept strings, never freed) and (pointer, length) buffers that Redis copies (`b`),
+    // each as it says; every buffer outlives the call.
     unsafe {
-        if let Some(replicate) = raw::RedisModule_Replicate {
-            replicate(
-                ctx.ctx,
-                SETLEASE.as_ptr(),
-                c"sbbbcbcb".as_ptr(),
-                resource.inner,
-                lease.token.as_ptr().cast::<std::os::raw::c_char>(),
-                lease.token.len(),
-                fence.as_ptr().cast::<std::os::raw::c_char>(),
-                fence.len(),
-                deadline.as_ptr().cast::<std::os::raw::c_char>(),
-                deadline.len(),
-                c"GRANTED".as_ptr(),
-                granted.as_ptr().cast::<std::os::raw::c_char>(),
-                granted.len(),
-                c"RENEWALS".as_ptr(),
-                renewals.as_ptr().cast::<std::os::raw::c_char>(),
-                renewals.len(),
-            );
-        }
+        match (token, lease.renewals == 0) {
+            (Some(token), true) => replicate(
+                ctx,
+                command,
+                c"ssbbsbss".as_ptr(),
+                key,
+                token.inner,
+                fence_ptr,
+                fence_len,
+                deadline_ptr,
+                deadline_len,
+                kw_granted,
+                granted_ptr,
+                granted_len,
+                kw_renewals,
+                zero,
+            ),
+            (Some(token), false) => replicate(
+                ctx,
+                command,
+                c"ssbbsbsb".as_ptr(),
+                key,
+                token.inner,
+                fence_ptr,
+                fence_len,
+                deadline_ptr,
+                deadline_len,
+                kw_granted,
+                granted_ptr,
+                granted_len,
+                kw_renewals,
+                renewals_ptr,
+                renewals_len,
+            ),
+            (None, true) => replicate(
+                ctx,
+                command,
+                c"sbbbsbss".as_ptr(),
+                key,
+                token_ptr,
+                token_len,
+                fence_ptr,
+                fence_len,
+                deadline_ptr,
+                deadline_len,
+                kw_granted,
+                granted_ptr,
+                granted_len,
+                kw_renewals,
+                zero,
+            ),
+            (None, false) => replicate(
+                ctx,
+                command,
+                c"sbbbsbsb".as_ptr(),
+                key,
+                token_ptr,
+                token_len,
+                fence_ptr,
+                fence_len,
+                deadline_ptr,
+                deadline_len,
+                kw_granted,
+                granted_ptr,
+                granted_len,
+                kw_renewals,
+                renewals_ptr,
+                renewals_len,
+            ),
+        };
+    }
+}
+
+/// The strings every lease's effect carries, made once (with no context: never freed) and kept
+/// for the process's life. Only the main thread uses them.
+struct Kept {
+    granted: *mut raw::RedisModuleString,
+    renewals: *mut raw::RedisModuleString,
+    zero: *mut raw::RedisModuleString,
+}
+
+// SAFETY: the pointers are immutable strings Redis never frees (created without a context) and
+// only the main thread passes them to Redis.
+unsafe impl Send for Kept {}
+// SAFETY: as above.
+unsafe impl Sync for Kept {}
+
+impl Kept {
+    /// The kept strings; `None` if they could not be made.
+    fn get() -> Option<&'static Self> {
+        static KEPT: std::sync::OnceLock<Kept> = std::sync::OnceLock::new();
+        let kept = KEPT.get_or_init(|| {
+            let make = |text: &[u8]| {
+                // SAFETY: a null context makes a string that is not freed automatically; the
+                // bytes are copied.
+                unsafe {
+                    raw::RedisModule_CreateString.map_or(std::ptr::null_mut(), |create| {
+                        create(std::ptr::null_mut(), text.as_ptr().cast(), text.len())
+                    })
+                }
+            };
+            Self { granted: make(b"GRANTED"), renewals: make(b"RENEWALS"), zero: make(b"0") }
+        });
+        let made = [kept.granted, kept.renewals, kept.zero].iter().all(|p| !p.is_null());
+        made.then_some(kept)
     }
 }
 

@@ -218,5 +218,12 @@ fn with_lock_at(
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
     let ((), changes) = apply::decide(now, |step| op(step, lock));
-    apply::apply(ctx, &apply::Site { key: &handle, name: &name }, lock, true, changes, now);
+    apply::apply(
+        ctx,
+        &apply::Site { key: &handle, name: &name, token: None },
+        lock,
+        true,
+        changes,
+        now,
+    );
 }

@@ -52,7 +52,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     crate::cluster::gate(ctx, resource.as_slice(), now)?;
     // The waiter this command put in line, to block once the decision is applied.
     let mut waiting = 0;
-    let outcome = on_lock(ctx, resource, now, |step, lock| {
+    let outcome = on_lock(ctx, resource, args.get(2), now, |step, lock| {
         let outcome =
             step.acquire_as(lock, request.token, request.ttl_ms, request.mode, request.meta)?;
         Ok::<_, DlockError>(match outcome {

@@ -78,7 +78,7 @@ impl sets::Members for SetKeys<'_> {
         index: usize,
         op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock) -> T,
     ) -> Result<T, RedisError> {
-        on_lock(self.ctx, &self.resources[index], self.now, op)
+        on_lock(self.ctx, &self.resources[index], None, self.now, op)
     }
 
     fn new_ticket_id(&mut self) -> u64 {

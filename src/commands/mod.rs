@@ -284,10 +284,12 @@ pub fn set_call<'a>(
 
 /// Decides `op` on the lock of `resource` (an empty lock when it has no key, stored only if
 /// the decision leaves something in it) and applies the changes: the path every command that
-/// may create a lock takes, once per resource.
+/// may create a lock takes, once per resource. `token` is the request's token as the client
+/// sent it, when it has one string for it (`apply::Site`).
 pub fn on_lock<T>(
     ctx: &Context,
     resource: &RedisString,
+    token: Option<&RedisString>,
     now: Now,
     op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock) -> T,
 ) -> Result<T, RedisError> {
@@ -307,7 +309,7 @@ pub fn on_lock<T>(
         Some(_) => false,
         None => true,
     };
-    let site = Site { key: &key, name: resource };
+    let site = Site { key: &key, name: resource, token };
     match lock_at(&key)? {
         Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
         None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),

@@ -41,6 +41,6 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     };
     let (released, changes) =
         apply::decide(now, |step| step.release_grant(lock, request.token, request.fence));
-    apply::apply(ctx, &Site { key: &key, name: resource }, lock, stored, changes, now);
+    apply::apply(ctx, &Site { key: &key, name: resource, token: None }, lock, stored, changes, now);
     Ok(RedisValue::Integer(i64::from(released)))
 }

@@ -33,7 +33,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let now = clock::now();
     let mut released = 0;
     for (index, resource) in resources.iter().enumerate() {
-        let done = on_lock(ctx, resource, now, |step, lock| {
+        let done = on_lock(ctx, resource, None, now, |step, lock| {
             step.release_grant(lock, request.token, request.fence(index))
         })?;
         released += i64::from(done);

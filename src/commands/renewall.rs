@@ -37,7 +37,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     // as its RENEW would be (counted, logged) and nothing is renewed.
     for (index, resource) in resources.iter().enumerate() {
         let fence = request.fence(index);
-        let renewed = on_lock(ctx, resource, now, |step, lock| {
+        let renewed = on_lock(ctx, resource, None, now, |step, lock| {
             let renewal = step.renewal(lock, request.token, fence, request.ttl_ms)?;
             if renewal != Renewal::Renewed {
                 step.renew_grant(lock, request.token, fence, request.ttl_ms)?;
@@ -49,7 +49,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         }
     }
     for (index, resource) in resources.iter().enumerate() {
-        on_lock(ctx, resource, now, |step, lock| {
+        on_lock(ctx, resource, None, now, |step, lock| {
             step.renew_grant(lock, request.token, request.fence(index), request.ttl_ms)
         })??;
     }
