@@ -7,7 +7,9 @@
 #   bash scripts/conformance.sh all      Redis 7.0, Redis 7.4 and Valkey 9, every client (TypeScript
 #                                        on ioredis and on node-redis); writes the scenario × client
 #                                        tables to docs/conformance.md
-# CONFORMANCE_ONLY=name,name runs only those scenarios. A new client adds its driver to `drivers`
+# CONFORMANCE_ONLY=name,name runs only those scenarios; CONFORMANCE_JOBS (default 4) is how many
+# (scenario, client) pairs run at once, each with servers of its own (the scenarios mostly wait on
+# time, so this divides the suite's time). A new client adds its driver to `drivers`
 # below: a command line that speaks the interface with DLOCK_URL set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,10 +43,11 @@ if [ -n "${CONFORMANCE_ONLY:-}" ]; then
   only=(--only "$CONFORMANCE_ONLY")
 fi
 harness=$repo/target/debug/dlock-conformance
+jobs=(--jobs "${CONFORMANCE_JOBS:-4}")
 
 case "${1:-}" in
   "")
-    "$harness" "${drivers[@]}" "${only[@]}"
+    "$harness" "${drivers[@]}" "${only[@]}" "${jobs[@]}"
     "$harness" --self-check --driver "rust=$repo/target/debug/dlock-conformance-rust"
     ;;
   all)
@@ -61,7 +64,7 @@ case "${1:-}" in
       # The TypeScript driver once more on node-redis (DLOCK_CLIENT; `typescript` is ioredis).
       DLOCK_SERVER=${servers[$index]} "$harness" "${drivers[@]}" \
         --driver "typescript-node-redis=env DLOCK_CLIENT=node-redis node $repo/node/dist/esm/driver.js" \
-        "${only[@]}" --markdown "$out/$index.md" || status=1
+        "${only[@]}" "${jobs[@]}" --markdown "$out/$index.md" || status=1
     done
     {
       cat <<HEAD

@@ -3,8 +3,12 @@
 //! ```text
 //! dlock-conformance --driver rust=target/debug/dlock-conformance-rust \
 //!     --driver "python=.deps/venv/bin/python -m dlock._conformance_driver" \
-//!     [--scenarios protocol/conformance] [--only name,name] [--markdown out.md] [--self-check]
+//!     [--scenarios protocol/conformance] [--only name,name] [--markdown out.md] [--jobs N]
+//!     [--self-check]
 //! ```
+//!
+//! `--jobs N` runs up to N (scenario, client) pairs at once, each with its own servers (default
+//! 1); the table is the same.
 //!
 //! Servers are `$DLOCK_SERVER` (default `redis-server`) with `$DLOCK_MODULE` (default the
 //! `libdlock.so` beside this binary), started per scenario. Exits 1 when a scenario failed (with
@@ -34,6 +38,7 @@ struct Args {
     scenarios: PathBuf,
     only: Option<Vec<String>>,
     markdown: Option<PathBuf>,
+    jobs: usize,
     self_check: bool,
 }
 
@@ -43,6 +48,7 @@ fn parse_args() -> Result<Args, String> {
         scenarios: PathBuf::from("protocol/conformance"),
         only: None,
         markdown: None,
+        jobs: 1,
         self_check: false,
     };
     let mut given = std::env::args().skip(1);
@@ -58,6 +64,14 @@ fn parse_args() -> Result<Args, String> {
             "--scenarios" => args.scenarios = PathBuf::from(value()?),
             "--only" => args.only = Some(value()?.split(',').map(str::to_owned).collect()),
             "--markdown" => args.markdown = Some(PathBuf::from(value()?)),
+            "--jobs" => {
+                let text = value()?;
+                args.jobs = text
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or(format!("--jobs must be 1 to 16, not {text:?}"))?;
+            }
             "--self-check" => args.self_check = true,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -129,26 +143,56 @@ fn run_all(
         clients: args.drivers.iter().map(|(name, _)| name.clone()).collect(),
         rows: Vec::new(),
     };
+    // Every (scenario, client) pair, taken in order by up to `jobs` threads; each runs in a
+    // directory of its own (a driver's stderr is kept there).
+    let pairs: Vec<(usize, usize)> =
+        (0..scenarios.len()).flat_map(|s| (0..args.drivers.len()).map(move |d| (s, d))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(vec![None; pairs.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..args.jobs.min(pairs.len()).max(1) {
+            scope.spawn(|| {
+                loop {
+                    let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(s, d)) = pairs.get(at) else { return };
+                    let (scenario, (client, command)) = (&scenarios[s], &args.drivers[d]);
+                    let (outcome, version) = match scenario.not_for.get(client) {
+                        Some(why) => (Outcome::NotApplicable(why.clone()), None),
+                        None => {
+                            let dir = workdir.join(client);
+                            let _ = std::fs::create_dir_all(&dir);
+                            let began = Instant::now();
+                            match scenario::run(scenario, command, &dir, None) {
+                                Ok(version) => (Outcome::Pass(began.elapsed()), version),
+                                Err(why) => (Outcome::Fail(why), None),
+                            }
+                        }
+                    };
+                    let mut line = format!(
+                        "  {:32} {:8} {}",
+                        scenario.name,
+                        client,
+                        outcome.cell_with_reason()
+                    );
+                    if let Outcome::Fail(why) = &outcome {
+                        line.push_str(&format!("\n    {}", why.replace('\n', "\n    ")));
+                    }
+                    eprintln!("{line}");
+                    let mut results = results.lock().unwrap_or_else(|p| p.into_inner());
+                    results[at] = Some((outcome, version));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter();
     for scenario in scenarios {
         let mut cells = Vec::new();
-        for (index, (client, command)) in args.drivers.iter().enumerate() {
-            let outcome = match scenario.not_for.get(client) {
-                Some(why) => Outcome::NotApplicable(why.clone()),
-                None => {
-                    let began = Instant::now();
-                    match scenario::run(scenario, command, workdir, None) {
-                        Ok(version) => {
-                            versions[index] = versions[index].take().or(version);
-                            Outcome::Pass(began.elapsed())
-                        }
-                        Err(why) => Outcome::Fail(why),
-                    }
-                }
-            };
-            eprintln!("  {:32} {:8} {}", scenario.name, client, outcome.cell_with_reason());
-            if let Outcome::Fail(why) = &outcome {
-                eprintln!("    {}", why.replace('\n', "\n    "));
-            }
+        for version_seen in versions.iter_mut() {
+            let (outcome, version) = results
+                .next()
+                .flatten()
+                .unwrap_or_else(|| (Outcome::Fail("not run".to_owned()), None));
+            *version_seen = version_seen.take().or(version);
             cells.push(outcome);
         }
         table.rows.push((scenario.name.clone(), scenario.title.clone(), cells));
