@@ -16,6 +16,7 @@ pub mod commands;
 pub mod config;
 pub mod core;
 pub mod datatype;
+pub mod entry;
 pub mod events;
 pub mod expiry;
 pub mod filter;
@@ -30,8 +31,8 @@ pub mod waiters;
 use redis_module::{Context, RedisString, Status, configuration::ConfigurationFlags, redis_module};
 
 use crate::commands::{
-    acquire, acquireall, endlease, fencecheck, fenced, guarded, info, list, release, releaseall,
-    renew, renewall, revoke, setfence, setlease, top,
+    acquireall, endlease, fencecheck, fenced, guarded, info, list, releaseall, renewall, revoke,
+    setfence, setlease, top,
 };
 use crate::core::args::DEFAULT_MAX_TTL_MS;
 use crate::datatype::LOCK_TYPE;
@@ -65,7 +66,9 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     config::hold_new_grants(now.mono);
     config::lead_fences(now.wall);
     notify::refresh_log_level(ctx);
-    if report::register(ctx) == Status::Err
+    // DLOCK.ACQUIRE, RENEW and RELEASE have entry points of their own (`entry.rs`).
+    if entry::register(ctx) == Status::Err
+        || report::register(ctx) == Status::Err
         || events::subscribe(ctx) == Status::Err
         || cluster::register(ctx) == Status::Err
     {
@@ -99,10 +102,8 @@ redis_module! {
     allocator: (Allocator, Allocator),
     data_types: [LOCK_TYPE],
     init: init,
+    // DLOCK.ACQUIRE, DLOCK.RENEW and DLOCK.RELEASE are registered by `init` (`entry.rs`).
     commands: [
-        [acquire::META.name, |ctx, args| guarded(ctx, args, acquire::run), acquire::META.flags, 1, 1, 1, ""],
-        [renew::META.name, |ctx, args| guarded(ctx, args, renew::run), renew::META.flags, 1, 1, 1, ""],
-        [release::META.name, |ctx, args| guarded(ctx, args, release::run), release::META.flags, 1, 1, 1, ""],
         [acquireall::META.name, |ctx, args| guarded(ctx, args, acquireall::run), acquireall::META.flags, 0, 0, 0, ""],
         [renewall::META.name, |ctx, args| guarded(ctx, args, renewall::run), renewall::META.flags, 0, 0, 0, ""],
         [releaseall::META.name, |ctx, args| guarded(ctx, args, releaseall::run), releaseall::META.flags, 0, 0, 0, ""],

@@ -252,7 +252,7 @@ fn the_blocked_client_layer_answers_and_counts_but_changes_no_lock() {
 fn layer_of(module: &str) -> usize {
     const LAYERS: [&[&str]; 4] = [
         // What Redis calls: commands, the timer, server events, the type, INFO, key specs.
-        &["commands", "timer", "events", "datatype", "report", "keyspec"],
+        &["commands", "entry", "timer", "events", "datatype", "report", "keyspec"],
         // The one path from a decision to its effects, and the cluster bus.
         &["apply", "cluster"],
         // What the path uses: the index, blocked clients, announcements, counters, settings,

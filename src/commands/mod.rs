@@ -192,7 +192,16 @@ pub fn guarded(
     args: Vec<RedisString>,
     body: fn(&Context, &[RedisString]) -> RedisResult,
 ) -> RedisResult {
-    catch_unwind(AssertUnwindSafe(|| body(ctx, &args)))
+    guarded_slice(ctx, &args, body)
+}
+
+/// [`guarded`] for arguments held elsewhere (`entry.rs`).
+pub fn guarded_slice(
+    ctx: &Context,
+    args: &[RedisString],
+    body: fn(&Context, &[RedisString]) -> RedisResult,
+) -> RedisResult {
+    catch_unwind(AssertUnwindSafe(|| body(ctx, args)))
         .unwrap_or_else(|_| Err(RedisError::Str("ERR internal error in dlock; please report it")))
 }
 
