@@ -71,6 +71,12 @@ export interface HoldOptions extends Omit<Options, "logger" | "metrics"> {
   signal?: AbortSignal;
 }
 
+/**
+ * Options of one holdAll: those of hold, less the way of waiting (a set always waits with a
+ * ticket in every member's line, as long as its wait: from 1 s to 30 s).
+ */
+export type SetOptions = Omit<HoldOptions, "strategy" | "ticket">;
+
 export interface Settings {
   ttl: number;
   wait: number;
