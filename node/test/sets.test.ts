@@ -313,6 +313,31 @@ for (const [kind, make] of Object.entries(clients)) {
       }
     });
 
+    test("an ACQUIREALL retried through a paused server keeps its token: the set is granted once, the same fences to every copy", async () => {
+      await fresh();
+      let failures = 0;
+      const locks = new Locks(client.redis, { requestTimeout: 200, metrics: { acquireFailed: () => failures++ } });
+      server.pause();
+      const resume = setTimeout(() => {
+        server.resume();
+      }, 1_000);
+      try {
+        const lease = await locks.holdAll(SET, { ttl: 5_000, wait: 3_000 });
+        for (const resource of SET) {
+          const found = await info(resource);
+          assert.deepEqual([found["owner"], Number(found["fence"])], [lease.token, lease.fence(resource)]);
+        }
+        assert.ok((await calls("dlock.acquireall")) >= 2, "the copy sent before the pause arrived");
+        await lease.release();
+        assert.equal(await exists(...SET), 0);
+        assert.equal(failures, 0);
+      } finally {
+        clearTimeout(resume);
+        server.resume();
+        locks.close();
+      }
+    });
+
     test("an operator's DEL of one member loses the whole set (renewal_refused) within ttl/3, the rest released; its fences are stale", async () => {
       await fresh();
       const { locks, counts, lines } = recorded();
