@@ -213,7 +213,7 @@ for (const [kind, make] of Object.entries(clients)) {
       await fresh();
       const { locks, counts, lines } = recorded();
       try {
-        const lease = await locks.holdAll(SET, { ttl: 600, wait: 0 });
+        const lease = await locks.holdAll(SET, { ttl: 600, wait: 0, meta: "worker-7" });
         assert.ok(lease instanceof SetLease);
         assert.deepEqual(lease.resources, SET);
         const [first, second] = lease.fences;
@@ -222,7 +222,10 @@ for (const [kind, make] of Object.entries(clients)) {
         assert.equal(lease.fence(BOB), second);
         assert.throws(() => lease.fence("{acct}:carol"), InvalidArgumentError);
         assert.equal(lease.mode, "exclusive");
-        for (const resource of SET) assert.equal((await info(resource))["owner"], lease.token);
+        for (const resource of SET) {
+          const found = await info(resource);
+          assert.deepEqual([found["owner"], found["meta"]], [lease.token, "worker-7"]);
+        }
         // Each member's write under its own fence.
         assert.equal(await lease.fenced(BOB, ["SET", "{acct}:ledger", "1"]), "OK");
         await assert.rejects(lease.fenced("{acct}:carol", ["SET", "{acct}:ledger", "2"]), InvalidArgumentError);
@@ -416,7 +419,7 @@ for (const [kind, make] of Object.entries(clients)) {
       }
     });
 
-    test("usingAll returns the body's result, keeps its error, throws a loss; a stalled event loop loses the set", async () => {
+    test("usingAll returns the body's result, keeps its error, throws a loss; a stalled event loop or maxHold loses the set", async () => {
       await fresh();
       const { locks, counts } = recorded();
       try {
@@ -443,9 +446,17 @@ for (const [kind, make] of Object.entries(clients)) {
           }),
           (error) => error instanceof LeaseLostError && error.reason === "stalled",
         );
+        // maxHold bounds the whole hold, renewed or not.
+        await assert.rejects(
+          locks.usingAll(SET, { ttl: 300, maxHold: 500 }, async (lease) => {
+            await sleep(2_000, undefined, { signal: lease.signal }).catch(() => undefined);
+          }),
+          (error) => error instanceof LeaseLostError && error.reason === "max_hold",
+        );
         assert.equal(await exists(...SET), 0);
         assert.equal(counts.get("lost:renewal_refused"), 1);
         assert.equal(counts.get("lost:stalled"), 1);
+        assert.equal(counts.get("lost:max_hold"), 1);
       } finally {
         locks.close();
       }
