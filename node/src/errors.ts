@@ -33,6 +33,7 @@ export class DlockError extends Error {
  * AbortSignal). Nothing is held: a grant the attempt may not have learned was released.
  */
 export class NotAcquiredError extends DlockError {
+  /** The resource; a set's (holdAll) resources joined by "," (also in the errors below). */
   readonly resource: string;
   readonly token: string;
   constructor(resource: string, token: string, cause?: unknown) {
