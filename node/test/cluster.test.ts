@@ -241,6 +241,12 @@ test("Cluster: a set is granted, waits and is released on its slot's primary, th
           const counts = await seen();
           assert.equal(counts.filter((count) => count > 0).length, 1, `${kind} ${tag}: ACQUIREALL seen by ${JSON.stringify(counts)}`);
         }
+        // Members of two slots: the server refuses the set, nothing is taken.
+        await assert.rejects(
+          locks.holdAll(["split:{a}", "split:{b}"], { ttl: 5_000, wait: 0 }),
+          (error) => error instanceof ServerError && error.class === "cross_slot",
+        );
+        assert.equal((await locks.info("split:{a}"))?.owner ?? null, null);
       } finally {
         locks.close();
       }
