@@ -769,10 +769,12 @@ class SetAttempt extends Attempt {
       ...(this.set.meta === null ? {} : { meta: this.set.meta }),
     });
     const watches: (Watch | null)[] = this.resources.map(() => null);
+    // A ticket stands in line; a request went out (it may have been granted, or queued).
     let queued = false;
+    let asked = false;
     try {
       for (;;) {
-        if (this.aborted()) throw await this.withdraw(queued, this.signal?.reason);
+        if (this.aborted()) throw await this.withdraw(asked, this.signal?.reason);
         if (queued && this.left() <= 0) throw await this.withdraw(queued, undefined);
         if (ticket !== undefined) {
           // Subscribed to every member's channel before the first ticket, and again where a
@@ -788,6 +790,7 @@ class SetAttempt extends Attempt {
           queued = true;
         }
         const sent = performance.now();
+        asked = true;
         let reply: unknown;
         try {
           reply = await this.locks.call(this.resource, this.set.requestTimeout, () => args);
@@ -796,7 +799,7 @@ class SetAttempt extends Attempt {
           if (this.aborted()) throw await this.withdraw(true, this.signal?.reason);
           const failure = await this.failed(error);
           if (!failure.retry) throw failure.error;
-          if (!(await sleep(this.retryPause(), this.signal))) throw await this.withdraw(queued, this.signal?.reason);
+          if (!(await sleep(this.retryPause(), this.signal))) throw await this.withdraw(true, this.signal?.reason);
           continue;
         }
         this.answer();
