@@ -274,6 +274,8 @@ interface IoredisClusterLike {
 }
 
 type CommandClass = new (name: string, args: string[], options: object) => { args: unknown[] };
+/** A Command routed by the key it is given. */
+type KeyedCommandClass = new (name: string, args: string[], options: object) => { args: unknown[]; key: string };
 
 interface NodeRedisClientLike {
   options?: { socket?: object };
@@ -453,7 +455,7 @@ class IoredisSingle implements Transport {
 class IoredisCluster implements Transport {
   readonly kind = "ioredis";
   readonly cluster = true;
-  private command: CommandClass | null = null;
+  private command: KeyedCommandClass | null = null;
   private readonly once: AtMostOnce;
   constructor(private readonly client: IoredisClusterLike) {
     this.once = new AtMostOnce((address, timeoutMs) => {
@@ -482,23 +484,27 @@ class IoredisCluster implements Transport {
   }
 
   // ioredis routes a command by the keys its own command table names; dlock's commands are not
-  // in it. A Command whose getKeys() answers the resource (every dlock command's first argument)
-  // is routed like any keyed command, to the primary of the resource's slot.
-  private async keyed(name: string, args: string[]): Promise<unknown> {
+  // in it. A Command whose getKeys() answers the resource (the first argument of a lease's
+  // commands, the first after numkeys of a set's) is routed like any keyed command, to the
+  // primary of the resource's slot.
+  private async keyed(resource: string, name: string, args: string[]): Promise<unknown> {
     if (this.command === null) {
       const ioredis = (await import("ioredis")) as unknown as { Command: CommandClass; default?: { Command: CommandClass } };
       const Base = ioredis.Command;
       this.command = class DlockCommand extends Base {
+        key = "";
         getKeys(): unknown[] {
-          return [this.args[0]];
+          return [this.key];
         }
       };
     }
-    return this.client.sendCommand(new this.command(name, args, { replyEncoding: "utf8" }));
+    const command = new this.command(name, args, { replyEncoding: "utf8" });
+    command.key = resource;
+    return this.client.sendCommand(command);
   }
-  send(_resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+  send(resource: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
     const [name, ...rest] = args;
-    return within(this.keyed(name ?? "", rest), timeoutMs);
+    return within(this.keyed(resource, name ?? "", rest), timeoutMs);
   }
   /** The connection of the primary serving resource (its slot map awaited, at most timeoutMs). */
   private async master(resource: string, timeoutMs: number): Promise<IoredisLike> {

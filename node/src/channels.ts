@@ -99,6 +99,40 @@ export class Watch {
 }
 
 /**
+ * Resolves at the first wake of any of watches (one that came since its last drain included),
+ * after ms, or on abort; the others stop waiting then. For a set, which waits on every member's
+ * channel at once.
+ */
+export async function firstWake(watches: readonly Watch[], ms: number, signal?: AbortSignal): Promise<void> {
+  const woken = new AbortController();
+  const stop = (): void => {
+    woken.abort();
+  };
+  signal?.addEventListener("abort", stop, { once: true });
+  if (signal?.aborted === true) stop();
+  try {
+    await Promise.race(watches.length === 0 ? [sleepMs(ms, woken.signal)] : watches.map((watch) => watch.next(ms, woken.signal)));
+  } finally {
+    signal?.removeEventListener("abort", stop);
+    woken.abort();
+  }
+}
+
+function sleepMs(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, Math.max(0, ms));
+    signal.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(timer);
+        resolve();
+      },
+      { once: true },
+    );
+  });
+}
+
+/**
  * A subscriber left without channels stays open this long (not keeping the process alive), so
  * that a lease taken right after the last one ended does not open a new connection.
  */

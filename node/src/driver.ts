@@ -11,7 +11,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { Locks } from "./locks.js";
 import { VERSION } from "./version.js";
-import type { Lease } from "./lease.js";
+import { Lease, SetLease, type Held } from "./lease.js";
 import {
   DlockError,
   InvalidArgumentError,
@@ -33,6 +33,7 @@ interface Request {
   op?: string;
   lease?: string;
   resource?: string;
+  resources?: string[];
   name?: string;
   address?: string;
   ttl_ms?: number;
@@ -112,17 +113,17 @@ async function connect(url: string): Promise<RedisLike> {
 }
 
 class Driver {
-  private readonly leases = new Map<string, Lease>();
+  private readonly leases = new Map<string, Held>();
   constructor(private readonly locks: Locks) {}
 
-  private lease(name: string | undefined): Lease {
+  private lease(name: string | undefined): Held {
     const lease = this.leases.get(name ?? "");
     if (lease === undefined) throw new ServerError("usage", `no lease named "${name ?? ""}"`);
     return lease;
   }
 
   /** Names lease and reports its loss the moment the client knows it. */
-  private keep(name: string, lease: Lease): void {
+  private keep(name: string, lease: Held): void {
     this.leases.set(name, lease);
     lease.on("lost", (lost: LeaseLostError) => {
       write({ event: "lost", lease: name, reason: lost.reason });
@@ -137,6 +138,11 @@ class Driver {
       case "shared":
       case "semaphore":
         return this.hold(req);
+      case "hold_all": {
+        const lease = await this.locks.holdAll(req.resources ?? [], { ttl: req.ttl_ms ?? 30_000, wait: req.wait_ms ?? 0 });
+        this.keep(req.lease ?? "", lease);
+        return { fences: lease.fences, token: lease.token };
+      }
       case "campaign": {
         const lease = await this.locks.campaign(req.name ?? "", req.address ?? "", {
           ttl: req.ttl_ms ?? 10_000,
@@ -161,7 +167,11 @@ class Driver {
       }
       case "fenced": {
         const lease = this.lease(req.lease);
-        return { reply: encode(await lease.fenced(req.command ?? [])) };
+        const command = req.command ?? [];
+        // A set's write goes under the fence of the member it names.
+        if (lease instanceof SetLease) return { reply: encode(await lease.fenced(req.resource ?? "", command)) };
+        if (lease instanceof Lease) return { reply: encode(await lease.fenced(command)) };
+        throw new ServerError("usage", `"${req.lease ?? ""}" is neither a lease nor a set`);
       }
       case "run": {
         const lease = this.lease(req.lease);

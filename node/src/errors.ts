@@ -33,6 +33,7 @@ export class DlockError extends Error {
  * AbortSignal). Nothing is held: a grant the attempt may not have learned was released.
  */
 export class NotAcquiredError extends DlockError {
+  /** The resource; a set's (holdAll) resources joined by "," (also in the errors below). */
   readonly resource: string;
   readonly token: string;
   constructor(resource: string, token: string, cause?: unknown) {
@@ -75,35 +76,59 @@ export class UnknownOutcomeError extends DlockError {
   }
 }
 
-/** The lease ended before the work did; work after that was not protected. */
+/** A set's members, in the order asked, each with its fence (Locks.holdAll). */
+export interface Members {
+  resources: readonly string[];
+  fences: readonly number[];
+}
+
+/** What an error says a lease was: `lease on "r" (fence 5)`, `set lease on "a", "b" (fences 1, 2)`. */
+function leaseOf(resource: string, fence: number, set: Members | undefined): string {
+  if (set === undefined) return `lease on "${resource}" (fence ${String(fence)})`;
+  return `set lease on ${set.resources.map((r) => `"${r}"`).join(", ")} (fences ${set.fences.join(", ")})`;
+}
+
+/**
+ * The lease ended before the work did; work after that was not protected. A set (Locks.holdAll)
+ * is lost whole: `resources` and `fences` name every member in the order asked, `resource` and
+ * `fence` its first (a single lease: its own, once each).
+ */
 export class LeaseLostError extends DlockError {
   readonly resource: string;
   readonly fence: number;
+  readonly resources: readonly string[];
+  readonly fences: readonly number[];
   readonly reason: LossReason;
   /** What the loss's source said: for `revoked`, the operator's REASON; "" when nothing was said. */
   readonly detail: string;
-  constructor(resource: string, fence: number, reason: LossReason, detail = "") {
-    super(
-      "ERR_DLOCK_LEASE_LOST",
-      `dlock: lease on "${resource}" (fence ${String(fence)}) lost: ${reason}${detail === "" ? "" : ` (${detail})`}`,
-    );
+  constructor(resource: string, fence: number, reason: LossReason, detail = "", set?: Members) {
+    super("ERR_DLOCK_LEASE_LOST", `dlock: ${leaseOf(resource, fence, set)} lost: ${reason}${detail === "" ? "" : ` (${detail})`}`);
     this.resource = resource;
     this.fence = fence;
+    this.resources = set?.resources ?? [resource];
+    this.fences = set?.fences ?? [fence];
     this.reason = reason;
     this.detail = detail;
   }
 }
 
-/** The work succeeded but its lease could not be released (it ends with its ttl). */
+/**
+ * The work succeeded but its lease could not be released (it ends with its ttl). A set's names
+ * every member in `resources` and `fences`, as LeaseLostError does.
+ */
 export class NotReleasedError extends DlockError {
   readonly resource: string;
   readonly fence: number;
-  constructor(resource: string, fence: number, cause?: unknown) {
-    super("ERR_DLOCK_NOT_RELEASED", `dlock: lease on "${resource}" (fence ${String(fence)}) not released: ${describe(cause)}`, {
+  readonly resources: readonly string[];
+  readonly fences: readonly number[];
+  constructor(resource: string, fence: number, cause?: unknown, set?: Members) {
+    super("ERR_DLOCK_NOT_RELEASED", `dlock: ${leaseOf(resource, fence, set)} not released: ${describe(cause)}`, {
       cause,
     });
     this.resource = resource;
     this.fence = fence;
+    this.resources = set?.resources ?? [resource];
+    this.fences = set?.fences ?? [fence];
   }
 }
 

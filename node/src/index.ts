@@ -3,7 +3,7 @@
 
 export { Locks, newToken } from "./locks.js";
 export { VERSION } from "./version.js";
-export { Lease } from "./lease.js";
+export { Lease, SetLease, type Held } from "./lease.js";
 export { fencedSql, type SqlClient } from "./sql.js";
 export {
   DlockError,
@@ -17,7 +17,8 @@ export {
   UnknownOutcomeError,
   UnreachableError,
   type LossReason,
+  type Members,
 } from "./errors.js";
-export type { HoldOptions, Logger, Metrics, Options } from "./options.js";
-export { channelName, keySlot, tokenTag, errorClass, MAX_PERMITS, type ErrorClass, type Holder, type Info, type Leader } from "./protocol.js";
+export type { HoldOptions, Logger, Metrics, Options, SetOptions } from "./options.js";
+export { channelName, keySlot, tokenTag, errorClass, MAX_PERMITS, MAX_SET, type ErrorClass, type Holder, type Info, type Leader } from "./protocol.js";
 export type { RedisLike } from "./adapters.js";

@@ -5,14 +5,32 @@
 // awaiting one (the event loop did not run in time: a renewal found due after the expiry is
 // never sent). While held, the lease listens on its resource's channel: an operator's
 // DLOCK.REVOKE of its fence ends it there and then (revoked).
+//
+// A set (Locks.holdAll: DLOCK.ACQUIREALL) lives the same life as one lease, by the same code:
+// its members are renewed together (DLOCK.RENEWALL … FENCES), a refused renewal or the
+// revocation of any member loses the whole set (then the members still held are released), and
+// the release is DLOCK.RELEASEALL … FENCES, which must release every member (fewer: `ended`).
 
 import { EventEmitter } from "node:events";
 import { performance } from "node:perf_hooks";
 
 import type { Watch } from "./channels.js";
-import { LeaseLostError, NotReleasedError, type LossReason } from "./errors.js";
+import { InvalidArgumentError, LeaseLostError, NotReleasedError, type LossReason, type Members } from "./errors.js";
 import type { Locks } from "./locks.js";
-import { flagOf, modeName, releaseArgs, renewArgs, revocationOf, revokes, RELEASE, RENEW, type Mode } from "./protocol.js";
+import {
+  countOf,
+  flagOf,
+  modeName,
+  releaseAllArgs,
+  releaseArgs,
+  renewAllArgs,
+  renewArgs,
+  revocationOf,
+  revokes,
+  RELEASE,
+  RENEW,
+  type Mode,
+} from "./protocol.js";
 import { millis, releaseTimeout, type Settings } from "./options.js";
 
 /** A lease cut to end with maxHold ends up to this much before it (ms round down). */
@@ -25,22 +43,24 @@ export interface Settled {
 }
 
 /**
- * A granted lease. `signal` is aborted (with the LeaseLostError as its reason) the moment the
- * lease is known lost; `check()` throws it. Events: `lost` (LeaseLostError), `renewed` (the new
- * local expiry, ms on performance.now()), `error` (a failed renewal or release, the best-effort
- * RELEASE after a loss included; emitted only when someone listens).
+ * What Lease and SetLease share: the token, the ttl, the renewals, the loss and the release.
+ * `signal` is aborted (with the LeaseLostError as its reason) the moment the lease is known lost;
+ * `check()` throws it. Events: `lost` (LeaseLostError), `renewed` (the new local expiry, ms on
+ * performance.now()), `error` (a failed renewal or release, the best-effort RELEASE after a loss
+ * included; emitted only when someone listens).
  */
-export class Lease extends EventEmitter {
-  readonly resource: string;
+export abstract class Held extends EventEmitter {
   /** The owner token: random, made before the first ACQUIRE, secret to the holder. */
   readonly token: string;
-  /** The fencing token: larger for every newer grant of the resource. Send it with every write. */
-  readonly fence: number;
-  /** "exclusive" (hold, write, campaign) or "shared" (read, semaphore). */
+  /** "exclusive" (hold, write, campaign, holdAll) or "shared" (read, semaphore). */
   readonly mode: "exclusive" | "shared";
   /** The lease's length in ms; renewed every third of it. */
   readonly ttl: number;
 
+  /** @internal Every member (one for a Lease), in the order asked, each with its fence. */
+  protected readonly members: Members;
+  /** @internal A set: renewed and released with the commands of sets, released after a revocation. */
+  private readonly whole: boolean;
   private readonly controller = new AbortController();
   private readonly granted = performance.now();
   private localExpiry: number;
@@ -51,15 +71,16 @@ export class Lease extends EventEmitter {
   private renewing: Promise<boolean> | null = null;
   /** The last RENEW sent has no answer yet, or got none (failed, timed out). */
   private unanswered = false;
-  private watch: Watch | null = null;
+  /** One per member, listening on its channel. */
+  private watches: (Watch | null)[];
   private finished = false;
 
   /** @internal */
   constructor(
     private readonly locks: Locks,
-    resource: string,
+    members: Members,
+    whole: boolean,
     token: string,
-    fence: number,
     mode: Mode,
     ttl: number,
     private readonly set: Settings,
@@ -67,38 +88,52 @@ export class Lease extends EventEmitter {
     private readonly holdEnd: number | null,
   ) {
     super();
-    this.resource = resource;
+    this.members = { resources: [...members.resources], fences: [...members.fences] };
+    this.whole = whole;
     this.token = token;
-    this.fence = fence;
     this.mode = modeName(mode);
     this.ttl = ttl;
     this.localExpiry = sent + ttl;
     this.nextRenewal = sent + ttl / 3;
+    this.watches = members.resources.map(() => null);
     this.schedule();
     this.listen();
   }
 
+  /** The resource requests are routed by: the only one, or a set's first (all share its slot). */
+  private get route(): string {
+    return this.members.resources[0] ?? "";
+  }
+
+  private get firstFence(): number {
+    return this.members.fences[0] ?? 0;
+  }
+
   /**
-   * Joins the resource's channel (not awaited: a revocation before the subscription is
-   * confirmed is caught by the next renewal), or joins it again where the subscription failed
-   * or the resource's slot moved to another server.
+   * Joins each member's channel (not awaited: a revocation before the subscription is confirmed
+   * is caught by the next renewal), or joins it again where the subscription failed or the
+   * resource's slot moved to another server.
    */
   private listen(): void {
     if (this.lostError !== null || this.finished) return;
     const channels = this.locks.channels;
-    if (this.watch !== null) {
-      if (!this.watch.broken && this.watch.node === this.locks.via.nodeOf(this.resource)) return;
-      channels.leave(this.watch);
-    }
-    this.watch = channels.listen(this.resource, (message) => {
-      this.heard(message);
+    this.members.resources.forEach((resource, index) => {
+      const watch = this.watches[index] ?? null;
+      if (watch !== null) {
+        if (!watch.broken && watch.node === this.locks.via.nodeOf(resource)) return;
+        channels.leave(watch);
+      }
+      const fence = this.members.fences[index] ?? 0;
+      this.watches[index] = channels.listen(resource, (message) => {
+        this.heard(message, fence);
+      });
     });
   }
 
-  /** A message on the resource's channel: a revocation of this lease's fence loses it. */
-  private heard(message: string): void {
+  /** A message on a member's channel: a revocation of that member's fence loses the lease. */
+  private heard(message: string, fence: number): void {
     const revocation = revocationOf(message);
-    if (revocation === null || !revokes(revocation, this.fence)) return;
+    if (revocation === null || !revokes(revocation, fence)) return;
     try {
       this.lose("revoked", revocation.reason);
     } catch (error) {
@@ -107,11 +142,11 @@ export class Lease extends EventEmitter {
     }
   }
 
-  /** Leaves the resource's channel (once the lease is lost or released). */
+  /** Leaves the members' channels (once the lease is lost or released). */
   private unlisten(): void {
     this.finished = true;
-    if (this.watch !== null) this.locks.channels.leave(this.watch);
-    this.watch = null;
+    for (const watch of this.watches) if (watch !== null) this.locks.channels.leave(watch);
+    this.watches = this.watches.map(() => null);
   }
 
   /** Aborted when the lease is lost; its reason is the LeaseLostError. */
@@ -174,27 +209,29 @@ export class Lease extends EventEmitter {
 
   /**
    * @internal Marks the lease lost (once): aborts its signal, logs, counts, releases (not after a
-   * revocation: the server ended the lease itself).
+   * revocation of a single lease: the server ended the lease itself).
    */
   lose(reason: LossReason, detail = ""): void {
     if (this.lostError !== null) return;
-    const lost = new LeaseLostError(this.resource, this.fence, reason, detail);
+    const lost = new LeaseLostError(this.route, this.firstFence, reason, detail, this.whole ? this.members : undefined);
     this.lostError = lost;
     if (this.timer !== null) clearTimeout(this.timer);
     this.unlisten();
     this.set.metrics.leaseLost?.(reason);
     this.log("warn", "dlock: lease lost", detail === "" ? { reason } : { reason, detail });
-    if (reason === "revoked" && this.releasing === null) {
-      // Nothing to release: the lease is gone on the server, which may have passed it on.
+    if (reason === "revoked" && this.releasing === null && !this.whole) {
+      // Nothing to release: the lease is gone on the server, which may have passed it on. (A
+      // set's other members are still held: its best-effort RELEASEALL follows.)
       this.set.metrics.held?.((performance.now() - this.granted) / 1000);
       this.releasing = Promise.resolve({ lost, notReleased: null });
     }
     this.controller.abort(lost);
     this.emit("lost", lost);
     if (this.releasing === null) {
-      // A best-effort RELEASE with FENCE: a lease the server still holds passes on at once.
-      // Nobody may await it: it never rejects. Whatever it answers, it is no release failure
-      // (neither logged nor counted: the loss was, once); a failure is only emitted as `error`.
+      // A best-effort RELEASE with FENCE (a set's RELEASEALL with FENCES): what the server still
+      // holds passes on at once. Nobody may await it: it never rejects. Whatever it answers, it
+      // is no release failure (neither logged nor counted: the loss was, once); a failure is
+      // only emitted as `error`.
       this.releasing = this.sendRelease().then(
         () => ({ lost, notReleased: null }),
         (error: unknown) => {
@@ -206,8 +243,8 @@ export class Lease extends EventEmitter {
   }
 
   /**
-   * Sends a RENEW now (the renewer does every ttl/3): true renewed; false refused (the lease is
-   * then lost: renewal_refused). Rejects when no answer came in time.
+   * Sends a RENEW (a set's RENEWALL) now (the renewer does every ttl/3): true renewed; false
+   * refused (the lease is then lost: renewal_refused). Rejects when no answer came in time.
    */
   renew(): Promise<boolean> {
     // Not sent once the local expiry passed: the lease is lost then.
@@ -226,8 +263,10 @@ export class Lease extends EventEmitter {
     const timeout = Math.max(1, Math.min(this.set.requestTimeout, this.localExpiry - sent));
     this.unanswered = true;
     try {
-      const reply = await this.locks.call(this.resource, timeout, () =>
-        renewArgs(this.resource, this.token, ttl, this.locks.fenceArg(RENEW, this.fence)),
+      const reply = await this.locks.call(this.route, timeout, () =>
+        this.whole
+          ? renewAllArgs(this.members.resources, this.token, ttl, this.members.fences)
+          : renewArgs(this.route, this.token, ttl, this.locks.fenceArg(RENEW, this.firstFence)),
       );
       this.unanswered = false;
       if (flagOf(reply)) {
@@ -254,8 +293,10 @@ export class Lease extends EventEmitter {
   private async sendRelease(): Promise<unknown> {
     this.set.metrics.held?.((performance.now() - this.granted) / 1000);
     const timeout = releaseTimeout(this.set);
-    return this.locks.call(this.resource, timeout, () =>
-      releaseArgs(this.resource, this.token, this.locks.fenceArg(RELEASE, this.fence)),
+    return this.locks.call(this.route, timeout, () =>
+      this.whole
+        ? releaseAllArgs(this.members.resources, this.token, this.members.fences)
+        : releaseArgs(this.route, this.token, this.locks.fenceArg(RELEASE, this.firstFence)),
     );
   }
 
@@ -289,7 +330,8 @@ export class Lease extends EventEmitter {
     if (this.lostError !== null) return { lost: this.lostError, notReleased: null };
     try {
       const reply = await this.sendRelease();
-      if (flagOf(reply)) {
+      // Every member released (a RELEASE answers 1); fewer: some member ended before.
+      if (countOf(reply) === this.members.resources.length) {
         this.log("info", "dlock: lease released", {});
         return { lost: null, notReleased: null };
       }
@@ -307,13 +349,16 @@ export class Lease extends EventEmitter {
         this.lose("unreachable");
         return { lost: this.lostError, notReleased: null };
       }
-      return { lost: null, notReleased: new NotReleasedError(this.resource, this.fence, error) };
+      return {
+        lost: null,
+        notReleased: new NotReleasedError(this.route, this.firstFence, error, this.whole ? this.members : undefined),
+      };
     }
   }
 
   /**
-   * Stops the renewals and releases the lease (DLOCK.RELEASE with FENCE) in one request bounded
-   * by the release timeout. Rejects with the LeaseLostError when the lease was lost (or found
+   * Stops the renewals and releases the lease (DLOCK.RELEASE with FENCE; a set: DLOCK.RELEASEALL
+   * with FENCES) in one request bounded by the release timeout. Rejects with the LeaseLostError when the lease was lost (or found
    * gone now: ended), with NotReleasedError when the server did not answer (the lease then ends
    * with its ttl). Later calls settle the same way.
    */
@@ -324,7 +369,8 @@ export class Lease extends EventEmitter {
   }
 
   /**
-   * `await using lease = await locks.hold(…)`: releases at the end of the block. A loss is thrown
+   * `await using lease = await locks.hold(…)` (or `locks.holdAll(…)`): releases at the end of the
+   * block. A loss is thrown
    * (never silent); a release that got no answer is logged, counted and emitted as `error`, not
    * thrown, so it never hides the block's own error. `locks.using` keeps the block's error
    * exactly.
@@ -334,14 +380,14 @@ export class Lease extends EventEmitter {
     if (lost !== null) throw lost;
   }
 
-  /** DLOCK.FENCED under this lease's fence; see Locks.fenced. */
-  fenced(command: readonly string[]): Promise<unknown> {
-    return this.locks.fenced(this.resource, this.fence, command);
+  /** @internal */
+  protected fencedBy(resource: string, fence: number, command: readonly string[]): Promise<unknown> {
+    return this.locks.fenced(resource, fence, command);
   }
 
-  /** Whether this lease's fence still holds the resource on the server. */
-  fenceCheck(): Promise<boolean> {
-    return this.locks.fenceCheck(this.resource, this.fence);
+  /** @internal */
+  protected fenceCheckBy(resource: string, fence: number): Promise<boolean> {
+    return this.locks.fenceCheck(resource, fence);
   }
 
   /** Emits error, only when someone listens (an `error` event without a listener throws). */
@@ -349,7 +395,92 @@ export class Lease extends EventEmitter {
     if (this.listenerCount("error") > 0) this.emit("error", error);
   }
 
+  /** @internal The fields of its log lines: resource, owner, fence (a set's members and fences, each joined by ","). */
+  get logFields(): { resource: string; owner: string; fence: number | string } {
+    return this.whole
+      ? { resource: this.members.resources.join(","), owner: this.token, fence: this.members.fences.join(",") }
+      : { resource: this.route, owner: this.token, fence: this.firstFence };
+  }
+
   private log(level: "info" | "warn", message: string, fields: Record<string, unknown>): void {
-    this.set.logger?.[level](message, { resource: this.resource, owner: this.token, fence: this.fence, ...fields });
+    this.set.logger?.[level](message, { ...this.logFields, ...fields });
+  }
+}
+
+/** A granted lease on one resource (Locks.hold, write, read, semaphore, campaign). */
+export class Lease extends Held {
+  readonly resource: string;
+  /** The fencing token: larger for every newer grant of the resource. Send it with every write. */
+  readonly fence: number;
+
+  /** @internal */
+  constructor(
+    locks: Locks,
+    resource: string,
+    token: string,
+    fence: number,
+    mode: Mode,
+    ttl: number,
+    set: Settings,
+    sent: number,
+    holdEnd: number | null,
+  ) {
+    super(locks, { resources: [resource], fences: [fence] }, false, token, mode, ttl, set, sent, holdEnd);
+    this.resource = resource;
+    this.fence = fence;
+  }
+
+  /** DLOCK.FENCED under this lease's fence; see Locks.fenced. */
+  fenced(command: readonly string[]): Promise<unknown> {
+    return this.fencedBy(this.resource, this.fence, command);
+  }
+
+  /** Whether this lease's fence still holds the resource on the server. */
+  fenceCheck(): Promise<boolean> {
+    return this.fenceCheckBy(this.resource, this.fence);
+  }
+}
+
+/**
+ * A granted set (Locks.holdAll): one token owns every one of `resources`, each with a fence of its
+ * own, renewed, lost and released whole (the loss of any member is the loss of the set).
+ */
+export class SetLease extends Held {
+  /** @internal */
+  constructor(locks: Locks, members: Members, token: string, ttl: number, set: Settings, sent: number, holdEnd: number | null) {
+    super(locks, members, true, token, { shared: false, permits: 0 }, ttl, set, sent, holdEnd);
+  }
+
+  /** The set's resources, in the order they were asked for. */
+  get resources(): readonly string[] {
+    return this.members.resources;
+  }
+
+  /** Each member's fencing token, in the order of `resources`. */
+  get fences(): readonly number[] {
+    return this.members.fences;
+  }
+
+  /**
+   * The fencing token of the member resource: send it with every write that member protects.
+   * InvalidArgumentError if resource is not in the set.
+   */
+  fence(resource: string): number {
+    const index = this.members.resources.indexOf(resource);
+    const fence = this.members.fences[index];
+    if (index < 0 || fence === undefined) {
+      throw new InvalidArgumentError(`"${resource}" is not in the set ${this.members.resources.map((r) => `"${r}"`).join(", ")}`);
+    }
+    return fence;
+  }
+
+  /** DLOCK.FENCED under the fence of the member resource; see Locks.fenced. */
+  async fenced(resource: string, command: readonly string[]): Promise<unknown> {
+    return this.fencedBy(resource, this.fence(resource), command);
+  }
+
+  /** Whether the member resource's fence still holds it on the server. */
+  async fenceCheck(resource: string): Promise<boolean> {
+    return this.fenceCheckBy(resource, this.fence(resource));
   }
 }

@@ -3,14 +3,16 @@
 // retries; a wait on a connection of its own whose timeouts are above the wait, always with a
 // claim window; renewal with the grant's fence every ttl/3 against a conservative local expiry;
 // a bounded release that never masks the work's own error; the release of an attempt's token
-// when its outcome stayed unknown or the caller gave up.
+// when its outcome stayed unknown or the caller gave up. A set (holdAll) is one attempt over
+// several resources: the same token, retries and release, its wait a ticket in every member's
+// line.
 
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { setTimeout as sleepFor } from "node:timers/promises";
 
 import { notSent, replyText, transportOf, type RedisLike, type Transport } from "./adapters.js";
-import { Channels } from "./channels.js";
+import { Channels, firstWake, type Watch } from "./channels.js";
 import {
   DlockError,
   InvalidArgumentError,
@@ -20,21 +22,37 @@ import {
   UnknownOutcomeError,
   UnreachableError,
 } from "./errors.js";
-import { Lease } from "./lease.js";
-import { claimMs, defaults, merge, millis, millisUp, releaseTimeout, type HoldOptions, type Options, type Settings } from "./options.js";
+import { Lease, SetLease, type Held } from "./lease.js";
+import {
+  claimMs,
+  defaults,
+  merge,
+  millis,
+  millisUp,
+  releaseTimeout,
+  type HoldOptions,
+  type Options,
+  type SetOptions,
+  type Settings,
+} from "./options.js";
 import {
   ACQUIRE,
   EXCLUSIVE,
   MAX_PERMITS,
+  MAX_SET,
+  acquireAllArgs,
   acquireArgs,
+  countOf,
   errorClass,
   fenceCheckArgs,
   fenceOf,
   fencedArgs,
+  fencesOf,
   flagOf,
   infoArgs,
   leaderFromInfo,
   parseInfo,
+  releaseAllArgs,
   releaseArgs,
   tokenTag,
   unsupportedOption,
@@ -54,6 +72,10 @@ const RETRY_PAUSE = 50;
 const MAX_RETRY_PAUSE = 400;
 /** The RELEASE of an attempt's token that found nothing is sent once more after this pause. */
 const FORGET_AGAIN_AFTER = 100;
+/** A set's ticket lives as long as its wait, at least this long … */
+const SET_TICKET_MIN = 1_000;
+/** … and at most this long (also a wait without limit's): a vanished waiter keeps no line longer. */
+const SET_TICKET_MAX = 30_000;
 /** A campaign waits in rounds of this length, each with a fresh token. */
 const CAMPAIGN_ROUND = 30_000;
 /** An observer reads DLOCK.INFO this often besides on every message. */
@@ -151,6 +173,54 @@ export class Locks {
    */
   async using<T>(resource: string, options: HoldOptions, body: (lease: Lease) => Promise<T>): Promise<T> {
     const lease = await this.hold(resource, options);
+    return runUnder(lease, body);
+  }
+
+  /**
+   * An exclusive lease on every one of resources for one token, each with a fence of its own, or
+   * on none (DLOCK.ACQUIREALL): several things locked at once without ever holding part of them,
+   * and without the deadlock of two callers locking them in different orders. 1 to 64
+   * resources, each once (InvalidArgumentError before anything is sent); in Redis Cluster all in
+   * one slot (a common hash tag), else ServerError cross_slot.
+   *
+   * A set that cannot be had at once waits up to `wait` (default 10 s; 0: one try; Infinity: no
+   * limit) or until `signal` aborts, with a ticket in the line of every member (first come,
+   * first served, single leases and sets alike), holding nothing meanwhile: subscribed to every
+   * member's channel, it asks again on any message there and every third of its ticket (the
+   * wait, from 1 s to 30 s). When the wait ends first, its tickets are withdrawn and it rejects
+   * with NotAcquiredError. `strategy` and `ticket` are not read.
+   *
+   * The SetLease is one lease: renewed whole (DLOCK.RENEWALL with the fences) every ttl/3, lost
+   * whole when a renewal is refused (a member expired, was deleted, released), when any
+   * member's revocation is heard (revoked: the other members are then released), or at the
+   * local expiry; released whole (DLOCK.RELEASEALL with the fences; a member already gone is the
+   * loss `ended`). Rejects as hold does.
+   */
+  async holdAll(resources: readonly string[], options: SetOptions = {}): Promise<SetLease> {
+    // Checked as the server would, before anything is sent (also for callers without types).
+    const given: unknown = resources;
+    if (!Array.isArray(given)) throw new InvalidArgumentError("holdAll takes an array of resources, not one resource");
+    if (given.length < 1 || given.length > MAX_SET) {
+      throw new InvalidArgumentError(`a set has 1 to ${String(MAX_SET)} resources, not ${String(given.length)}`);
+    }
+    const members: string[] = [];
+    for (const resource of given as unknown[]) {
+      if (typeof resource !== "string") throw new InvalidArgumentError(`a resource is a string, not ${String(resource)}`);
+      if (members.includes(resource)) throw new InvalidArgumentError(`resource "${resource}" appears twice in the set`);
+      members.push(resource);
+    }
+    const set = this.checked(options);
+    const attempt = new SetAttempt(this, members, set, options.signal);
+    return this.attempted(set, attempt.started, () => attempt.runSet());
+  }
+
+  /**
+   * Runs body under a set of resources (holdAll) and releases it when body settles, with the
+   * rules of `using`: body's result, or body's own error; a loss of the set throws its
+   * LeaseLostError, a release that got no answer NotReleasedError.
+   */
+  async usingAll<T>(resources: readonly string[], options: SetOptions, body: (lease: SetLease) => Promise<T>): Promise<T> {
+    const lease = await this.holdAll(resources, options);
     return runUnder(lease, body);
   }
 
@@ -289,16 +359,27 @@ export class Locks {
   }
 
   private async acquire(resource: string, mode: Mode, options: HoldOptions): Promise<Lease> {
+    const set = this.checked(options);
+    const attempt = new Attempt(this, resource, mode, set, options.signal);
+    return this.attempted(set, attempt.started, () => attempt.run());
+  }
+
+  /** The settings of one acquire, its options checked before anything is sent. */
+  private checked(options: HoldOptions): Settings {
     const set = this.settings(options);
     if (!(set.ttl >= 1)) throw new InvalidArgumentError(`ttl must be at least 1 ms, not ${String(set.ttl)}`);
     if (!(set.requestTimeout > 0)) throw new InvalidArgumentError(`requestTimeout must be positive, not ${String(set.requestTimeout)}`);
     if (!(set.wait >= 0)) throw new InvalidArgumentError(`wait must be 0 or more, not ${String(set.wait)}`);
+    return set;
+  }
+
+  /** Runs attempt: counted, timed and logged as one acquire (a set's as one lease). */
+  private async attempted<L extends Held>(set: Settings, started: number, run: () => Promise<L>): Promise<L> {
     set.metrics.acquireAttempt?.();
-    const attempt = new Attempt(this, resource, mode, set, options.signal);
     try {
-      const lease = await attempt.run();
-      set.metrics.acquired?.((performance.now() - attempt.started) / 1000);
-      set.logger?.info("dlock: lease acquired", { resource, owner: lease.token, fence: lease.fence, mode: lease.mode });
+      const lease = await run();
+      set.metrics.acquired?.((performance.now() - started) / 1000);
+      set.logger?.info("dlock: lease acquired", { ...lease.logFields, mode: lease.mode });
       return lease;
     } catch (error) {
       set.metrics.acquireFailed?.(outcomeOf(error));
@@ -307,8 +388,8 @@ export class Locks {
   }
 }
 
-/** Runs body under lease, then releases it, with `using`'s rules for errors. */
-export async function runUnder<T>(lease: Lease, body: (lease: Lease) => Promise<T>): Promise<T> {
+/** Runs body under lease (a set), then releases it, with `using`'s rules for errors. */
+export async function runUnder<L extends Held, T>(lease: L, body: (lease: L) => Promise<T>): Promise<T> {
   let result: T;
   try {
     result = await body(lease);
@@ -347,9 +428,11 @@ type Failure = { retry: true } | { retry: false; error: unknown };
 class Attempt {
   readonly token = newToken();
   readonly started = performance.now();
-  private readonly ttl: number;
-  private readonly waitUntil: number;
-  private readonly holdEnd: number | null;
+  /** What its errors name: the resource, or a set's resources joined by ",". */
+  protected readonly name: string;
+  protected readonly ttl: number;
+  protected readonly waitUntil: number;
+  protected readonly holdEnd: number | null;
   private maxWait = 0;
   private reached = false;
   private answered = false;
@@ -358,22 +441,25 @@ class Attempt {
   private lastError: unknown = undefined;
 
   constructor(
-    private readonly locks: Locks,
-    private readonly resource: string,
+    protected readonly locks: Locks,
+    /** The resource its requests are routed by (a set's first: all share its slot). */
+    protected readonly resource: string,
     private readonly mode: Mode,
-    private readonly set: Settings,
-    private readonly signal: AbortSignal | undefined,
+    protected readonly set: Settings,
+    protected readonly signal: AbortSignal | undefined,
+    name?: string,
   ) {
+    this.name = name ?? resource;
     this.ttl = set.maxHold !== null ? Math.min(set.ttl, set.maxHold) : set.ttl;
     this.holdEnd = set.maxHold !== null ? this.started + set.maxHold : null;
     this.waitUntil = this.started + set.wait;
   }
 
-  private aborted(): boolean {
+  protected aborted(): boolean {
     return this.signal?.aborted === true;
   }
 
-  private left(): number {
+  protected left(): number {
     return this.waitUntil - performance.now();
   }
 
@@ -459,7 +545,7 @@ class Attempt {
       }
       // nil: held (or a claim whose window passed)
       if (this.left() <= (waited ? CUT_SHORT : 0)) {
-        throw new NotAcquiredError(this.resource, this.token);
+        throw new NotAcquiredError(this.name, this.token);
       }
       if (waited && !(await sleep(Math.min(WAIT_AGAIN_PAUSE, this.left()), this.signal))) {
         throw await this.giveUp(this.signal?.reason);
@@ -543,13 +629,13 @@ class Attempt {
   }
 
   /** At the deadline a RELEASE without FENCE takes the ticket out of line or frees a grant. */
-  private async withdraw(queued: boolean, cause: unknown): Promise<Error> {
+  protected async withdraw(queued: boolean, cause: unknown): Promise<Error> {
     if (queued) await this.forget();
-    return new NotAcquiredError(this.resource, this.token, cause);
+    return new NotAcquiredError(this.name, this.token, cause);
   }
 
   /** Classifies a failed request: retry with the same token until the deadline, or the end. */
-  private async failed(error: unknown): Promise<Failure> {
+  protected async failed(error: unknown): Promise<Failure> {
     this.lastError = error;
     this.answered = false;
     const text = replyText(error);
@@ -578,21 +664,21 @@ class Attempt {
     return { retry: true };
   }
 
-  private answer(): void {
+  protected answer(): void {
     this.answered = true;
     this.failures = 0;
   }
 
-  private retryPause(): number {
+  protected retryPause(): number {
     const pause = RETRY_PAUSE * 2 ** Math.min(Math.max(this.failures - 1, 0), 8);
     return Math.max(RETRY_PAUSE, Math.min(pause, MAX_RETRY_PAUSE, Math.max(this.left(), 0)));
   }
 
   /** The retries ran out: unreachable if nothing could have arrived, else unknown (released). */
   private async unsettled(): Promise<Error> {
-    if (!this.reached) return new UnreachableError(this.resource, this.token, this.lastError);
+    if (!this.reached) return new UnreachableError(this.name, this.token, this.lastError);
     const released = await this.forget();
-    return new UnknownOutcomeError(this.resource, this.token, released, this.lastError);
+    return new UnknownOutcomeError(this.name, this.token, released, this.lastError);
   }
 
   /**
@@ -601,30 +687,37 @@ class Attempt {
    * the caller's doing, not an unknown outcome). Unreachable if nothing could have arrived.
    */
   private async giveUp(cause: unknown): Promise<Error> {
-    if (!this.reached) return new UnreachableError(this.resource, this.token, cause);
+    if (!this.reached) return new UnreachableError(this.name, this.token, cause);
     await this.forget();
-    return new NotAcquiredError(this.resource, this.token, cause);
+    return new NotAcquiredError(this.name, this.token, cause);
   }
 
-  private async serverFailure(error: unknown): Promise<Error> {
+  protected async serverFailure(error: unknown): Promise<Error> {
     if (this.reached) await this.forget();
     const failure = classified(error);
     return failure instanceof DlockError ? failure : new ServerError("server", String(failure));
   }
 
   /**
-   * Releases the attempt's token (no FENCE: the fence is unknown; the token is this attempt's
-   * alone) from a connection opened for it, once more after 100 ms if the first found nothing.
-   * True if a grant (or ticket) was found and freed.
+   * The RELEASE of the attempt's token (no FENCE: the fence is unknown; the token is this
+   * attempt's alone): it frees a grant and takes a ticket out of line.
    */
-  private async forget(): Promise<boolean> {
+  protected forgetArgs(): string[] {
+    return releaseArgs(this.resource, this.token);
+  }
+
+  /**
+   * Releases the attempt's token (forgetArgs) from a connection opened for it, once more after
+   * 100 ms if the first found nothing. True if a grant (or ticket) was found and freed.
+   */
+  protected async forget(): Promise<boolean> {
     const timeout = releaseTimeout(this.set);
     for (let tries = 0; tries < 2; tries++) {
       if (tries > 0) await sleep(FORGET_AGAIN_AFTER);
       try {
         const connection = await this.locks.via.open(this.resource, timeout, timeout);
         try {
-          if (flagOf(await connection.send(releaseArgs(this.resource, this.token), timeout))) return true;
+          if (countOf(await connection.send(this.forgetArgs(), timeout)) > 0) return true;
         } finally {
           connection.close();
         }
@@ -634,5 +727,111 @@ class Attempt {
       }
     }
     return false;
+  }
+}
+
+/**
+ * One acquire of a set (holdAll): DLOCK.ACQUIREALL by one token until it answers fences, with the
+ * retries, deadline and release of Attempt. With a wait, every call carries QUEUE (the first
+ * takes a ticket in every member's line, the later ones refresh it and are granted once the set
+ * heads every line), sent again on any message of any member's channel (subscribed before the
+ * first call) and every third of the ticket; when the wait ends, RELEASEALL without FENCES
+ * withdraws the tickets (and frees a grant whose reply was lost).
+ */
+class SetAttempt extends Attempt {
+  constructor(
+    locks: Locks,
+    private readonly resources: readonly string[],
+    set: Settings,
+    signal: AbortSignal | undefined,
+  ) {
+    super(locks, resources[0] ?? "", EXCLUSIVE, set, signal, resources.join(","));
+  }
+
+  protected override forgetArgs(): string[] {
+    return releaseAllArgs(this.resources, this.token);
+  }
+
+  /** The ticket's life: the wait, from 1 s to 30 s (30 s without limit); none without a wait. */
+  private ticket(): number | undefined {
+    if (!(this.set.wait > 0)) return undefined;
+    return Math.min(SET_TICKET_MAX, Math.max(SET_TICKET_MIN, this.set.wait));
+  }
+
+  async runSet(): Promise<SetLease> {
+    const channels = this.locks.channels;
+    const ticket = this.ticket();
+    const args = acquireAllArgs({
+      resources: this.resources,
+      token: this.token,
+      ttlMs: millis(this.ttl),
+      ...(ticket === undefined ? {} : { queueMs: millis(ticket) }),
+      ...(this.set.meta === null ? {} : { meta: this.set.meta }),
+    });
+    const watches: (Watch | null)[] = this.resources.map(() => null);
+    // A ticket stands in line; a request went out (it may have been granted, or queued).
+    let queued = false;
+    let asked = false;
+    try {
+      for (;;) {
+        if (this.aborted()) throw await this.withdraw(asked, this.signal?.reason);
+        if (queued && this.left() <= 0) throw await this.withdraw(queued, undefined);
+        if (ticket !== undefined) {
+          // Subscribed to every member's channel before the first ticket, and again where a
+          // subscription failed or the set's slot moved. Any message there may be the one that
+          // frees the set (no handoff names a set's ticket): every message wakes it.
+          for (const [index, resource] of this.resources.entries()) {
+            const watch = watches[index] ?? null;
+            if (watch !== null && !watch.broken && watch.node === this.locks.via.nodeOf(resource)) continue;
+            if (watch !== null) channels.leave(watch);
+            watches[index] = await channels.join(resource, null);
+          }
+          for (const watch of watches) watch?.drain();
+          queued = true;
+        }
+        const sent = performance.now();
+        asked = true;
+        let reply: unknown;
+        try {
+          reply = await this.locks.call(this.resource, this.set.requestTimeout, () => args);
+        } catch (error) {
+          // The caller gave up with a request out: whatever it was granted is released.
+          if (this.aborted()) throw await this.withdraw(true, this.signal?.reason);
+          const failure = await this.failed(error);
+          if (!failure.retry) throw failure.error;
+          if (!(await sleep(this.retryPause(), this.signal))) throw await this.withdraw(true, this.signal?.reason);
+          continue;
+        }
+        this.answer();
+        let fences: number[] | null;
+        try {
+          fences = fencesOf(reply, this.resources.length);
+        } catch (error) {
+          throw await this.serverFailure(error);
+        }
+        if (fences !== null) {
+          // The caller gave up meanwhile: the grant is nobody's, released at once.
+          if (this.aborted()) throw await this.withdraw(true, this.signal?.reason);
+          return new SetLease(
+            this.locks,
+            { resources: this.resources, fences },
+            this.token,
+            millis(this.ttl),
+            this.set,
+            sent,
+            this.holdEnd,
+          );
+        }
+        if (ticket === undefined) throw new NotAcquiredError(this.name, this.token);
+        // In line: until a message on a member's channel, the ticket's refresh, or the deadline.
+        await firstWake(
+          watches.filter((watch): watch is Watch => watch !== null),
+          Math.max(0, Math.min(ticket / 3, this.left())),
+          this.signal,
+        );
+      }
+    } finally {
+      for (const watch of watches) if (watch !== null) channels.leave(watch);
+    }
   }
 }

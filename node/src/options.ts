@@ -4,7 +4,8 @@ import type { LossReason } from "./errors.js";
 
 /**
  * Where the ownership log lines go (console, pino, winston… fit). Default: nowhere. Lines, with
- * the fields resource, owner (the token) and fence: `dlock: lease acquired` (info, with mode),
+ * the fields resource, owner (the token) and fence (a set's: its resources and its fences, each
+ * joined by ","): `dlock: lease acquired` (info, with mode),
  * `dlock: lease released` (info), `dlock: renewal failed` (warn, reason refused or error),
  * `dlock: lease lost` (warn, reason; detail for a revocation), `dlock: release failed` (warn,
  * error: a RELEASE with no answer for a lease still believed live, never after a loss), and
@@ -16,7 +17,10 @@ export interface Logger {
   debug?(message: string, fields: Record<string, unknown>): void;
 }
 
-/** The client's figures (docs/protocol.md, section 13); every method is optional. */
+/**
+ * The client's figures (docs/protocol.md, section 13); every method is optional. A set
+ * (Locks.holdAll) counts as one lease in every figure: one attempt, one grant, one loss.
+ */
 export interface Metrics {
   /** dlock_client_acquire_attempts_total */
   acquireAttempt?(): void;
@@ -70,6 +74,12 @@ export interface HoldOptions extends Omit<Options, "logger" | "metrics"> {
   /** Cancels the wait; a grant the attempt may not have learned is then released. */
   signal?: AbortSignal;
 }
+
+/**
+ * Options of one holdAll: those of hold, less the way of waiting (a set always waits with a
+ * ticket in every member's line, as long as its wait: from 1 s to 30 s).
+ */
+export type SetOptions = Omit<HoldOptions, "strategy" | "ticket">;
 
 export interface Settings {
   ttl: number;

@@ -9,6 +9,12 @@ export const RELEASE = "DLOCK.RELEASE";
 export const FENCECHECK = "DLOCK.FENCECHECK";
 export const FENCED = "DLOCK.FENCED";
 export const INFO = "DLOCK.INFO";
+export const ACQUIREALL = "DLOCK.ACQUIREALL";
+export const RENEWALL = "DLOCK.RENEWALL";
+export const RELEASEALL = "DLOCK.RELEASEALL";
+
+/** The most resources in one set (the server's bound on `numkeys`). */
+export const MAX_SET = 64;
 
 /** The server's bound on a semaphore's permits (SHARED LIMIT n). */
 export const MAX_PERMITS = 1_000_000;
@@ -171,6 +177,37 @@ export function renewArgs(resource: string, token: string, ttlMs: number, fence?
 export function releaseArgs(resource: string, token: string, fence?: number): string[] {
   const args = [RELEASE, resource, token];
   if (fence !== undefined) args.push("FENCE", num(fence));
+  return args;
+}
+
+/** `name numkeys resource … token`: how every command of sets starts. */
+function setArgs(name: string, resources: readonly string[], token: string): string[] {
+  return [name, num(resources.length), ...resources, token];
+}
+
+/**
+ * `DLOCK.ACQUIREALL numkeys resource … token ttl-ms [QUEUE ticket-ms] [META value]`: every
+ * resource (exclusive) to one token, or none; with `queueMs`, a ticket in every member's line.
+ */
+export function acquireAllArgs(form: { resources: readonly string[]; token: string; ttlMs: number; queueMs?: number; meta?: string }): string[] {
+  const args = [...setArgs(ACQUIREALL, form.resources, form.token), num(form.ttlMs)];
+  if (form.queueMs !== undefined && form.queueMs > 0) args.push("QUEUE", num(form.queueMs));
+  if (form.meta !== undefined) args.push("META", form.meta);
+  return args;
+}
+
+/** `DLOCK.RENEWALL numkeys resource … token ttl-ms FENCES fence …`: every member, or none. */
+export function renewAllArgs(resources: readonly string[], token: string, ttlMs: number, fences: readonly number[]): string[] {
+  return [...setArgs(RENEWALL, resources, token), num(ttlMs), "FENCES", ...fences.map(num)];
+}
+
+/**
+ * `DLOCK.RELEASEALL numkeys resource … token [FENCES fence …]`. Without fences (an attempt's)
+ * it takes the set's tickets out of every line and frees what the token was granted.
+ */
+export function releaseAllArgs(resources: readonly string[], token: string, fences?: readonly number[]): string[] {
+  const args = setArgs(RELEASEALL, resources, token);
+  if (fences !== undefined) args.push("FENCES", ...fences.map(num));
   return args;
 }
 
@@ -374,6 +411,21 @@ export function fenceOf(reply: unknown): number | null {
   const fence = integer(reply);
   if (fence === null || fence <= 0) throw new TypeError(`unexpected DLOCK.ACQUIRE reply ${JSON.stringify(reply)}`);
   return fence;
+}
+
+/** An ACQUIREALL reply read: the `count` fences in the order asked, or null for nil. */
+export function fencesOf(reply: unknown, count: number): number[] | null {
+  if (reply === null || reply === undefined) return null;
+  if (Array.isArray(reply) && reply.length === count) {
+    const fences = reply.map(integer);
+    if (fences.every((fence): fence is number => fence !== null && fence > 0)) return fences;
+  }
+  throw new TypeError(`unexpected DLOCK.ACQUIREALL reply ${JSON.stringify(reply)} for ${String(count)} resources`);
+}
+
+/** A RELEASE or RELEASEALL reply read: how many leases it released. */
+export function countOf(reply: unknown): number {
+  return integer(reply) ?? 0;
 }
 
 /** A reply of RENEW, RELEASE or FENCECHECK read as 0 or 1. */

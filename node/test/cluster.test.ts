@@ -201,3 +201,59 @@ test("Cluster: back-to-back holds of one resource each end up subscribed to its 
     for (const node of nodes) node.disconnect();
   }
 });
+
+// A set's commands name numkeys first: each goes straight to the primary of the set's slot (not
+// through a MOVED), on every shard and through both clients; a waiting set listens on its
+// members' shard channels there, and is granted on the release.
+test("Cluster: a set is granted, waits and is released on its slot's primary, through ioredis and node-redis", async () => {
+  const nodes = cluster.nodes.map((node) => node.ioredis());
+  /** How many DLOCK.ACQUIREALL each primary saw, run or redirected. */
+  const seen = async (): Promise<number[]> =>
+    Promise.all(
+      nodes.map(async (node) => {
+        const stats = String(await node.call("INFO", "commandstats"));
+        const line = /cmdstat_dlock\.acquireall:calls=(\d+).*?rejected_calls=(\d+)/.exec(stats);
+        return line === null ? 0 : Number(line[1]) + Number(line[2]);
+      }),
+    );
+  const ioredis = cluster.ioredis();
+  const nodeRedis = await cluster.nodeRedis();
+  try {
+    for (const [kind, redis] of [["ioredis", ioredis], ["node-redis", nodeRedis]] as const) {
+      const locks = new Locks(redis);
+      try {
+        // Slots 3300, 7365 and 15495: one on each primary.
+        for (const tag of ["b", "c", "a"]) {
+          const set = [`order:{${tag}}:items`, `order:{${tag}}:payment`];
+          for (const node of nodes) await node.call("CONFIG", "RESETSTAT");
+          const held = await locks.hold(set[1] ?? "", { ttl: 5_000 });
+          const waiting = locks.holdAll(set, { ttl: 5_000, wait: 5_000 });
+          await sleep(100);
+          const released = performance.now();
+          await held.release();
+          const lease = await waiting;
+          // Woken on a member's shard channel, not by the ticket's refresh (every 1.7 s).
+          assert.ok(performance.now() - released < 1_000, `${kind} ${tag}: took ${String(performance.now() - released)} ms`);
+          assert.ok((lease.fences[1] ?? 0) > held.fence);
+          assert.equal(await lease.fenced(set[0] ?? "", ["SET", `order:{${tag}}:data`, kind]), "OK");
+          await lease.release();
+          assert.equal((await locks.info(set[0] ?? ""))?.owner ?? null, null);
+          const counts = await seen();
+          assert.equal(counts.filter((count) => count > 0).length, 1, `${kind} ${tag}: ACQUIREALL seen by ${JSON.stringify(counts)}`);
+        }
+        // Members of two slots: the server refuses the set, nothing is taken.
+        await assert.rejects(
+          locks.holdAll(["split:{a}", "split:{b}"], { ttl: 5_000, wait: 0 }),
+          (error) => error instanceof ServerError && error.class === "cross_slot",
+        );
+        assert.equal((await locks.info("split:{a}"))?.owner ?? null, null);
+      } finally {
+        locks.close();
+      }
+    }
+  } finally {
+    for (const node of nodes) node.disconnect();
+    ioredis.disconnect();
+    nodeRedis.destroy();
+  }
+});

@@ -115,11 +115,13 @@ for (const [kind, connectTo] of Object.entries(clients)) {
         assert.equal(await lease.fenced(["SET", "{w3}:n", "0"]), "OK");
         await admin.call("CLIENT", "PAUSE", "10000", "WRITE");
         try {
-          const write = lease.fenced(["INCR", "{w3}:n"]);
+          // Its rejection is awaited from now on: the kill below may close the link before its
+          // own reply comes (the rejection must never be unhandled meanwhile).
+          const write = assert.rejects(lease.fenced(["INCR", "{w3}:n"]));
           await sleep(200);
           assert.equal(await admin.get("{w3}:n"), "0");
           await admin.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes");
-          await assert.rejects(write);
+          await write;
         } finally {
           await admin.call("CLIENT", "UNPAUSE");
         }

@@ -50,7 +50,7 @@ test("every code block of node/README.md is a file under node/examples, printed 
     blocks(readme, ["sh"]).map((b) => b.split("\n")[0]),
     ["(cd ../dlock/node && npm ci && npm run build && npm pack)"],
   );
-  assert.deepEqual([...printed].sort(), ["invoice.ts", "quickstart.ts", "redlock.ts"]);
+  assert.deepEqual([...printed].sort(), ["invoice.ts", "quickstart.ts", "redlock.ts", "transfer.ts"]);
 });
 
 test("every code block in the Node sections of docs/clients.md is a file under tests/clients, printed as is", () => {
@@ -84,6 +84,16 @@ describe("the README's examples run", { timeout: 30_000 }, () => {
 
   test("examples/quickstart.ts: a fenced write under the lease, then a body under it", async () => {
     assert.match(await example("quickstart.js"), /^paid under fence \d+\nstatus: paid\n$/);
+  });
+
+  test("examples/transfer.ts: two accounts held as one set, each write under its own fence", async () => {
+    assert.match(await example("transfer.js"), /^moved 30 under fences (\d+), (\d+)\nbalances: 70, 30\n$/);
+    const admin = server.ioredis();
+    try {
+      assert.equal(await admin.exists("{acct}:alice", "{acct}:bob"), 0);
+    } finally {
+      admin.disconnect();
+    }
   });
 
   test("examples/redlock.ts: node-redlock's calls, on dlock", async () => {

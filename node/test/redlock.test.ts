@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { LeaseLostError, Locks, NotAcquiredError, type RedisLike } from "@dlock/client";
+import { channelName, LeaseLostError, Locks, NotAcquiredError, type RedisLike } from "@dlock/client";
 import Redlock, { type Lock } from "@dlock/client/redlock";
 import { Server } from "./kit.js";
 
@@ -135,7 +135,12 @@ for (const [kind, make] of Object.entries(clients)) {
       const own = new Error("stopped: the lock was revoked");
       await assert.rejects(
         redlock.using(["rl:r"], 30_000, { retryCount: 0 }, async (signal) => {
-          // Revoked again until heard: the first may come before the lock listens on its channel.
+          // The lock listens on its channel without delaying the grant: a REVOKE before the
+          // subscription is made would end the lease unheard (and the next ones find no lease).
+          while (Number(((await client.admin("PUBSUB", "NUMSUB", channelName("rl:r"))) as unknown[])[1]) === 0) {
+            assert.ok(performance.now() - started < 2_000, "the lock never listened on its channel");
+            await new Promise((resolve) => setTimeout(resolve, 5));
+          }
           while (!signal.aborted) {
             await client.admin("DLOCK.REVOKE", "rl:r", "REASON", "stuck");
             await Promise.race([aborted(signal), new Promise((resolve) => setTimeout(resolve, 50))]);
