@@ -72,7 +72,8 @@ case "${1:-test}" in
     if [ "${DLOCK_NODE_VALKEY:-1}" != 0 ]; then
       DLOCK_SERVER=$(bash "$repo/scripts/valkey.sh")
       echo "node: node --test against Valkey ($DLOCK_SERVER)" >&2
-      DLOCK_SERVER=$DLOCK_SERVER node --test --test-concurrency=4 build/test/lease.test.js build/test/driver.test.js
+      DLOCK_SERVER=$DLOCK_SERVER node --test --test-concurrency=4 build/test/lease.test.js build/test/driver.test.js \
+        build/test/sets.test.js
     fi
     node --test test-pack/pack.test.mjs
     ;;
