@@ -1,6 +1,6 @@
 //! `DLOCK.TOP [BY waiters | held-ms | handovers] [COUNT count]`: the watched locks of the
 //! current database that hurt most, largest first. A lock is watched from its first contention
-//! or first renewal (`core/watch.rs`), so the answer costs O(W log W) for the W ≤ 4,096 watched
+//! (`core/watch.rs`), so the answer costs O(W log W) for the W ≤ 4,096 watched
 //! locks, whatever the number of keys, and an uncontended ACQUIRE pays nothing for it. Keys the
 //! caller may not read are left out, as in `DLOCK.LIST`.
 
@@ -18,7 +18,7 @@ pub const META: CommandMeta = CommandMeta {
     arity: -1,
     key_flags: 0,
     keys: Keys::One,
-    summary: "Shows the watched locks (contended or renewed) that hurt most: by line length, hold time or hand-overs, with holders, metadata and wait and hold percentiles",
+    summary: "Shows the watched (contended) locks that hurt most: by line length, hold time or hand-overs, with holders, metadata and wait and hold percentiles",
     complexity: "O(W log W) where W is the number of watched locks (at most 4096)",
     args: &[
         ArgMeta {

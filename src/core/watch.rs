@@ -1,9 +1,9 @@
 //! The watched locks behind `DLOCK.TOP` and the per-resource percentiles of `DLOCK.INFO`.
 //!
 //! A lock is watched from the first time a request waits for it (a blocked waiter or a ticket
-//! joins its line) or its lease is renewed for the first time: the locks that hurt are the
-//! contended and the long-held ones. An uncontended lease that is never renewed is not noted
-//! at all, so an ACQUIRE, RENEW and RELEASE of such a lock pay nothing for this.
+//! joins its line): the locks that hurt are the ones others wait for. An uncontended lock is not
+//! noted at all, so its ACQUIRE, RENEW and RELEASE pay nothing for this (noting a lock costs
+//! about 5,000 instructions, a third of a RENEW: renewals, even first ones, are not noted).
 //!
 //! For each watched lock the server counts hand-overs and records, in small histograms, how long
 //! the requests it granted waited and how long the leases others waited for were held (a lease
@@ -23,8 +23,6 @@ pub const CAPACITY: usize = 4_096;
 pub enum Watch {
     /// A blocked waiter or a new ticket joined the lock's line.
     Joined,
-    /// The lock's lease was renewed for the first time.
-    Renewed,
     /// A waiting request was granted the lock after this long (µs): a hand-over, or a set whose
     /// ticket headed the line.
     Waited(Micros),
@@ -141,7 +139,7 @@ impl Watched {
         record.noted = noted;
         self.by_age.insert(noted, (db, name.into()));
         match watch {
-            Watch::Joined | Watch::Renewed => {}
+            Watch::Joined => {}
             Watch::Waited(waited) => {
                 record.handovers += 1;
                 record.waits.record(waited);
@@ -183,14 +181,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lock_is_watched_from_its_first_wait_or_renewal_and_a_hold_alone_does_not_start_it() {
+    fn a_lock_is_watched_from_its_first_wait_and_a_hold_alone_does_not_start_it() {
         let mut watched = Watched::with_capacity(8);
         watched.note(0, b"a", Watch::Held(5_000));
         assert!(watched.get(0, b"a").is_none(), "a hold of an unwatched lock is not noted");
         watched.note(0, b"a", Watch::Joined);
         watched.note(0, b"a", Watch::Held(7_000));
         watched.note(0, b"a", Watch::Waited(2_000));
-        watched.note(1, b"a", Watch::Renewed);
+        watched.note(1, b"a", Watch::Joined);
         let record = watched.get(0, b"a").expect("watched");
         assert_eq!((record.handovers, record.waits.count(), record.holds.count()), (1, 1, 1));
         assert_eq!((record.waits.max(), record.holds.max()), (2_000, 7_000));
@@ -241,8 +239,7 @@ mod tests {
             let mut last_started = None;
             for (db, name, kind, micros) in notes {
                 let watch = match kind {
-                    0 => Watch::Joined,
-                    1 => Watch::Renewed,
+                    0 | 1 => Watch::Joined,
                     2 => Watch::Waited(micros),
                     _ => Watch::Held(micros),
                 };

@@ -207,7 +207,7 @@ fn frame(url: &str, by: &str, info: &str, rows: &[Row]) -> String {
         out.push('\n');
     }
     if rows.is_empty() {
-        out.push_str("(no lock is contended or renewed now)\n");
+        out.push_str("(no lock anyone waited for)\n");
     }
     out
 }
