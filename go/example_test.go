@@ -37,8 +37,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The code between "README:begin" and "README:end" in this file is what README.md prints, block
-// by block, in order (TestTheReadmesGoBlocksAreTheExamplesCode). pay, work and follow stand for
+// The code between "README:begin" and "README:end" in this file is what README.md prints after
+// its quick start, block by block, in order (TestTheReadmesGoBlocksAreTheExamplesCode). pay, work and follow stand for
 // the caller's own code.
 
 func pay(ctx context.Context, fence uint64) error {
@@ -52,18 +52,16 @@ func work(ctx context.Context, fence uint64) {
 
 func follow(leader *dlock.Leader) {}
 
-// The quick start: work under a lease, released at the end.
+// The quick start's call (examples/quickstart): work under a lease, released at the end.
 func ExampleLocks_Do() {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	// README:begin
-	locks := dlock.New(rdb) // rdb: your *redis.Client or *redis.ClusterClient
+	locks := dlock.New(rdb)
 	err := locks.Do(ctx, "invoice:42", func(ctx context.Context, lease *dlock.Lease) error {
 		// ctx is cancelled if the lease is lost; send lease.Fence() with every write.
 		return pay(ctx, lease.Fence())
 	}, dlock.TTL(30*time.Second), dlock.Wait(10*time.Second))
-	// README:end
 	fmt.Println(err)
 	// Output:
 	// paid under fence true

@@ -1,24 +1,23 @@
-//! The quick start of `client/README.md`: one lease around one piece of work.
+//! The quick start of `client/README.md` (which prints this file from its first `use`): one
+//! lease around one piece of work.
 //!
 //! ```text
-//! cargo run -p dlock-client --example quickstart -- redis://127.0.0.1:6379/
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p dlock-client --example quickstart
 //! ```
 
 use std::time::Duration;
 
 use dlock_client::{CancellationToken, Client, RunError};
 
-/// The work the lease protects: here it only reports the fence it would send with its writes.
-async fn process_invoice(fence: u64, cancelled: CancellationToken) -> Result<String, String> {
-    tokio::select! {
-        () = cancelled.cancelled() => Err("the lease was lost: stop writing".to_owned()),
-        () = tokio::time::sleep(Duration::from_millis(50)) => Ok(format!("invoice 123 written under fence {fence}")),
-    }
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    println!("{}", pay_invoice(&url).await?);
+    Ok(())
 }
 
-/// Runs the quick start against the server at `url`; answers what the work returned.
-pub async fn run_demo(url: &str) -> Result<String, Box<dyn std::error::Error>> {
-    // README:begin
+/// One lease around one piece of work; answers what the work returned.
+pub async fn pay_invoice(url: &str) -> Result<String, Box<dyn std::error::Error>> {
     let client = Client::connect(url).await?;
     // Wait up to 5 s in the server's queue for a 30 s lease.
     let lease = client
@@ -35,13 +34,13 @@ pub async fn run_demo(url: &str) -> Result<String, Box<dyn std::error::Error>> {
             output?
         }
     };
-    // README:end
     Ok(written)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::args().nth(1).unwrap_or_else(|| "redis://127.0.0.1:6379/".to_owned());
-    println!("{}", run_demo(&url).await?);
-    Ok(())
+/// The work the lease protects: here it only reports the fence it would send with its writes.
+async fn process_invoice(fence: u64, cancelled: CancellationToken) -> Result<String, String> {
+    tokio::select! {
+        () = cancelled.cancelled() => Err("the lease was lost: stop writing".to_owned()),
+        () = tokio::time::sleep(Duration::from_millis(50)) => Ok(format!("invoice 123 written under fence {fence}")),
+    }
 }

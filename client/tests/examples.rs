@@ -53,26 +53,27 @@ async fn the_election_example_has_one_leader_at_a_time_each_with_a_larger_fence(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_quick_start_runs_and_the_readme_prints_it_as_it_is() {
+async fn the_quick_start_runs_and_the_readmes_print_it_as_it_is() {
     let server = Server::start();
-    let written = quickstart::run_demo(&server.url()).await.expect("the quick start ran");
+    let written = quickstart::pay_invoice(&server.url()).await.expect("the quick start ran");
     assert!(written.starts_with("invoice 123 written under fence "), "{written}");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let source = std::fs::read_to_string(root.join("examples/quickstart.rs")).expect("example");
-    let region = source
-        .split("    // README:begin\n")
-        .nth(1)
-        .and_then(|rest| rest.split("    // README:end\n").next())
-        .expect("the README region");
-    let dedented: Vec<&str> =
-        region.lines().map(|line| line.strip_prefix("    ").unwrap_or(line)).collect();
+    // client/README.md prints the whole program, from its first `use` (a project's src/main.rs).
+    let program = &source[source.find("use ").expect("a use")..];
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
-    let block = format!("```rust\n{}\n```", dedented.join("\n"));
+    let block = format!("```rust\n{program}```");
     assert!(readme.contains(&block), "client/README.md prints examples/quickstart.rs as it is");
-    // The top-level README prints it too, inside a list item (two spaces more).
-    let indented: Vec<String> = dedented
-        .iter()
-        .map(|line| if line.is_empty() { String::new() } else { format!("  {line}") })
+    // The top-level README prints the body of `pay_invoice` up to `Ok(written)`, inside a list
+    // item (two spaces more, one level of the function's indentation less).
+    let body = program
+        .split("-> Result<String, Box<dyn std::error::Error>> {\n")
+        .nth(1)
+        .and_then(|rest| rest.split("    Ok(written)\n").next())
+        .expect("the body of pay_invoice");
+    let indented: Vec<String> = body
+        .lines()
+        .map(|line| if line.is_empty() { String::new() } else { format!("  {}", &line[4..]) })
         .collect();
     let top = std::fs::read_to_string(root.join("../README.md")).expect("README");
     let block = format!("  ```rust\n{}\n  ```", indented.join("\n"));

@@ -91,32 +91,26 @@ class LeaseTest {
         assertThrows(LeaseLostException.class, lease::close);
     }
 
-    /** Where the README's example sends its fenced write. */
-    private final List<Long> paid = new CopyOnWriteArrayList<>();
-
-    private void pay(long fence) {
-        paid.add(fence);
-    }
-
     @Test
-    void theReadmesExampleRunsAsWritten() throws Exception {
-        String url = server.url();
-        // README:begin
-        try (Locks locks = Locks.connect(url); // "redis://127.0.0.1:6379"
-             Lease lease = locks.hold("invoice:42", HoldOptions.defaults().ttl(Duration.ofSeconds(30)))) {
-            pay(lease.fence()); // send the fence with every write the lease protects
-            lease.check();      // throws LeaseLostException once the lease is gone
-        }   // close() releases; it throws LeaseLostException if the lease was lost meanwhile
-        // README:end
-        assertEquals(1, paid.size());
-        assertTrue(locks.info("invoice:42").isEmpty(), "released");
+    void theReadmesQuickStartIsQuickstartJavaAndRunsAsWritten() throws Exception {
+        // The quick start is a whole program: src/test/java/Quickstart.java, printed as it is.
+        String program = java.nio.file.Files.readString(java.nio.file.Path.of("src/test/java/Quickstart.java"));
         List<String> readme = java.nio.file.Files.readAllLines(java.nio.file.Path.of("../README.md"));
         int from = readme.indexOf("```java");
         int to = readme.subList(from + 1, readme.size()).indexOf("```") + from + 1;
-        List<String> test = java.nio.file.Files.readAllLines(java.nio.file.Path.of("src/test/java/dev/dlock/LeaseTest.java"));
-        List<String> region = test.subList(test.indexOf("        // README:begin") + 1, test.indexOf("        // README:end"))
-                .stream().map(line -> line.startsWith("        ") ? line.substring(8) : line).toList();
-        assertEquals(region, readme.subList(from + 1, to), "README.md's first Java block is this test's README region");
+        assertEquals(program, String.join("\n", readme.subList(from + 1, to)) + "\n", "README.md's first Java block is Quickstart.java");
+        // Run in a JVM of its own, as a program, against the server given as REDIS_URL.
+        ProcessBuilder builder = new ProcessBuilder(
+                java.nio.file.Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+                "-cp", System.getProperty("java.class.path"), "Quickstart");
+        builder.environment().put("REDIS_URL", server.url());
+        builder.redirectError(ProcessBuilder.Redirect.INHERIT); // its log lines
+        Process process = builder.start();
+        String output = new String(process.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+        assertTrue(process.waitFor(30, TimeUnit.SECONDS), "the quick start ended");
+        assertEquals(0, process.exitValue(), output);
+        assertTrue(output.matches("paid under fence \\d+\n"), output);
+        assertTrue(locks.info("invoice:42").isEmpty(), "released");
     }
 
     @Test
