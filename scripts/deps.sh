@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing dlock needs on Debian/Ubuntu, and only what is missing:
 # redis-server and redis-cli (the tests start real servers), PostgreSQL (a protected resource in
-# end-to-end tests), libclang (redis-module's bindgen), and the rustfmt/clippy components.
+# end-to-end tests), libclang (redis-module's bindgen), valgrind (instruction counts of `make
+# bench`), and the rustfmt/clippy components.
 set -euo pipefail
 
 as_root() {
@@ -16,6 +17,8 @@ python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # The clock tests build a small preload library (testkit/clockshim) with the C compiler.
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+# `make bench` and scripts/instructions*.sh count instructions with valgrind's callgrind.
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 # The client's end-to-end tests and the chaos harness start a throwaway PostgreSQL server.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # bindgen needs libclang and clang's own headers (stddef.h).
