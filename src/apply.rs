@@ -269,80 +269,29 @@ fn replicate_lease(
     let (ctx, command, key) = (ctx.ctx, SETLEASE.as_ptr(), resource.inner);
     let (kw_granted, kw_renewals, zero) = (kept.granted, kept.renewals, kept.zero);
     // The token as the client's string or a copy; the renewals as the kept `0` or digits.
+    macro_rules! setlease {
+        ($format:literal, [$($token:expr),+], [$($renewals:expr),+]) => {
+            replicate(
+                ctx, command, $format.as_ptr(), key, $($token,)+ fence_ptr, fence_len,
+                deadline_ptr, deadline_len, kw_granted, granted_ptr, granted_len, kw_renewals,
+                $($renewals),+
+            )
+        };
+    }
     // SAFETY: ctx is live; the command name and the formats are NUL-terminated; each format
     // takes RedisModuleStrings (`s`: the key's name and the client's token, live for this call,
     // and the kept strings, never freed) and (pointer, length) buffers that Redis copies (`b`),
     // each as it says; every buffer outlives the call.
     unsafe {
         match (token, lease.renewals == 0) {
-            (Some(token), true) => replicate(
-                ctx,
-                command,
-                c"ssbbsbss".as_ptr(),
-                key,
-                token.inner,
-                fence_ptr,
-                fence_len,
-                deadline_ptr,
-                deadline_len,
-                kw_granted,
-                granted_ptr,
-                granted_len,
-                kw_renewals,
-                zero,
-            ),
-            (Some(token), false) => replicate(
-                ctx,
-                command,
-                c"ssbbsbsb".as_ptr(),
-                key,
-                token.inner,
-                fence_ptr,
-                fence_len,
-                deadline_ptr,
-                deadline_len,
-                kw_granted,
-                granted_ptr,
-                granted_len,
-                kw_renewals,
-                renewals_ptr,
-                renewals_len,
-            ),
-            (None, true) => replicate(
-                ctx,
-                command,
-                c"sbbbsbss".as_ptr(),
-                key,
-                token_ptr,
-                token_len,
-                fence_ptr,
-                fence_len,
-                deadline_ptr,
-                deadline_len,
-                kw_granted,
-                granted_ptr,
-                granted_len,
-                kw_renewals,
-                zero,
-            ),
-            (None, false) => replicate(
-                ctx,
-                command,
-                c"sbbbsbsb".as_ptr(),
-                key,
-                token_ptr,
-                token_len,
-                fence_ptr,
-                fence_len,
-                deadline_ptr,
-                deadline_len,
-                kw_granted,
-                granted_ptr,
-                granted_len,
-                kw_renewals,
-                renewals_ptr,
-                renewals_len,
-            ),
+            (Some(token), true) => setlease!(c"ssbbsbss", [token.inner], [zero]),
+            (Some(token), false) => {
+                setlease!(c"ssbbsbsb", [token.inner], [renewals_ptr, renewals_len])
+            }
+            (None, true) => setlease!(c"sbbbsbss", [token_ptr, token_len], [zero]),
+            (None, false) => {
+                setlease!(c"sbbbsbsb", [token_ptr, token_len], [renewals_ptr, renewals_len])
+            }
         };
     }
 }

@@ -45,29 +45,22 @@ pub fn register(ctx: &Context) -> Status {
     Status::Ok
 }
 
-extern "C" fn acquire_entry(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, acquire::run)
+/// An entry point that runs `body` (Redis calls it with the context and the arguments).
+macro_rules! entry_point {
+    ($name:ident, $body:path) => {
+        extern "C" fn $name(
+            ctx: *mut raw::RedisModuleCtx,
+            argv: *mut *mut raw::RedisModuleString,
+            argc: c_int,
+        ) -> c_int {
+            entry(ctx, argv, argc, $body)
+        }
+    };
 }
 
-extern "C" fn renew_entry(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, renew::run)
-}
-
-extern "C" fn release_entry(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, release::run)
-}
+entry_point!(acquire_entry, acquire::run);
+entry_point!(renew_entry, renew::run);
+entry_point!(release_entry, release::run);
 
 /// Runs `body` with the call's arguments and replies with what it returns.
 fn entry(

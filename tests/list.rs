@@ -12,18 +12,7 @@ fn list(
 ) -> (String, Vec<BTreeMap<String, String>>) {
     let (next, entries): (String, Vec<Vec<redis::Value>>) =
         redis::cmd("DLOCK.LIST").arg(cursor).arg(options).query(con).expect("DLOCK.LIST");
-    let entries = entries
-        .into_iter()
-        .map(|fields| {
-            fields
-                .chunks(2)
-                .map(|pair| {
-                    let value = value_text(&pair[1]).unwrap_or_else(|| "nil".to_owned());
-                    (value_text(&pair[0]).expect("field name"), value)
-                })
-                .collect()
-        })
-        .collect();
+    let entries = entries.iter().map(|fields| field_map(fields)).collect();
     (next, entries)
 }
 

@@ -10,13 +10,7 @@ use dlock_testkit::*;
 type Fields = BTreeMap<String, String>;
 
 fn fields(items: &[redis::Value]) -> Fields {
-    items
-        .chunks(2)
-        .map(|pair| {
-            let value = value_text(&pair[1]).unwrap_or_else(|| "nil".to_owned());
-            (value_text(&pair[0]).expect("field name"), value)
-        })
-        .collect()
+    field_map(items)
 }
 
 fn top(con: &mut redis::Connection, options: &[&str]) -> Vec<Fields> {

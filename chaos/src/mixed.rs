@@ -13,8 +13,8 @@
 //!
 //! `--broken-mixed` is the self-check: permits ignore the limit, writers take shared leases,
 //! abandoned waiters carry no claim window (the history says they do), ticket refreshes send a
-//! new token each time, and a set lets one member go and holds the rest. The checkers must fail
-//! the run.
+//! new token each time, and a set (taken one time in three) lets one member go and holds the
+//! rest for 3–5 s. The checkers must fail the run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -333,11 +333,13 @@ impl Worker {
     /// three of them, in a random order, and whether to wait with a ticket (`QUEUE` ms).
     fn plan_set(&mut self) -> Option<(Vec<u32>, Option<u64>)> {
         let rw = self.args.rw;
+        // Broken sets are taken more often (one in three), so that the short self-check meets one.
+        let odds = if self.args.broken { 3 } else { 8 };
         if rw < 2
             || self.abandon_pending
             || self.retry_pending
             || self.stop_pending
-            || self.rng.below(8) != 0
+            || self.rng.below(odds) != 0
         {
             return None;
         }
@@ -475,13 +477,16 @@ impl Worker {
     /// Holds a set as `hold` holds a lease: uses each member under its fence, renews the set
     /// every third of the ttl (`RENEWALL`), releases it (`RELEASEALL`); stops at the local expiry.
     async fn hold_set(&mut self, mut held: Vec<Held>) {
-        if self.args.broken {
-            // Broken: lets one member go and holds the rest, as a set that is not one.
+        // Broken: lets one member go and holds the rest, as a set that is not one, for longer.
+        let hold_ms = if self.args.broken {
             let first = held.remove(0);
             self.release(&first, "broken set").await;
-        }
+            self.rng.between(3_000, 5_000)
+        } else {
+            self.rng.between(20, 700)
+        };
         let ttl = self.args.ttl;
-        let end = Instant::now() + Duration::from_millis(self.rng.between(20, 700));
+        let end = Instant::now() + Duration::from_millis(hold_ms);
         let mut next_renewal = Instant::now() + ttl / 3;
         loop {
             let now = Instant::now();

@@ -664,8 +664,10 @@ class Attempt {
     return { retry: true };
   }
 
+  /** A reply came: the server had the request (a grant the caller no longer wants is released). */
   protected answer(): void {
     this.answered = true;
+    this.reached = true;
     this.failures = 0;
   }
 

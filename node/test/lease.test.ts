@@ -162,6 +162,22 @@ for (const [kind, make] of Object.entries(clients)) {
       assert.equal((await locks.info("r7"))?.owner ?? null, null);
     });
 
+    test("an abort while a granting ACQUIRE is in flight releases the grant", async () => {
+      const controller = new AbortController();
+      server.pause();
+      let attempt: Promise<unknown> = Promise.resolve();
+      try {
+        attempt = locks.hold("r7b", { ttl: 5_000, signal: controller.signal });
+        await sleep(100);
+        controller.abort(new Error("the caller gave up"));
+        await sleep(50);
+      } finally {
+        server.resume();
+      }
+      await assert.rejects(attempt, NotAcquiredError);
+      assert.equal((await locks.info("r7b"))?.owner ?? null, null, "the grant was released");
+    });
+
     test("using returns the body's result, keeps the body's error, and throws a loss", async () => {
       assert.equal(await locks.using("r8", { ttl: 5_000 }, (lease) => Promise.resolve(lease.fence > 0 ? "done" : "no")), "done");
       const own = new Error("the work failed");

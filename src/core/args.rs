@@ -339,11 +339,7 @@ pub fn list<'a>(args: &[&'a [u8]]) -> Result<ListArgs<'a>, DlockError> {
             if std::mem::replace(&mut count_seen, true) {
                 return Err(DlockError::RepeatedOption("COUNT"));
             }
-            let value = rest.next().ok_or(DlockError::OptionWithoutValue("COUNT", "count"))?;
-            list.count = parse_int(value)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| (1..=MAX_LIST_COUNT).contains(n))
-                .ok_or(DlockError::BadCount { max: MAX_LIST_COUNT })?;
+            list.count = parse_count(rest.next(), MAX_LIST_COUNT)?;
         } else if option.eq_ignore_ascii_case(b"HELD") || option.eq_ignore_ascii_case(b"WAITING") {
             let held = option.eq_ignore_ascii_case(b"HELD");
             let filter = if held { ListFilter::Held } else { ListFilter::Waiting };
@@ -360,6 +356,15 @@ pub fn list<'a>(args: &[&'a [u8]]) -> Result<ListArgs<'a>, DlockError> {
         }
     }
     Ok(list)
+}
+
+/// The value of `COUNT` (`None`: the option was the last argument): an integer from 1 to `max`.
+fn parse_count(value: Option<&&[u8]>, max: usize) -> Result<usize, DlockError> {
+    let value = value.ok_or(DlockError::OptionWithoutValue("COUNT", "count"))?;
+    parse_int(value)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=max).contains(n))
+        .ok_or(DlockError::BadCount { max })
 }
 
 /// What `DLOCK.TOP` orders the watched locks by, largest first.
@@ -407,11 +412,7 @@ pub fn top(args: &[&[u8]]) -> Result<TopArgs, DlockError> {
             if std::mem::replace(&mut count_seen, true) {
                 return Err(DlockError::RepeatedOption("COUNT"));
             }
-            let value = rest.next().ok_or(DlockError::OptionWithoutValue("COUNT", "count"))?;
-            top.count = parse_int(value)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| (1..=MAX_TOP_COUNT).contains(n))
-                .ok_or(DlockError::BadCount { max: MAX_TOP_COUNT })?;
+            top.count = parse_count(rest.next(), MAX_TOP_COUNT)?;
         } else {
             return Err(DlockError::UnknownOption(printable(option)));
         }

@@ -62,6 +62,17 @@ pub fn value_text(value: &redis::Value) -> Option<String> {
     }
 }
 
+/// A flat `[name, value, …]` reply (RESP2 fields) as a map of texts, `nil` for a nil value.
+pub fn field_map(items: &[redis::Value]) -> std::collections::BTreeMap<String, String> {
+    items
+        .chunks(2)
+        .filter_map(|pair| {
+            let value = pair.get(1).and_then(value_text).unwrap_or_else(|| "nil".to_owned());
+            Some((value_text(pair.first()?)?, value))
+        })
+        .collect()
+}
+
 /// A reply read as an integer ([`value_text`] parsed), 0 when it is none.
 pub fn value_number(value: &redis::Value) -> i64 {
     value_text(value).and_then(|t| t.parse().ok()).unwrap_or(0)

@@ -20,8 +20,9 @@ pub mod vectors;
 pub use clock::{Clock, clock_shim};
 pub use cluster::{Cluster, migrate};
 pub use commands::{
-    acquire, dbsize, digest, error_text, eventually, exists, fencecheck, info, info_field, now_us,
-    release, renew, resp_command, send_wait, send_wait_for, value_number, value_text,
+    acquire, dbsize, digest, error_text, eventually, exists, fencecheck, field_map, info,
+    info_field, now_us, release, renew, resp_command, send_wait, send_wait_for, value_number,
+    value_text,
 };
 pub use info::{
     cluster_info, counters_add_up, dlock_counters, info_fields, info_line, info_value,
