@@ -408,8 +408,13 @@ impl Worker {
                     return None;
                 }
                 Reply::Ok(other) => {
-                    let why =
-                        if other.is_some() { "a reply without a fence per member" } else { "held" };
+                    // nil: a ticket's request is in line (as `acquire_ticket` logs it), a plain
+                    // one refused.
+                    let why = match (&other, ticket) {
+                        (Some(_), _) => "a reply without a fence per member",
+                        (None, Some(_)) => "queued",
+                        (None, None) => "held",
+                    };
                     for resource in &resources {
                         self.record(op, Kind::Fail, resource, 0, why);
                     }
