@@ -9,12 +9,15 @@
 //! behind it (its timeout, its client gone or unblocked, a `SWAPDB`) is answered and counted by
 //! `waiters.rs`, which then leaves the lock to the timer and this path (docs/architecture.md).
 
+use std::cell::RefCell;
+
+use dlock_proto::slot::key_slot;
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, raw};
 
 use crate::core::decimal::{MAX_DIGITS, decimal};
 use crate::core::effects::{self, Effect, LogLevel, Place};
-use crate::core::{Host, Lease, Lock, Micros, Now, Step, Transition};
+use crate::core::{Changes, Host, Lease, Lock, Micros, Now, Step};
 use crate::notify;
 use crate::state::{self, Grant};
 use crate::waiters::{self, Outcome};
@@ -40,7 +43,7 @@ impl Host for Server {
 
 /// Runs one decision at `now` under the current rules and fence counter; returns what `op`
 /// returned and the transitions to [`apply`]. `op` may call into Redis (block a client).
-pub fn decide<T>(now: Now, op: impl FnOnce(&mut Step<'_, Server>) -> T) -> (T, Vec<Transition>) {
+pub fn decide<T>(now: Now, op: impl FnOnce(&mut Step<'_, Server>) -> T) -> (T, Changes) {
     let mut fences = state::fence_counter();
     let mut step = Step::new(now, config::rules(now.mono), &mut fences, &Server);
     let result = op(&mut step);
@@ -58,6 +61,98 @@ pub struct Site<'a> {
     /// The request's token as the client sent it (ACQUIRE, RENEW): the lease's effect passes
     /// this string on rather than a copy of its bytes.
     pub token: Option<&'a RedisString>,
+    /// The client's command, replayed by a replica or the AOF, deletes the key (RELEASE): a
+    /// deletion is propagated as that command, which the server passes on as it received it,
+    /// instead of as a `DEL`, which it would look up by name first.
+    pub replays_as_delete: bool,
+    /// Where the expiry sweep gathers its deletions, to propagate them as one `DEL` of many keys.
+    pub deletions: Option<&'a RefCell<Deletions>>,
+}
+
+/// Deletions the expiry sweep propagates together, as `DEL key…` for keys of one database (and,
+/// in Cluster, one slot): the server looks `DEL` up by name once for them all rather than once a
+/// key. Before anything else is propagated the gathered deletions go first ([`Deletions::flush`]),
+/// so the stream differs from one `DEL` a key only in the order of deletions among themselves,
+/// which commute.
+#[derive(Default)]
+pub struct Deletions {
+    /// The database and slot of the names gathered (the slot is 0 outside Cluster).
+    place: (i32, u16),
+    /// Key names, each retained until the flush.
+    names: Vec<*mut raw::RedisModuleString>,
+}
+
+/// Most keys in one propagated `DEL`.
+const DELETIONS_MAX: usize = 1_024;
+
+impl Deletions {
+    /// Gathers the deletion of `name` in the selected database `db`.
+    fn push(&mut self, ctx: &Context, db: i32, name: &RedisString) {
+        let place = (db, if notify::in_cluster(ctx) { key_slot(name.as_slice()) } else { 0 });
+        if place != self.place || self.names.len() >= DELETIONS_MAX {
+            self.flush(ctx);
+            self.place = place;
+        }
+        // SAFETY: the API table is written once, when the module loads.
+        let Some(retain) = (unsafe { raw::RedisModule_RetainString }) else {
+            return replicate_del(ctx, name);
+        };
+        // SAFETY: `name` is a live string; retained with no context, it lives until the one
+        // free of it in `flush`.
+        unsafe { retain(std::ptr::null_mut(), name.inner) };
+        self.names.push(name.inner);
+    }
+
+    /// Propagates the gathered deletions as one `DEL`, in their database, and lets go of the
+    /// names. Leaves the context's selected database as it found it.
+    pub fn flush(&mut self, ctx: &Context) {
+        if self.names.is_empty() {
+            return;
+        }
+        // SAFETY: ctx is live; SelectDb/GetSelectedDb only change or read which database it
+        // addresses; format "v" takes an array of RedisModuleStrings and its length, each
+        // retained by Redis for as long as it needs it; every name was retained in `push` and
+        // is freed once, here.
+        unsafe {
+            let current = raw::RedisModule_GetSelectedDb.map_or(self.place.0, |f| f(ctx.ctx));
+            if current != self.place.0
+                && let Some(select) = raw::RedisModule_SelectDb
+            {
+                select(ctx.ctx, self.place.0);
+            }
+            if let Some(replicate) = raw::RedisModule_Replicate {
+                replicate(
+                    ctx.ctx,
+                    c"DEL".as_ptr(),
+                    c"v".as_ptr(),
+                    self.names.as_mut_ptr(),
+                    self.names.len(),
+                );
+            }
+            if current != self.place.0
+                && let Some(select) = raw::RedisModule_SelectDb
+            {
+                select(ctx.ctx, current);
+            }
+            if let Some(free) = raw::RedisModule_FreeString {
+                for name in self.names.drain(..) {
+                    free(std::ptr::null_mut(), name);
+                }
+            }
+        }
+        self.names.clear();
+    }
+}
+
+impl<'a> Site<'a> {
+    /// The lock at `key`, named `name`; `token`: [`Site::token`].
+    pub fn new(
+        key: &'a RedisKeyWritable,
+        name: &'a RedisString,
+        token: Option<&'a RedisString>,
+    ) -> Self {
+        Self { key, name, token, replays_as_delete: false, deletions: None }
+    }
 }
 
 /// Makes `changes` (of `lock`, stored at `site` unless `stored` is false) visible and durable:
@@ -67,7 +162,7 @@ pub fn apply(
     site: &Site<'_>,
     lock: &Lock,
     stored: bool,
-    changes: Vec<Transition>,
+    changes: Changes,
     now: Now,
 ) {
     let place = if stored {
@@ -78,7 +173,7 @@ pub fn apply(
     } else {
         Place::NotStored
     };
-    let mut executor = Executor { ctx, name: site.name, token: site.token, now, delete: None };
+    let mut executor = Executor::at(ctx, site, now);
     effects::plan(lock, place, &changes, now, |effect| executor.perform(effect));
     executor.finish(site);
 }
@@ -86,14 +181,8 @@ pub fn apply(
 /// For a decision made inside a keyspace notification (a value arrived under a new name),
 /// where the server takes no write: counters, events, log lines and answers only. The timer
 /// removes the vacant key afterwards, with its `DEL`, like any other.
-pub fn announce_only(
-    ctx: &Context,
-    name: &RedisString,
-    lock: &Lock,
-    changes: Vec<Transition>,
-    now: Now,
-) {
-    let mut executor = Executor { ctx, name, token: None, now, delete: None };
+pub fn announce_only(ctx: &Context, name: &RedisString, lock: &Lock, changes: Changes, now: Now) {
+    let mut executor = Executor { ctx, name, token: None, now, delete: None, deletions: None };
     effects::plan(lock, Place::Notified, &changes, now, |effect| executor.perform(effect));
 }
 
@@ -101,7 +190,7 @@ pub fn announce_only(
 /// already made to `lock` at `site` ([`effects::plan_replicated`]).
 pub fn apply_replicated(ctx: &Context, site: &Site<'_>, lock: &Lock, now: Now) {
     let indexes = expiry::decides_expiry(ctx);
-    let mut executor = Executor { ctx, name: site.name, token: site.token, now, delete: None };
+    let mut executor = Executor::at(ctx, site, now);
     effects::plan_replicated(lock, indexes, now, |effect| executor.perform(effect));
     executor.finish(site);
 }
@@ -115,16 +204,39 @@ struct Executor<'c> {
     now: Now,
     /// A planned deletion: the pending index entry to forget, and whether to propagate it.
     delete: Option<(Option<Micros>, bool)>,
+    /// The sweep's gathered deletions, flushed before anything else is propagated.
+    deletions: Option<&'c RefCell<Deletions>>,
 }
 
-impl Executor<'_> {
+impl<'c> Executor<'c> {
+    /// An executor for the lock at `site`.
+    fn at(ctx: &'c Context, site: &Site<'c>, now: Now) -> Self {
+        Self {
+            ctx,
+            name: site.name,
+            token: site.token,
+            now,
+            delete: None,
+            deletions: site.deletions,
+        }
+    }
+
     fn perform(&mut self, effect: Effect<'_>) {
+        if effect.is_replication()
+            && let Some(deletions) = self.deletions
+        {
+            deletions.borrow_mut().flush(self.ctx);
+        }
         match effect {
             Effect::DeleteKey { forget, propagate } => self.delete = Some((forget, propagate)),
             Effect::ReplicateLease(lease) => {
                 // The client's own string, when it is this lease's token.
                 let token = self.token.filter(|token| token.as_slice() == &*lease.token);
                 replicate_lease(self.ctx, self.name, lease, token, self.now);
+            }
+            Effect::ReplicateRenewal(lease) => {
+                let token = self.token.filter(|token| token.as_slice() == &*lease.token);
+                replicate_renewal(self.ctx, self.name, lease, token);
             }
             effect => perform(self.ctx, self.name, effect, self.now),
         }
@@ -137,7 +249,13 @@ impl Executor<'_> {
             expiry::forget(self.ctx, site.name, deadline);
         }
         if site.key.delete().is_ok() && propagate {
-            replicate_del(self.ctx, site.name);
+            if site.replays_as_delete {
+                self.ctx.replicate_verbatim();
+            } else if let Some(deletions) = site.deletions {
+                deletions.borrow_mut().push(self.ctx, expiry::selected_db(self.ctx), site.name);
+            } else {
+                replicate_del(self.ctx, site.name);
+            }
         }
     }
 }
@@ -184,6 +302,7 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
             state::confirm_grant(fence);
         }
         Effect::ReplicateLease(lease) => replicate_lease(ctx, name, lease, None, now),
+        Effect::ReplicateRenewal(lease) => replicate_renewal(ctx, name, lease, None),
         Effect::ReplicateEnd(lease) => {
             let fence = lease.fence.to_string();
             ctx.replicate(ENDLEASE, &[name.as_slice(), &lease.token, fence.as_bytes()]);
@@ -291,6 +410,60 @@ fn replicate_lease(
             (None, true) => setlease!(c"sbbbsbss", [token_ptr, token_len], [zero]),
             (None, false) => {
                 setlease!(c"sbbbsbsb", [token_ptr, token_len], [renewals_ptr, renewals_len])
+            }
+        };
+    }
+}
+
+/// Propagates a renewal of a plain exclusive lease the copies hold as
+/// `DLOCK.SETLEASE resource token fence deadline-unix-us`: without the history, which each copy
+/// keeps from the grant, counting the renewal because the deadline moved
+/// ([`replica::set_lease`](crate::core::replica::set_lease)). `token`: as for
+/// [`replicate_lease`].
+fn replicate_renewal(
+    ctx: &Context,
+    resource: &RedisString,
+    lease: &Lease,
+    token: Option<&RedisString>,
+) {
+    let (mut fence, mut deadline) = ([0; MAX_DIGITS], [0; MAX_DIGITS]);
+    let fence = decimal(lease.fence.min(i64::MAX as u64), &mut fence);
+    let deadline = decimal(lease.deadline_wall.min(i64::MAX as u64), &mut deadline);
+    // SAFETY: the API table is written once, when the module loads.
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else { return };
+    let buffer = |bytes: &[u8]| (bytes.as_ptr().cast::<std::os::raw::c_char>(), bytes.len());
+    let ((fence_ptr, fence_len), (deadline_ptr, deadline_len)) = (buffer(fence), buffer(deadline));
+    let (ctx, command, key) = (ctx.ctx, SETLEASE.as_ptr(), resource.inner);
+    // SAFETY: as in `replicate_lease`: the key's name and the client's token are strings live
+    // for this call (`s`), the other arguments buffers Redis copies (`b`), each as the format
+    // says; every buffer outlives the call.
+    unsafe {
+        match token {
+            Some(token) => replicate(
+                ctx,
+                command,
+                c"ssbb".as_ptr(),
+                key,
+                token.inner,
+                fence_ptr,
+                fence_len,
+                deadline_ptr,
+                deadline_len,
+            ),
+            None => {
+                let (token_ptr, token_len) = buffer(&lease.token);
+                replicate(
+                    ctx,
+                    command,
+                    c"sbbb".as_ptr(),
+                    key,
+                    token_ptr,
+                    token_len,
+                    fence_ptr,
+                    fence_len,
+                    deadline_ptr,
+                    deadline_len,
+                )
             }
         };
     }

@@ -190,7 +190,7 @@ pub fn subscribing(what: Subscribing, names: &[&[u8]]) {
 
 /// Whether the server runs in Cluster mode: read once, as `cluster-enabled` cannot change while
 /// the server runs.
-fn in_cluster(ctx: &Context) -> bool {
+pub fn in_cluster(ctx: &Context) -> bool {
     *MODULE
         .log
         .in_cluster

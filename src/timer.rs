@@ -4,6 +4,7 @@
 //! are paused nothing is decided (see `expiry::writes_paused`). Also here: the keyspace handler
 //! that meets lock values arriving under a new name.
 
+use std::cell::RefCell;
 use std::os::raw::c_void;
 use std::time::Duration;
 
@@ -151,16 +152,18 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     for same_key in to_prune.chunk_by(|a, b| a.0 == b.0) {
         let key = &same_key[0].0;
         let ids: Vec<u64> = same_key.iter().map(|(_, id)| *id).collect();
-        with_lock_at(&ctx, key.db, &key.name, started, |step, lock| step.leave(lock, &ids));
+        with_lock_at(&ctx, key.db, &key.name, started, None, |step, lock| step.leave(lock, &ids));
     }
     for grant in to_release {
-        with_lock_at(&ctx, grant.key.db, &grant.key.name, started, |step, lock| {
+        with_lock_at(&ctx, grant.key.db, &grant.key.name, started, None, |step, lock| {
             step.undo_grant(lock, &grant.token, grant.fence);
         });
     }
     let mut now = started;
     let mut seen = 0;
     let mut due = DueBatch::default();
+    // Expired keys' deletions go out together, whichever way the turn ends.
+    let deletions = RefCell::new(apply::Deletions::default());
     'turn: loop {
         // A batch at a time: one lock of the index, and names copied out in one buffer.
         due.clear();
@@ -169,7 +172,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         }
         // The clock is read after every entry: one entry may be a slice of a crowd's settle.
         for (done, (deadline, db, name)) in due.iter().enumerate() {
-            sweep_one(&ctx, deadline, db, name, now);
+            sweep_one(&ctx, deadline, db, name, now, &deletions);
             seen += 1;
             now = clock::now();
             if seen >= SLICE_MAX_ENTRIES
@@ -187,12 +190,21 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
             }
         }
     }
+    deletions.borrow_mut().flush(&ctx);
 }
 
 /// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
 /// renewed one.
-fn sweep_one(ctx: &Context, entry_deadline: Micros, db: i32, key: &[u8], now: Now) {
-    with_lock_at(ctx, db, key, now, |step, lock| match lock.on_due(entry_deadline, now) {
+fn sweep_one(
+    ctx: &Context,
+    entry_deadline: Micros,
+    db: i32,
+    key: &[u8],
+    now: Now,
+    deletions: &RefCell<apply::Deletions>,
+) {
+    let site = Some(deletions);
+    with_lock_at(ctx, db, key, now, site, |step, lock| match lock.on_due(entry_deadline, now) {
         Due::Stale => {}
         Due::Reschedule(deadline) => {
             state::with_expiry(|expiry| expiry.index.insert(deadline, db, key));
@@ -208,6 +220,7 @@ fn with_lock_at(
     db: i32,
     key: &[u8],
     now: Now,
+    deletions: Option<&RefCell<apply::Deletions>>,
     op: impl FnOnce(&mut Step<'_, apply::Server>, &mut Lock),
 ) {
     // SAFETY: ctx is live; SelectDb only changes which database this context addresses.
@@ -218,12 +231,6 @@ fn with_lock_at(
     let handle = ctx.open_key_writable(&name);
     let Ok(Some(lock)) = handle.get_value::<Lock>(&LOCK_TYPE) else { return };
     let ((), changes) = apply::decide(now, |step| op(step, lock));
-    apply::apply(
-        ctx,
-        &apply::Site { key: &handle, name: &name, token: None },
-        lock,
-        true,
-        changes,
-        now,
-    );
+    let site = apply::Site { deletions, ..apply::Site::new(&handle, &name, None) };
+    apply::apply(ctx, &site, lock, true, changes, now);
 }

@@ -121,7 +121,10 @@ fn the_aof_records_effects_never_a_rerun_of_acquire() {
     );
     let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
     assert!(!aof.contains("dlock.acquire"), "ACQUIRE is never re-run from the AOF:\n{aof}");
-    assert!(!aof.contains("dlock.renew") && !aof.contains("dlock.release"));
+    assert!(!aof.contains("dlock.renew"), "nor RENEW:\n{aof}");
+    // The RELEASE that took the key with it is recorded as it was sent: replayed, it deletes the
+    // key (the server passes a command on without looking it up by name, unlike a DEL).
+    assert_eq!(aof.matches("dlock.release").count(), 1, "the release, as sent:\n{aof}");
     assert!(aof.contains(&fence.to_string()), "the grant is recorded with its fence");
     assert_eq!(
         aof.matches("dlock.setlease").count(),
@@ -129,7 +132,56 @@ fn the_aof_records_effects_never_a_rerun_of_acquire() {
         "grant, renewal, grant, grant, re-grant:\n{aof}"
     );
     let deletes = aof.matches("\r\ndel\r\n").count();
-    assert_eq!(deletes, 2, "one DEL for the release, one for the active expiry:\n{aof}");
+    assert_eq!(deletes, 1, "one DEL, for the active expiry:\n{aof}");
+}
+
+#[test]
+fn expiries_reach_the_aof_as_few_dels_of_many_keys_in_each_database() {
+    let mut server = Server::start_with(AOF_ALWAYS);
+    let mut con = server.client();
+    let mut pipe = redis::pipe();
+    for db in [0, 3] {
+        pipe.cmd("SELECT").arg(db).ignore();
+        for i in 0..200 {
+            pipe.cmd("DLOCK.ACQUIRE").arg(format!("job:{i}")).arg("w").arg(300).ignore();
+        }
+    }
+    pipe.cmd("SELECT").arg(3).ignore();
+    pipe.cmd("DLOCK.ACQUIRE").arg("kept").arg("w").arg(60_000).ignore();
+    pipe.cmd("SELECT").arg(0).ignore();
+    pipe.query::<()>(&mut con).expect("acquired");
+    assert!(eventually(Duration::from_secs(10), || dbsize_in(&mut con, 0) == 0
+        && dbsize_in(&mut con, 3) == 1));
+    let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
+    let dels = aof.matches("\r\ndel\r\n").count();
+    assert!(
+        (2..=40).contains(&dels),
+        "400 expiries in a few DELs, one database each: {dels}\n{aof}"
+    );
+    server.crash_and_restart();
+    let mut con = server.client();
+    assert_eq!(dbsize_in(&mut con, 0), 0, "the replayed DELs removed every expired lease");
+    assert_eq!(dbsize_in(&mut con, 3), 1, "and only those");
+}
+
+#[test]
+fn a_release_replayed_from_the_aof_deletes_its_key_and_nothing_else() {
+    let mut server = Server::start_with(AOF_ALWAYS);
+    let mut con = server.client();
+    acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    let kept = acquire(&mut con, "invoice:2", "worker-b", 60_000).expect("granted");
+    assert_eq!(release(&mut con, "invoice:1", "worker-a"), 1);
+    // A refused RELEASE (not the holder) changes nothing and is not recorded.
+    assert_eq!(release(&mut con, "invoice:2", "worker-a"), 0);
+    let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
+    assert_eq!(aof.matches("dlock.release").count(), 1, "only the release that deleted:\n{aof}");
+    server.crash_and_restart();
+    let mut con = server.client();
+    assert!(!exists(&mut con, "invoice:1"), "the replayed release deleted the key");
+    assert_held(&mut con, "invoice:2", "worker-b", kept, 60_000);
+    // The restarted server grants the released resource again, with a larger fence.
+    let again = acquire(&mut con, "invoice:1", "worker-c", 60_000).expect("granted");
+    assert!(again > kept, "fences keep rising across the restart");
 }
 
 #[test]

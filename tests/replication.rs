@@ -44,6 +44,27 @@ fn the_replica_mirrors_grants_renewals_and_releases_with_equal_digests() {
     assert_eq!(release(&mut p, "invoice:1", "worker-a"), 1);
     sync(&mut p);
     assert!(!exists(&mut r, "invoice:1"), "the release removed the key on the replica");
+    assert_eq!(digest(&mut p, "invoice:2"), digest(&mut r, "invoice:2"), "the other lease stays");
+}
+
+#[test]
+fn a_release_reaches_the_replica_as_sent_and_only_deletes_the_key_there() {
+    let (primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    acquire(&mut p, "invoice:1", "worker-a", 60_000).expect("granted");
+    sync(&mut p);
+    let dels = || info_line(&mut replica.client(), "commandstats", "cmdstat_del");
+    let dels_before = dels();
+    assert_eq!(release(&mut p, "invoice:1", "worker-a"), 1);
+    sync(&mut p);
+    assert!(!exists(&mut r, "invoice:1"), "the replayed release deleted the key");
+    // The replica took the primary's word: it decided nothing and counted nothing.
+    for counter in ["dlock_release_ok", "dlock_release_not_owner", "dlock_leases_expired"] {
+        assert_eq!(info_line(&mut r, "dlock", counter).as_deref(), Some("0"), "{counter}");
+    }
+    let calls = info_line(&mut r, "commandstats", "cmdstat_dlock.release").unwrap_or_default();
+    assert!(calls.starts_with("calls=1,"), "the RELEASE itself reached the replica: {calls}");
+    assert_eq!(dels(), dels_before, "no DEL travelled with it");
 }
 
 #[test]
@@ -228,6 +249,42 @@ fn a_storm_of_expiries_drains_in_slices_hands_over_on_the_way_and_every_del_reac
     sync(&mut p);
     assert_eq!(dbsize(&mut r), 1, "one DEL per expired key reached the replica");
     assert_eq!(info_field(&mut r, "storm:12345", "owner").as_deref(), Some("waiter"));
+}
+
+#[test]
+fn expiries_in_two_databases_reach_the_replica_batched_and_remove_only_what_expired() {
+    let (primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let mut pipe = redis::pipe();
+    for db in [0, 5] {
+        pipe.cmd("SELECT").arg(db).ignore();
+        for i in 0..500 {
+            pipe.cmd("DLOCK.ACQUIRE").arg(format!("job:{i}")).arg("w").arg(300).ignore();
+        }
+        pipe.cmd("DLOCK.ACQUIRE").arg("kept").arg("w").arg(60_000).ignore();
+    }
+    pipe.cmd("SELECT").arg(0).ignore();
+    pipe.query::<()>(&mut p).expect("acquired");
+    assert!(eventually(Duration::from_secs(10), || dbsize_in(&mut p, 0) == 1
+        && dbsize_in(&mut p, 5) == 1));
+    sync(&mut p);
+    assert_eq!(
+        (dbsize_in(&mut r, 0), dbsize_in(&mut r, 5)),
+        (1, 1),
+        "each database lost its expired keys"
+    );
+    let dels = info_line(&mut r, "commandstats", "cmdstat_del").unwrap_or_default();
+    let calls: u64 = dels
+        .strip_prefix("calls=")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!((2..=100).contains(&calls), "1,000 expiries in a few DELs: {dels}");
+    for db in [0, 5] {
+        let _: () = redis::cmd("SELECT").arg(db).query(&mut p).expect("SELECT");
+        let _: () = redis::cmd("SELECT").arg(db).query(&mut r).expect("SELECT");
+        assert_eq!(digest(&mut p, "kept"), digest(&mut r, "kept"), "db {db}");
+    }
 }
 
 #[test]

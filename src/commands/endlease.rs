@@ -40,12 +40,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     match lock_at(&key)? {
         Some(lock) => {
             replica::end_lease(lock, token, fence);
-            apply::apply_replicated(
-                ctx,
-                &Site { key: &key, name: resource, token: None },
-                lock,
-                clock::now(),
-            );
+            apply::apply_replicated(ctx, &Site::new(&key, resource, None), lock, clock::now());
         }
         // The arguments are absolute, so passing the command on unchanged is deterministic.
         None => ctx.replicate_verbatim(),

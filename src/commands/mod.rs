@@ -209,7 +209,7 @@ pub fn guarded_slice(
 pub fn split_args<'a>(
     args: &'a [RedisString],
     command: &'static str,
-) -> Result<(&'a RedisString, Vec<&'a [u8]>), DlockError> {
+) -> Result<(&'a RedisString, Rest<'a>), DlockError> {
     match args {
         [_, resource, rest @ ..] => {
             Ok((resource, rest.iter().map(RedisString::as_slice).collect()))
@@ -217,6 +217,10 @@ pub fn split_args<'a>(
         _ => Err(DlockError::WrongArity(command)),
     }
 }
+
+/// The arguments after a command's resource, in place for as many as a command usually has (no
+/// allocation on the hot path).
+pub type Rest<'a> = smallvec::SmallVec<[&'a [u8]; 8]>;
 
 /// A set command's resources, and the arguments after them.
 pub type Members<'a> = (&'a [RedisString], Vec<&'a [u8]>);
@@ -318,7 +322,7 @@ pub fn on_lock<T>(
         Some(_) => false,
         None => true,
     };
-    let site = Site { key: &key, name: resource, token };
+    let site = Site::new(&key, resource, token);
     match lock_at(&key)? {
         Some(lock) => apply::apply(ctx, &site, lock, stored, changes, now),
         None => apply::apply(ctx, &site, &Lock::default(), false, changes, now),
@@ -340,7 +344,11 @@ pub fn lock_in(key: &RedisKey) -> Result<Option<&Lock>, DlockError> {
 /// Lease decisions belong to the primary: a writable replica must not grant, renew or release
 /// on its own (its primary would never hear of it).
 pub fn primary_only(ctx: &Context) -> Result<(), DlockError> {
-    let flags = ctx.get_flags();
+    primary_in(ctx.get_flags())
+}
+
+/// [`primary_only`] with the context's flags already read.
+pub fn primary_in(flags: ContextFlags) -> Result<(), DlockError> {
     if flags.contains(ContextFlags::SLAVE) && !flags.contains(ContextFlags::REPLICATED) {
         Err(DlockError::NotPrimary)
     } else {

@@ -1,13 +1,12 @@
 //! `DLOCK.RELEASE resource token [FENCE fence]`: 1 when the owner's live lease (the grant with
 //! `fence`, when given) was released.
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
+use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
-use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, lock_at, primary_only, split_args};
+use super::{ArgKind, ArgMeta, CommandMeta, Keys, V2, lock_at, primary_in, split_args};
 use crate::apply::{self, Site};
 use crate::clock;
-use crate::core::Lock;
-use crate::core::args;
+use crate::core::{DlockError, Lock, args, replica};
 
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.release",
@@ -28,7 +27,11 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
-    primary_only(ctx)?;
+    let flags = ctx.get_flags();
+    if flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        return Ok(replayed(ctx, resource)?);
+    }
+    primary_in(flags)?;
     let request = args::release(&rest)?;
     let now = clock::now();
     let key = ctx.open_key_writable(resource);
@@ -41,6 +44,23 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     };
     let (released, changes) =
         apply::decide(now, |step| step.release_grant(lock, request.token, request.fence));
-    apply::apply(ctx, &Site { key: &key, name: resource, token: None }, lock, stored, changes, now);
+    let site = Site { replays_as_delete: true, ..Site::new(&key, resource, None) };
+    apply::apply(ctx, &site, lock, stored, changes, now);
     Ok(RedisValue::Integer(i64::from(released)))
+}
+
+/// A RELEASE replayed by a replica or from the AOF. The primary propagates its own RELEASE only
+/// when the key went with it ([`Site::replays_as_delete`]), so the key goes here too, whatever
+/// this copy's clock says of the lease; then the command is passed on, as every replicated
+/// change is.
+fn replayed(ctx: &Context, resource: &RedisString) -> Result<RedisValue, DlockError> {
+    let key = ctx.open_key_writable(resource);
+    match lock_at(&key)? {
+        Some(lock) => {
+            replica::end_all(lock);
+            apply::apply_replicated(ctx, &Site::new(&key, resource, None), lock, clock::now());
+        }
+        None => ctx.replicate_verbatim(),
+    }
+    Ok(RedisValue::Integer(1))
 }

@@ -43,7 +43,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (renewal, changes) = apply::decide(now, |step| {
         step.renew_grant(lock, request.token, request.fence, request.ttl_ms)
     });
-    let site = Site { key: &key, name: resource, token: args.get(2) };
+    let site = Site::new(&key, resource, args.get(2));
     apply::apply(ctx, &site, lock, stored, changes, now);
     Ok(RedisValue::Integer(i64::from(renewal? == Renewal::Renewed)))
 }

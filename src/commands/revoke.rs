@@ -36,6 +36,6 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let Some(lock) = lock_at(&key)? else { return Ok(RedisValue::Integer(0)) };
     let (revoked, changes) =
         apply::decide(now, |step| step.revoke(lock, request.fence, request.reason));
-    apply::apply(ctx, &Site { key: &key, name: resource, token: None }, lock, true, changes, now);
+    apply::apply(ctx, &Site::new(&key, resource, None), lock, true, changes, now);
     Ok(RedisValue::Integer(revoked as i64))
 }

@@ -60,7 +60,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     };
     replica::set_lease(lock, lease, history, now);
     state::observe_fence(fence);
-    apply::apply_replicated(ctx, &Site { key: &key, name: resource, token: None }, lock, now);
+    apply::apply_replicated(ctx, &Site::new(&key, resource, None), lock, now);
     if let Some(lock) = fresh.take() {
         key.set_value(&LOCK_TYPE, lock)?;
         metrics::lock_key_created();

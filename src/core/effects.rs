@@ -260,6 +260,10 @@ pub enum Effect<'a> {
     },
     /// Tell replicas and the AOF this lease as it now is (`DLOCK.SETLEASE`).
     ReplicateLease(&'a Lease),
+    /// Tell replicas and the AOF this plain exclusive lease was renewed: its new deadline alone
+    /// (`DLOCK.SETLEASE` without the history); each copy keeps the grant's history it holds and
+    /// counts one renewal ([`replica::set_lease`](super::replica::set_lease)).
+    ReplicateRenewal(&'a Lease),
     /// Tell replicas and the AOF this shared lease ended (`DLOCK.ENDLEASE`).
     ReplicateEnd(&'a Lease),
     /// Tell replicas and the AOF the key holds nothing (`DEL`).
@@ -332,7 +336,7 @@ pub fn plan<'a>(
     if !indexes {
         return;
     }
-    if changes.contains(&Transition::MoreToSettle) {
+    if changes.iter().any(|change| matches!(change, Transition::MoreToSettle)) {
         // The rest of a crowd, decided by this one entry (another for the earliest, passed,
         // deadline as well would double the key's entries on every slice). Leases still to end
         // go on at once, after what came due before them, while the sweep's turn lasts; requests
@@ -421,7 +425,7 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
             effect(Effect::Log(LogLine::TicketWithdrawn(token)))
         }
         Transition::TicketLapsed { token } => effect(Effect::Log(LogLine::TicketLapsed(token))),
-        Transition::Reacquired { fence } | Transition::Renewed { fence } => {
+        Transition::Reacquired { fence } | Transition::Renewed { fence, .. } => {
             effect(Effect::Confirm { fence: *fence });
             event(Event::Renewed, current(*fence), effect);
         }
@@ -501,6 +505,9 @@ fn replicate<'a>(
     effect: &mut impl FnMut(Effect<'a>),
 ) {
     if let Some(lease) = lock.live_exclusive(now) {
+        if lease.is_plain() && only_renewed(changes, lease.fence) {
+            return effect(Effect::ReplicateRenewal(lease));
+        }
         return effect(Effect::ReplicateLease(lease));
     }
     if !lock.has_live(now) {
@@ -510,7 +517,7 @@ fn replicate<'a>(
         match change {
             Transition::Granted { fence }
             | Transition::Reacquired { fence }
-            | Transition::Renewed { fence }
+            | Transition::Renewed { fence, .. }
             | Transition::HandedOver { fence, .. } => {
                 if let Some(lease) = lock.lease_with_fence(*fence).filter(|l| l.is_live(now)) {
                     effect(Effect::ReplicateLease(lease));
@@ -523,6 +530,30 @@ fn replicate<'a>(
             | Transition::Displaced(lease) => effect(Effect::ReplicateEnd(lease)),
             _ => {}
         }
+    }
+}
+
+/// Whether the only change of a lease in `changes` is a renewal of the grant with `fence` that
+/// moved its deadline: a copy holding that grant then learns everything from the new deadline.
+fn only_renewed(changes: &[Transition], fence: u64) -> bool {
+    let mut lease_changes = changes.iter().filter(|change| change.changes_lease());
+    matches!(
+        (lease_changes.next(), lease_changes.next()),
+        (Some(Transition::Renewed { fence: renewed, moved: true }), None) if *renewed == fence
+    )
+}
+
+impl Effect<'_> {
+    /// Whether it tells replicas and the AOF something.
+    pub fn is_replication(&self) -> bool {
+        matches!(
+            self,
+            Self::ReplicateLease(_)
+                | Self::ReplicateRenewal(_)
+                | Self::ReplicateEnd(_)
+                | Self::ReplicateDel
+                | Self::PassOn
+        )
     }
 }
 
@@ -590,6 +621,7 @@ mod tests {
             }
             Effect::Confirm { fence } => format!("confirm {}", fence - BASE),
             Effect::ReplicateLease(lease) => format!("setlease {}", lease.fence - BASE),
+            Effect::ReplicateRenewal(lease) => format!("renewal {}", lease.fence - BASE),
             Effect::ReplicateEnd(lease) => format!("endlease {}", lease.fence - BASE),
             Effect::ReplicateDel => "del".into(),
             Effect::DeleteKey { propagate, .. } => format!("delete key (propagated: {propagate})"),
@@ -642,9 +674,43 @@ mod tests {
         };
         assert_eq!(
             planned(&mut lock, &mut fences, PRIMARY, at(1), renew),
-            ["count", "confirm 0", "renewed 0", "setlease 0"],
+            ["count", "confirm 0", "renewed 0", "renewal 0"],
             "the 10 s entry comes first and reschedules; an uncontended renewal notes nothing"
         );
+    }
+
+    #[test]
+    fn only_a_renewal_that_moved_a_plain_leases_deadline_travels_without_its_history() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
+            step.acquire(lock, b"A", 10_000).expect("mint");
+        });
+        // The same deadline again (renewed at 1 s for 9 s): a copy could not tell it was a
+        // renewal, so the lease travels whole, history and all.
+        let same = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
+            step.renew(lock, b"A", 9_000).expect("renew");
+        };
+        let effects = planned(&mut lock, &mut fences, PRIMARY, at(1), same);
+        assert!(effects.contains(&"setlease 0".to_owned()), "{effects:?}");
+        // A lease with metadata travels whole, as does a shared one.
+        planned(&mut lock, &mut fences, PRIMARY, at(2), |step, lock| {
+            assert!(step.release(lock, b"A"));
+            step.acquire_as(lock, b"B", 10_000, Mode::Exclusive, Some(b"host-1")).expect("mint");
+        });
+        let renew_b = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
+            step.renew(lock, b"B", 20_000).expect("renew");
+        };
+        let effects = planned(&mut lock, &mut fences, PRIMARY, at(3), renew_b);
+        assert!(effects.iter().any(|e| e.starts_with("setlease ")), "{effects:?}");
+        let (mut shared, mut fences) = (Lock::default(), FenceCounter::default());
+        planned(&mut shared, &mut fences, PRIMARY, at(0), |step, lock| {
+            step.acquire_as(lock, b"S", 10_000, Mode::Shared { limit: None }, None).expect("mint");
+        });
+        let renew_s = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
+            step.renew(lock, b"S", 20_000).expect("renew");
+        };
+        let effects = planned(&mut shared, &mut fences, PRIMARY, at(1), renew_s);
+        assert!(effects.contains(&"setlease 0".to_owned()), "{effects:?}");
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub mod watch;
 pub use error::DlockError;
 pub use lock::{Acquired, Admission, HandOver, Lease, Lock, Renewal, Rules, Waiter};
 pub use mode::Mode;
-pub use step::{Host, Refusal, Step, Transition};
+pub use step::{Changes, Host, Refusal, Step, Transition};
 
 /// Microseconds, on whichever clock the field's name says.
 pub type Micros = u64;

@@ -126,18 +126,19 @@ impl Copy {
         match effect {
             Effect::ReplicateLease(lease) => {
                 // What `DLOCK.SETLEASE` carries: token, fence, deadline, history, mode, meta.
-                let mut copied = Lease::restore(
-                    &lease.token,
-                    lease.fence,
-                    lease.deadline_wall,
-                    now,
-                    self.last_fence,
-                )
-                .expect("a lease the primary minted is a valid one");
+                let mut copied = self.restored(lease, now);
                 copied.shared = lease.shared;
                 let history = Some((lease.granted_wall(now), lease.renewals));
                 self.last_fence = self.last_fence.max(lease.fence);
                 replica::set_lease(self.keys.entry(resource).or_default(), copied, history, now);
+            }
+            Effect::ReplicateRenewal(lease) => {
+                // What the short `DLOCK.SETLEASE` carries: token, fence, deadline, no history.
+                let copied = self.restored(lease, now);
+                let lock =
+                    self.keys.get_mut(&resource).expect("a renewal names a key the copy has");
+                assert!(lock.lease_with_fence(lease.fence).is_some(), "the copy holds the grant");
+                replica::set_lease(lock, copied, None, now);
             }
             Effect::ReplicateEnd(lease) => {
                 let lock = self.keys.get_mut(&resource).expect("an end names a key the copy has");
@@ -148,6 +149,12 @@ impl Copy {
             }
             _ => {}
         }
+    }
+
+    /// The lease as `DLOCK.SETLEASE` restores it from its token, fence and deadline.
+    fn restored(&self, lease: &Lease, now: Now) -> Lease {
+        Lease::restore(&lease.token, lease.fence, lease.deadline_wall, now, self.last_fence)
+            .expect("a lease the primary minted is a valid one")
     }
 
     /// (token, fence, shared, deadline, renewals) of every lease the copy holds for `resource`.

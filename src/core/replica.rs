@@ -35,3 +35,10 @@ pub fn set_lease(lock: &mut Lock, mut lease: Lease, history: History, now: Now) 
 pub fn end_lease(lock: &mut Lock, token: &[u8], fence: u64) -> bool {
     lock.drop_holder(token, fence).is_some()
 }
+
+/// Ends every lease of the lock as the primary decided (a `DLOCK.RELEASE` replayed from its
+/// stream or the AOF: the primary propagates its RELEASE only when the key went with it).
+pub fn end_all(lock: &mut Lock) {
+    // A copy has no waiters; whatever the lock held goes.
+    let _ = lock.displace();
+}

@@ -32,10 +32,13 @@ pub enum Transition {
         /// The grant's fence.
         fence: u64,
     },
-    /// The holder's RENEW moved the deadline of its lease.
+    /// The holder's RENEW set the deadline of its lease anew (and counted a renewal).
     Renewed {
         /// The renewed grant's fence.
         fence: u64,
+        /// The deadline changed (a RENEW landing on the very microsecond of the old deadline
+        /// leaves it where it was): what lets a copy count the renewal from the deadline alone.
+        moved: bool,
     },
     /// The holder of a lease handed over with a claim window claimed it (its first RENEW or
     /// repeated ACQUIRE); the `Renewed` or `Reacquired` that did it follows.
@@ -188,19 +191,23 @@ pub enum Refusal {
     },
 }
 
+/// What one step changed, in order: kept in place for the one or two transitions almost every
+/// command makes (a grant, a release, a renewal), so a command allocates nothing for them.
+pub type Changes = smallvec::SmallVec<[Transition; 2]>;
+
 /// One decision on one lock at one instant.
 pub struct Step<'a, H: Host + ?Sized> {
     now: Now,
     rules: Rules,
     fences: &'a mut FenceCounter,
     host: &'a H,
-    changes: Vec<Transition>,
+    changes: Changes,
 }
 
 impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// A step at `now` under `rules`, minting from `fences`, asking `host` about waiters.
     pub fn new(now: Now, rules: Rules, fences: &'a mut FenceCounter, host: &'a H) -> Self {
-        Self { now, rules, fences, host, changes: Vec::new() }
+        Self { now, rules, fences, host, changes: Changes::new() }
     }
 
     /// The instant this step decides at.
@@ -210,7 +217,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
 
     /// What changed, in order. Apply them even when an operation returned an error: the
     /// changes made before the error stand.
-    pub fn into_changes(self) -> Vec<Transition> {
+    pub fn into_changes(self) -> Changes {
         self.changes
     }
 
@@ -471,6 +478,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     ) -> Result<Renewal, DlockError> {
         self.settle(lock)?;
         let unclaimed = self.unclaimed_by(lock, token, fence);
+        let before = lock.holder(token, self.now).map(|lease| lease.deadline_wall);
         let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
         let holder = lock.live_lease(self.now);
         let mine = lock.holder(token, self.now);
@@ -478,7 +486,10 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             self.changes.push(Transition::Claimed { fence: mine.map_or(0, |lease| lease.fence) });
         }
         self.changes.push(match renewal {
-            Renewal::Renewed => Transition::Renewed { fence: mine.map_or(0, |lease| lease.fence) },
+            Renewal::Renewed => Transition::Renewed {
+                fence: mine.map_or(0, |lease| lease.fence),
+                moved: mine.map(|lease| lease.deadline_wall) != before,
+            },
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
                 token: token.into(),
                 holder: holder.map(|lease| lease.token.clone()),
@@ -603,11 +614,11 @@ mod tests {
             step.acquire(&mut lock, b"A", 10_000),
             Ok(Acquired::Granted { fence: at(0).wall, replaced_expired: false })
         );
-        assert_eq!(step.into_changes(), [Transition::Granted { fence: at(0).wall }]);
+        assert_eq!(*step.into_changes(), [Transition::Granted { fence: at(0).wall }]);
         let mut step = step_at(at(1), &mut fences, &host);
         assert_eq!(step.acquire(&mut lock, b"B", 10_000), Ok(Acquired::Busy));
         step.enqueue(&mut lock, waiter(7, b"B"));
-        assert_eq!(step.into_changes(), [Transition::Queued { waiter: 7 }]);
+        assert_eq!(*step.into_changes(), [Transition::Queued { waiter: 7 }]);
         let mut step = step_at(at(2), &mut fences, &host);
         assert!(step.release(&mut lock, b"A"));
         let changes = step.into_changes();
@@ -652,7 +663,7 @@ mod tests {
         let gone = Gone(&[2]);
         let mut step = step_at(at(1), &mut fences, &gone);
         step.leave(&mut lock, &[2]);
-        assert_eq!(step.into_changes(), []);
+        assert_eq!(*step.into_changes(), []);
         assert_eq!(lock.waiters().map(|w| w.id).collect::<Vec<_>>(), [3]);
     }
 
@@ -698,7 +709,7 @@ mod tests {
         let gone = Gone(&[1, 2]);
         let mut step = step_at(at(1), &mut fences, &gone);
         step.enqueue(&mut lock, waiter(4, b"B"));
-        assert_eq!(step.into_changes(), [Transition::Queued { waiter: 4 }]);
+        assert_eq!(*step.into_changes(), [Transition::Queued { waiter: 4 }]);
         let mut step = step_at(at(1), &mut fences, &gone);
         step.displace(&mut lock);
         let changes = step.into_changes();
@@ -726,12 +737,16 @@ mod tests {
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
         let fence = at(1).wall;
         assert_eq!(
-            step.into_changes(),
-            [Transition::Claimed { fence }, Transition::Renewed { fence }]
+            *step.into_changes(),
+            [Transition::Claimed { fence }, Transition::Renewed { fence, moved: true }]
         );
         let mut step = step_at(at(2), &mut fences, &host);
         assert_eq!(step.renew(&mut lock, b"B", 10_000), Ok(Renewal::Renewed));
-        assert_eq!(step.into_changes(), [Transition::Renewed { fence }], "claimed once");
+        assert_eq!(
+            *step.into_changes(),
+            [Transition::Renewed { fence, moved: true }],
+            "claimed once"
+        );
     }
 
     #[test]
@@ -749,7 +764,7 @@ mod tests {
         step.enqueue_ticket(&mut lock, ticket(2, b"C", at(3).mono));
         step.enqueue_ticket(&mut lock, ticket(3, b"B", at(6).mono));
         assert_eq!(
-            step.into_changes(),
+            *step.into_changes(),
             [
                 Transition::Ticketed { refreshed: false },
                 Transition::Ticketed { refreshed: false },
@@ -761,7 +776,7 @@ mod tests {
         // C stops refreshing: at 3 s it leaves; B, refreshed, is still first in line.
         let mut step = step_at(at(3), &mut fences, &host);
         step.settle(&mut lock).expect("settle");
-        assert_eq!(step.into_changes(), [Transition::TicketLapsed { token: b"C"[..].into() }]);
+        assert_eq!(*step.into_changes(), [Transition::TicketLapsed { token: b"C"[..].into() }]);
         assert_eq!(lock.waiters().map(|w| &*w.token).collect::<Vec<_>>(), [&b"B"[..]]);
         // A's lease ends at 5 s: B's ticket is granted with its claim window.
         let mut step = step_at(at(5), &mut fences, &host);
@@ -783,7 +798,7 @@ mod tests {
         let fence = at(0).wall;
         let mut step = step_at(at(1), &mut fences, &host);
         step.undo_grant(&mut lock, b"A", fence + 1);
-        assert_eq!(step.into_changes(), [], "another grant's lease stays");
+        assert_eq!(*step.into_changes(), [], "another grant's lease stays");
         let mut step = step_at(at(1), &mut fences, &host);
         step.undo_grant(&mut lock, b"A", fence);
         assert!(matches!(&step.into_changes()[..], [Transition::GrantUndone(_)]));

@@ -109,6 +109,12 @@ pub fn dbsize(con: &mut redis::Connection) -> i64 {
     redis::cmd("DBSIZE").query(con).expect("DBSIZE")
 }
 
+/// `SELECT db`, then `DBSIZE` there (the connection stays in `db`).
+pub fn dbsize_in(con: &mut redis::Connection, db: i64) -> i64 {
+    let _: () = redis::cmd("SELECT").arg(db).query(con).expect("SELECT");
+    dbsize(con)
+}
+
 /// `DEBUG DIGEST-VALUE` of one key.
 pub fn digest(con: &mut redis::Connection, key: &str) -> String {
     let digests: Vec<String> =

@@ -20,8 +20,8 @@ pub mod vectors;
 pub use clock::{Clock, clock_shim};
 pub use cluster::{Cluster, migrate};
 pub use commands::{
-    acquire, dbsize, digest, error_text, eventually, exists, fencecheck, field_map, info,
-    info_field, now_us, release, renew, resp_command, send_wait, send_wait_for, value_number,
+    acquire, dbsize, dbsize_in, digest, error_text, eventually, exists, fencecheck, field_map,
+    info, info_field, now_us, release, renew, resp_command, send_wait, send_wait_for, value_number,
     value_text,
 };
 pub use info::{
