@@ -84,13 +84,13 @@ unit: ## Unit and property tests of the pure core only (no Redis needed)
 integration: deps ## Integration tests against real redis-server processes
 	cargo test --tests
 
-bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios, then instructions per command (callgrind) vs SET/PEXPIRE/DEL/Redis's expiry alone, with a replica and with the AOF; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=section,… from throughput versions cycles handover memory waiters waiter-memory shared scale storm ticketstorm lateness crowd list)
+bench: deps ## Benchmarks vs SET NX PX and Lua locks, as ratios, then instructions per command (callgrind) vs SET/PEXPIRE/DEL/Redis's expiry alone, with a replica and with the AOF; writes bench/results.md (BENCH_SECONDS=…, BENCH_ONLY=section,… from throughput redis-benchmark versions cycles expiry handover memory waiters waiter-memory shared scale storm ticketstorm lateness crowd list)
 	cargo build --release --workspace
 	BENCH_V1_MODULE=$$(bash scripts/v1-module.sh) \
 	BENCH_LATENESS_SERVERS="redis-server $$(bash scripts/redis74.sh) $$(bash scripts/valkey.sh)" \
 	./target/release/dlock-bench
 	@# Instructions per command against Redis's own (callgrind): alone, with a replica, with the AOF.
-	python3 scripts/instructions-matrix.py target/release/libdlock.so --out $${BENCH_OUT:-bench/results.md}
+	python3 scripts/instructions-matrix.py target/release/libdlock.so --v1 $$(bash scripts/v1-module.sh) --out $${BENCH_OUT:-bench/results.md}
 
 lint: deps ## cargo clippy with warnings as errors; the Rust client and the protocol crate package for crates.io; every client has the module's version
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -15,7 +15,10 @@ let expire), so the server's start and shutdown cancel out. Expiry compares leas
 with a 200 ms ttl, waited for until none is left, with the same made with a 60 s ttl and waited
 for as long.
 
-    python3 scripts/instructions-matrix.py [module.so] [--count N] [--out results.md]
+With `--v1 old.so` (the last version-1 module, `scripts/v1-module.sh`), one more row: this
+module's ACQUIRE with no option against version 1's, what the version 2 options cost when absent.
+
+    python3 scripts/instructions-matrix.py [module.so] [--count N] [--out results.md] [--v1 old.so]
 
 Prints a markdown table (and appends it to --out). Needs valgrind, redis-server, redis-cli.
 """
@@ -220,6 +223,9 @@ def main() -> int:
     parser.add_argument("module", nargs="?", default="target/release/libdlock.so")
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--out")
+    parser.add_argument(
+        "--v1", help="the last version-1 module: one more row, ACQUIRE against it"
+    )
     args = parser.parse_args()
     for tool in ("valgrind", "redis-server", "redis-cli"):
         if not shutil.which(tool):
@@ -227,14 +233,30 @@ def main() -> int:
             return 1
     module = os.path.realpath(args.module)
     rows = []
+    # (label, baseline module, baseline case, whether the baseline is dlock's own command)
+    rows_to_measure = [
+        (label, module, redis_case, False, dlock_case)
+        for label, dlock_case, redis_case in CASES
+    ]
+    if args.v1:
+        acquire = CASES[0][1]
+        rows_to_measure.append(
+            (
+                "ACQUIRE, no option / version 1's ACQUIRE",
+                os.path.realpath(args.v1),
+                acquire,
+                True,
+                acquire,
+            )
+        )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for label, dlock_case, redis_case in CASES:
+        for label, baseline, base_case, base_is_dlock, dlock_case in rows_to_measure:
             cells = []
             for config in ("alone", "replica", "aof"):
                 ours = per_command(module, config, args.count, work, dlock_case, True)
                 theirs = per_command(
-                    module, config, args.count, work, redis_case, False
+                    baseline, config, args.count, work, base_case, base_is_dlock
                 )
                 cells.append(f"{ours:,.0f} / {theirs:,.0f} = {ours / theirs:.2f}×")
                 print(f"  {label} ({config}): {cells[-1]}", file=sys.stderr)
@@ -243,7 +265,7 @@ def main() -> int:
         [
             f"### Instructions per command (callgrind, {args.count:,} commands, {time.strftime('%Y-%m-%d')})",
             "",
-            "dlock / Redis = ratio, per command, on one redis-server with the module loaded.",
+            "dlock / baseline = ratio, per command, on one redis-server with the module loaded.",
             "",
             "| command | alone | with a replica | with the AOF (`everysec`) |",
             "|---|---|---|---|",

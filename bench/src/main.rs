@@ -4,25 +4,29 @@
 //! Environment: `BENCH_SECONDS` (per case, default 3), `BENCH_HANDOVER_SECONDS` (per hand-over
 //! scheme, default `BENCH_SECONDS`), `BENCH_HANDOVER_WORKERS` (default 16),
 //! `BENCH_STORM_LEASES` (default 1000000),
-//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_CROWD` (readers granted at once, default 100000), `BENCH_LATENESS_SERVERS` (server binaries the
+//! `BENCH_STORM_TICKETS` (default 100000), `BENCH_EXPIRY_KEYS` (leases the expiry section lets
+//! lapse, default 200000), `BENCH_CROWD` (readers granted at once, default 100000), `BENCH_LATENESS_SERVERS` (server binaries the
 //! lateness section starts, at hz 1, 10 and 100; default `redis-server`), `BENCH_SCALE_SHARED_MAX` (most shared holders the
 //! scale table stands up, default 10000), `BENCH_V1_MODULE` (the version-1 module to compare
 //! against; `make bench` builds it with `scripts/v1-module.sh`), `BENCH_OUT` (default
 //! `bench/results.md`), `DLOCK_MODULE` (default target/release/libdlock.so), `BENCH_ONLY`
 //! (a comma-separated list of sections, see [`SECTIONS`], run in that order on one server). The server is the `redis-server` on the PATH.
 //!
-//! One file per scenario (`throughput`, `versions`, `cycles`, `handover`, `memory`, `waiters`,
-//! `shared`, `scale`, `storm` with the lapsing-ticket storm, `lateness`), each writing its table; `schemes`
+//! One file per scenario (`throughput`, `redisbench` for the `redis-benchmark` section, `versions`,
+//! `cycles`, `expiry`, `handover`, `memory`, `waiters`, `shared`, `scale`, `storm` with the
+//! lapsing-ticket storm, `lateness`), each writing its table; `schemes`
 //! is what each lock scheme sends, `harness` the server, the client threads and the PING probe,
 //! `report` the markdown.
 
 mod crowd;
 mod cycles;
+mod expiry;
 mod handover;
 mod harness;
 mod lateness;
 mod list;
 mod memory;
+mod redisbench;
 mod report;
 mod scale;
 mod schemes;
@@ -36,10 +40,12 @@ use harness::Result;
 use report::Report;
 
 /// Every section, in the order a full run takes them.
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 16] = [
     "throughput",
+    "redis-benchmark",
     "versions",
     "cycles",
+    "expiry",
     "handover",
     "memory",
     "waiters",
@@ -62,7 +68,7 @@ fn main() -> Result<()> {
     // BENCH_ONLY=a,b,… runs those sections in that order (one server, as a full run would).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let chosen: Vec<&str> = if only.is_empty() {
-        SECTIONS[..13].to_vec()
+        SECTIONS[..SECTIONS.len() - 1].to_vec()
     } else {
         only.split(',').map(str::trim).collect()
     };
@@ -79,7 +85,9 @@ fn main() -> Result<()> {
         match section {
             "throughput" => throughput::run(&server, &mut report, seconds)?,
             "versions" => versions::run(&server, &mut report, seconds)?,
+            "redis-benchmark" => redisbench::run(&server, &mut report, seconds)?,
             "cycles" => cycles::run(&server, &mut report, seconds)?,
+            "expiry" => expiry::run(&server, &mut report, env_or("BENCH_EXPIRY_KEYS", 200_000))?,
             "handover" => handover::run(&server, &mut report, handover_seconds)?,
             "memory" => memory::run(&server, &mut report)?,
             "waiters" => waiters::run(&server, &mut report)?,

@@ -4,7 +4,7 @@ use dlock_testkit::Server;
 
 use crate::harness::{Result, flush, settled_memory, used_memory};
 use crate::report::{Report, ratio};
-use crate::schemes::{LUA_ACQUIRE, Op, Scheme, add_op};
+use crate::schemes::{LUA_ACQUIRE, Op, Scheme, TOKEN, add_op};
 
 /// The memory table.
 pub fn run(server: &Server, report: &mut Report) -> Result<()> {
@@ -42,7 +42,7 @@ fn memory_per_lock(server: &Server, scheme: Scheme, locks: u64) -> Result<f64> {
             Scheme::Dlock => Op::Acquire,
         };
         for i in batch * 1_000..(batch + 1) * 1_000 {
-            add_op(&mut pipe, op, i, 600_000, &acquire);
+            add_op(&mut pipe, op, i, TOKEN, 600_000, &acquire);
         }
         pipe.query::<redis::Value>(&mut con)?;
     }

@@ -14,6 +14,9 @@ pub const LUA_RELEASE: &str =
 pub const TOKEN: &str = "0123456789abcdef0123456789abcdef0123"; // 36 bytes, a UUID's length
 /// How many resources the random cases draw from.
 pub const RESOURCES: u64 = 1_000_000;
+/// A lease that outlives any section (one hour): the throughput and cycle cases measure taking
+/// and giving back locks, not the expiry path (the `expiry` and `storm` sections measure that).
+pub const HELD_MS: u64 = 3_600_000;
 
 /// One pipelined request of the throughput and memory cases.
 #[derive(Clone, Copy)]
@@ -24,21 +27,29 @@ pub enum Op {
     Acquire,
 }
 
-/// Adds one acquisition of `resource` (or a PING) to `pipe`, the way each scheme does it.
-pub fn add_op(pipe: &mut redis::Pipeline, op: Op, resource: u64, ttl_ms: u64, lua: &redis::Script) {
+/// Adds one acquisition of `resource` by `token` (or a PING) to `pipe`, the way each scheme does
+/// it.
+pub fn add_op(
+    pipe: &mut redis::Pipeline,
+    op: Op,
+    resource: u64,
+    token: &str,
+    ttl_ms: u64,
+    lua: &redis::Script,
+) {
     let key = format!("lock:{resource}");
     match op {
         Op::Ping => pipe.cmd("PING"),
-        Op::SetNx => pipe.cmd("SET").arg(&key).arg(TOKEN).arg("NX").arg("PX").arg(ttl_ms),
+        Op::SetNx => pipe.cmd("SET").arg(&key).arg(token).arg("NX").arg("PX").arg(ttl_ms),
         Op::LuaAcquire => pipe
             .cmd("EVALSHA")
             .arg(lua.get_hash())
             .arg(2)
             .arg(&key)
             .arg(format!("fence:{resource}"))
-            .arg(TOKEN)
+            .arg(token)
             .arg(ttl_ms),
-        Op::Acquire => pipe.cmd("DLOCK.ACQUIRE").arg(&key).arg(TOKEN).arg(ttl_ms),
+        Op::Acquire => pipe.cmd("DLOCK.ACQUIRE").arg(&key).arg(token).arg(ttl_ms),
     };
 }
 
