@@ -61,28 +61,27 @@ if [ "$self_check" = yes ]; then
     fi
     caught="$caught, mirror ($copy) $n"
   done
+  # Runs chaos with the arguments after the first two into target/chaos-self-check-NAME.log and
+  # fails unless the checker CHECKER reported a violation there; adds the count to $caught.
+  expect_caught() { # NAME CHECKER ARGS…
+    local name=$1 checker=$2 log n
+    shift 2
+    log="target/chaos-self-check-$name.log"
+    "$chaos" "$@" >"$log" 2>&1 || true
+    n=$(grep -c "^VIOLATION ($checker)" "$log" || true)
+    if [ "$n" -eq 0 ]; then
+      cat "$log"
+      echo "chaos: the self-check found no '$checker' violation: that checker is broken" >&2
+      exit 1
+    fi
+    caught="$caught, $checker $n"
+  }
   # Sets that let a member go (broken mixed workers on three read-write resources, no
   # semaphore): the mirror checker's set-atomicity must see one in part.
-  "$chaos" --seconds 6 --seed "$seed" --broken-mixed --rw 3 --sem 0 \
-    > target/chaos-self-check-sets.log 2>&1 || true
-  n=$(grep -c "^VIOLATION (set-atomicity)" target/chaos-self-check-sets.log || true)
-  if [ "$n" -eq 0 ]; then
-    cat target/chaos-self-check-sets.log
-    echo "chaos: the self-check found no 'set-atomicity' violation: that checker is broken" >&2
-    exit 1
-  fi
-  caught="$caught, set-atomicity $n"
+  expect_caught sets set-atomicity --seconds 6 --seed "$seed" --broken-mixed --rw 3 --sem 0
   # The servers' monotonic clock stepping with their wall clock (every fault a clock step):
   # leases end early, which the clock checker must see.
-  "$chaos" --seconds 8 --seed "$seed" --broken-clock --rw 1 --sem 1 \
-    > target/chaos-self-check-clock.log 2>&1 || true
-  n=$(grep -c "^VIOLATION (clock-lease)" target/chaos-self-check-clock.log || true)
-  if [ "$n" -eq 0 ]; then
-    cat target/chaos-self-check-clock.log
-    echo "chaos: the self-check found no 'clock-lease' violation: the clock checker is broken" >&2
-    exit 1
-  fi
-  caught="$caught, clock-lease $n"
+  expect_caught clock clock-lease --seconds 8 --seed "$seed" --broken-clock --rw 1 --sem 1
   # The one admitted weakness, shown: a primary without persistence whose clock steps back while
   # it is down mints fences below those it granted before. fence-order must report it, and no
   # checker may report anything else (what such a restart loses is excused, as any restart's).

@@ -424,14 +424,20 @@ def test_a_set_waits_on_its_members_shard_channels_and_is_refused_across_slots(
             thread.start()
             for member in members:  # every member's shard channel, on the slot's primary
                 assert until_shard_listeners(owner, member, 1)
+
+            def tickets_in_line(member: str = members[0], owner: Server = owner) -> int:
+                with owner.client() as admin:
+                    info = cmd(admin, "DLOCK.INFO", member)
+                return 0 if info is None else int(fields(info)[b"tickets"])
+
+            # The set subscribes before it asks, so its ticket follows its subscriptions.
+            assert wait_until(lambda: tickets_in_line() == 1, 5)
             with owner.client() as admin:
-                in_line = fields(cmd(admin, "DLOCK.INFO", members[0]))[b"tickets"]
                 released = time.monotonic()
                 assert cmd(admin, "DLOCK.RELEASE", members[1], "holder") == 1
             thread.join(10)
             assert granted
             granted_at, lease = granted[0]
-            assert in_line == 1
             assert granted_at - released < 0.5
             assert lease.fences[1] > lease.fences[0]
         with pytest.raises(redis.ResponseError) as raised, locks.hold_all(["x:{1}", "x:{2}"]):
