@@ -279,6 +279,9 @@ fn perform(ctx: &Context, name: &RedisString, effect: Effect<'_>, now: Now) {
                 notify::publish(ctx, what, name, lease, detail, now.mono);
             }
         }
+        Effect::Granted { lease, request } => {
+            notify::publish_granted(ctx, name, lease, request, now.mono);
+        }
         Effect::Log(line) => match line.level() {
             LogLevel::Verbose => notify::verbose(ctx, || line.text(name.as_slice())),
             LogLevel::Anomaly => notify::anomaly(ctx, now, || line.text(name.as_slice())),

@@ -93,7 +93,8 @@ pub fn publish(
     now: Micros,
 ) {
     // Nobody subscribed to the channel: nothing to send (`core/listeners.rs`).
-    let Some(channel) = channel_heard(ctx, resource.as_slice(), now) else {
+    let resource_name = |out: &mut Vec<u8>| channel::write_name(resource.as_slice(), out);
+    let Some(channel) = channel_heard(ctx, now, resource_name) else {
         MODULE.log.messages_unheard.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -111,6 +112,38 @@ pub fn publish(
         with_detail = [message, b" ", detail].concat();
         &with_detail[..]
     };
+    send(ctx, &channel, message);
+}
+
+/// Tells the ticket of `lease`'s token on `resource` that it was handed the lease, on the
+/// ticket's own channel (`channel::ticket_name`): `granted <fence> <request> <window-ms>`, where
+/// `request` is the number of the ticket's last refresh before the hand-over and the window is
+/// how long the lease runs unless claimed. A grantee may start on this message alone.
+pub fn publish_granted(
+    ctx: &Context,
+    resource: &RedisString,
+    lease: &Lease,
+    request: u64,
+    now: Micros,
+) {
+    let own_name = |out: &mut Vec<u8>| {
+        channel::write_ticket_name(resource.as_slice(), &lease.token, out);
+    };
+    let Some(channel) = channel_heard(ctx, now, own_name) else {
+        MODULE.log.messages_unheard.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    MODULE.log.messages_published.fetch_add(1, Ordering::Relaxed);
+    // Floored: the window a client counts from its request's send time is never too long.
+    let window_ms = lease.deadline_mono.saturating_sub(lease.granted_mono) / 1_000;
+    let mut message = [0; channel::MAX_GRANTED];
+    let message = channel::write_granted(lease.fence, request, window_ms, &mut message);
+    send(ctx, &channel, message);
+}
+
+/// Publishes `message` on `channel`: as a shard message in Redis Cluster where the server lets
+/// a module send one, else as `PUBLISH`.
+fn send(ctx: &Context, channel: &RedisString, message: &[u8]) {
     let message = RedisString::create_from_slice(ctx.ctx, message);
     // SAFETY: ctx is live; both strings live until the end of this call.
     unsafe {
@@ -127,7 +160,11 @@ pub fn publish(
 
 /// The channel of `resource`, if a subscriber may hear it; the server's account of its
 /// subscriptions is taken first when the last one is too old.
-fn channel_heard(ctx: &Context, resource: &[u8], now: Micros) -> Option<RedisString> {
+fn channel_heard(
+    ctx: &Context,
+    now: Micros,
+    write_name: impl FnOnce(&mut Vec<u8>),
+) -> Option<RedisString> {
     let mut channels = state::lock(&MODULE.log.channel);
     if channels.as_ref().is_none_or(|channels| channels.listeners.stale(now)) {
         // Read with no lock held: a call into the server may come back into the module.
@@ -145,7 +182,7 @@ fn channel_heard(ctx: &Context, resource: &[u8], now: Micros) -> Option<RedisStr
     let channels = channels.get_or_insert_with(Channels::default);
     // The name's buffer is reused from message to message.
     channels.name.clear();
-    channel::write_name(resource, &mut channels.name);
+    write_name(&mut channels.name);
     channels
         .listeners
         .may_hear(&channels.name)

@@ -243,14 +243,21 @@ fn every_test_the_guarantee_table_names_exists() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let page = std::fs::read_to_string(root.join("docs/guarantees.md")).expect("guarantees.md");
     let mut sources = String::new();
-    let mut dirs = vec![root.join("tests"), root.join("src"), root.join("client/tests")];
+    let mut dirs = vec![
+        root.join("tests"),
+        root.join("src"),
+        root.join("client/tests"),
+        root.join("python/tests"),
+    ];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
-                sources.push_str(&std::fs::read_to_string(&path).expect("read source"));
+            } else if path.extension().is_some_and(|ext| ext == "rs" || ext == "py") {
+                // A Python test is a `def name(`: read as `fn name(` here.
+                let source = std::fs::read_to_string(&path).expect("read source");
+                sources.push_str(&source.replace("def test_", "fn test_"));
             }
         }
     }

@@ -215,6 +215,16 @@ fn bad_queue_options_are_refused_and_change_nothing() {
         (&["QUEUE", "0"], "ERR ticket-ms must be an integer between 1 and 86400000"),
         (&["QUEUE", "5", "QUEUE", "5"], "ERR syntax error: QUEUE given more than once"),
         (&["QUEUE", "5", "WAIT", "5"], "ERR syntax error: WAIT and QUEUE cannot be combined"),
+        (&["NOTIFY", "1"], "ERR syntax error: NOTIFY needs QUEUE"),
+        (&["QUEUE", "5", "NOTIFY"], "ERR NOTIFY needs a request argument"),
+        (
+            &["QUEUE", "5", "NOTIFY", "-1"],
+            "ERR NOTIFY must be an integer between 0 and 9223372036854775807",
+        ),
+        (
+            &["QUEUE", "5", "NOTIFY", "1", "NOTIFY", "2"],
+            "ERR syntax error: NOTIFY given more than once",
+        ),
     ] {
         let reply =
             redis::cmd("DLOCK.ACQUIRE").arg("r").arg("B").arg(60_000).arg(args).query(&mut con);
@@ -360,4 +370,106 @@ fn a_release_without_fence_withdraws_the_tokens_ticket_and_one_with_a_fence_neve
     assert_eq!(release(&mut con, "r", "A"), 1);
     assert_eq!(info_field(&mut con, "r", "owner").as_deref(), Some("C"));
     assert_eq!(info_field(&mut con, "r", "tickets").as_deref(), Some("0"));
+}
+
+/// `DLOCK.ACQUIRE r token 60000 QUEUE ticket-ms NOTIFY request [more…]`.
+fn queue_notify(
+    con: &mut redis::Connection,
+    token: &str,
+    request: u64,
+    more: &[&str],
+) -> Option<i64> {
+    redis::cmd("DLOCK.ACQUIRE")
+        .arg("r")
+        .arg(token)
+        .arg(60_000)
+        .arg("QUEUE")
+        .arg(60_000)
+        .arg("NOTIFY")
+        .arg(request)
+        .arg(more)
+        .query(con)
+        .expect("ACQUIRE QUEUE NOTIFY")
+}
+
+/// A connection to `server` reading with a timeout of `timeout`, for a subscriber.
+fn subscriber(server: &Server, timeout: Duration) -> redis::Connection {
+    let subscriber = server.client();
+    subscriber.set_read_timeout(Some(timeout)).expect("timeout");
+    subscriber
+}
+
+/// The next message's channel and text.
+fn next_message(pubsub: &mut redis::PubSub<'_>) -> redis::RedisResult<(String, String)> {
+    let message = pubsub.get_message()?;
+    Ok((message.get_channel_name().to_owned(), message.get_payload()?))
+}
+
+/// A ticket that asks with `NOTIFY` hears of its own grant on its own channel, which nobody
+/// else's grant reaches: `granted <fence> <request> <window-ms>`, naming its last refresh before
+/// the hand-over and the claim window; the fence is the one its next ACQUIRE answers.
+#[test]
+fn a_notified_ticket_hears_its_own_grant_on_its_own_channel() {
+    let server = Server::start();
+    let mut con = server.client();
+    let own = |token: &str| dlock_proto::channel::ticket_name_of("r", token);
+    let (mut b_con, mut c_con) = (subscriber(&server, SEC), subscriber(&server, SEC / 5));
+    let (mut b, mut c) = (b_con.as_pubsub(), c_con.as_pubsub());
+    b.subscribe(own("B")).expect("SUBSCRIBE");
+    c.subscribe(own("C")).expect("SUBSCRIBE");
+    let a = acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue_notify(&mut con, "B", 1, &["CLAIM", "4000"]), None);
+    assert_eq!(queue_notify(&mut con, "C", 1, &[]), None);
+    assert_eq!(queue_notify(&mut con, "B", 2, &["CLAIM", "4000"]), None, "refreshed");
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    let (channel, message) = next_message(&mut b).expect("B's grant");
+    assert_eq!(channel, "dlock:{r}:".to_owned() + &format!("{:016x}", wide_tag("B")));
+    let granted = dlock_proto::channel::granted(&message).expect(&message);
+    assert!(granted.fence > a as u64, "{message}");
+    assert_eq!((granted.request, granted.window_ms), (2, 4_000), "{message}");
+    assert!(next_message(&mut c).is_err(), "C's channel hears nothing of B's grant");
+    c.set_read_timeout(Some(SEC)).expect("timeout");
+    let claimed = queue_notify(&mut con, "B", 3, &["CLAIM", "4000"]);
+    assert_eq!(claimed, Some(granted.fence as i64), "the next ACQUIRE answers that fence");
+    // C's turn: its claim window defaults to the ticket's length.
+    assert_eq!(release(&mut con, "r", "B"), 1);
+    let (_, message) = next_message(&mut c).expect("C's grant");
+    let granted = dlock_proto::channel::granted(&message).expect(&message);
+    assert_eq!((granted.request, granted.window_ms), (1, 60_000), "{message}");
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn wide_tag(token: &str) -> u64 {
+    dlock_proto::channel::wide_tag(token.as_bytes())
+}
+
+/// A refresh without `NOTIFY` takes the ticket off its channel (a client that fell back to the
+/// resource's channel); a window cut by `dlock.max-hold-ms` is the one the message names.
+#[test]
+fn a_refresh_without_notify_ends_the_message_and_the_window_is_the_leases() {
+    let server = Server::start();
+    let mut con = server.client();
+    let own = |token: &str| dlock_proto::channel::ticket_name_of("r", token);
+    let (mut b_con, mut c_con) = (subscriber(&server, SEC / 5), subscriber(&server, SEC));
+    let (mut b, mut c) = (b_con.as_pubsub(), c_con.as_pubsub());
+    b.subscribe(own("B")).expect("SUBSCRIBE");
+    c.subscribe(own("C")).expect("SUBSCRIBE");
+    acquire(&mut con, "r", "A", 60_000).expect("granted");
+    assert_eq!(queue_notify(&mut con, "B", 1, &[]), None);
+    assert_eq!(queue(&mut con, "r", "B", 60_000), None, "refreshed without NOTIFY");
+    assert_eq!(queue_notify(&mut con, "C", 7, &[]), None);
+    assert_eq!(release(&mut con, "r", "A"), 1);
+    assert!(next_message(&mut b).is_err(), "no message without NOTIFY");
+    assert!(queue(&mut con, "r", "B", 60_000).is_some(), "B was granted all the same");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("dlock.max-hold-ms")
+        .arg(1_500)
+        .query(&mut con)
+        .expect("CONFIG SET");
+    assert_eq!(release(&mut con, "r", "B"), 1);
+    let (_, message) = next_message(&mut c).expect("C's grant");
+    let granted = dlock_proto::channel::granted(&message).expect(&message);
+    assert_eq!((granted.request, granted.window_ms), (7, 1_500), "{message}");
 }

@@ -56,6 +56,9 @@ pub mod event {
     /// A lease ended by `DLOCK.REVOKE`; the message ends with the revocation's reason, if any
     /// (`revoked 1796207757444058 stuck since 03:00`).
     pub const REVOKED: &str = "revoked";
+    /// A ticket's own lease handed over, on the ticket's own channel
+    /// ([`write_granted`](super::write_granted)).
+    pub const GRANTED: &str = "granted";
 }
 
 /// The fence and the reason of a `revoked` message (the reason is empty when none was given),
@@ -130,6 +133,114 @@ pub fn write_message<'a>(
         end += 1 + TAG_LEN;
     }
     &buffer[..end]
+}
+
+/// The length of a [`wide_tag`] in a channel name: 16 lowercase hex digits.
+pub const WIDE_TAG_LEN: usize = 16;
+
+/// A 64-bit digest of a token, naming the channel where only that token's ticket hears of its
+/// grant ([`write_ticket_name`]): 64-bit FNV-1a of the token's bytes (offset basis
+/// `0xcbf29ce484222325`; per byte, xor it in, then multiply by the prime `0x100000001b3`,
+/// wrapping). Wide enough that two random tokens waiting at once never share a channel (about
+/// one pair in 2⁶⁴), which matters because a grantee starts on that channel's message alone.
+pub fn wide_tag(token: &[u8]) -> u64 {
+    token.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The channel where the ticket of `token` on `resource` hears of its own grant: the resource's
+/// channel, `:` and the token's [`wide_tag`] as 16 lowercase hex digits, e.g.
+/// `dlock:{invoice:123}:af63dc4c8601ec8c` (token `a`). It hashes to the resource's slot (the
+/// resource channel's hash tag comes first).
+pub fn ticket_name(resource: &[u8], token: &[u8]) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(PREFIX.len() + resource.len() + 8 + WIDE_TAG_LEN);
+    write_ticket_name(resource, token, &mut channel);
+    channel
+}
+
+/// [`ticket_name`] for a resource and a token given as text.
+pub fn ticket_name_of(resource: &str, token: &str) -> String {
+    String::from_utf8_lossy(&ticket_name(resource.as_bytes(), token.as_bytes())).into_owned()
+}
+
+/// Appends [`ticket_name`] to `out`.
+pub fn write_ticket_name(resource: &[u8], token: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    write_name(resource, out);
+    out.push(b':');
+    let tag = wide_tag(token);
+    out.extend((0..WIDE_TAG_LEN).map(|i| HEX[((tag >> (60 - 4 * i)) & 0xf) as usize]));
+}
+
+/// Room for a [`write_granted`] message: `granted`, three `u64`s and their spaces.
+pub const MAX_GRANTED: usize = event::GRANTED.len() + 3 * (1 + MAX_DIGITS);
+
+/// The message on a ticket's own channel ([`ticket_name`]) when its lease is handed over:
+/// `granted <fence> <request> <window-ms>`: the fence, the `NOTIFY` number of the last ACQUIRE
+/// of the ticket the server read before the hand-over, and how long the lease runs unless
+/// claimed (from the hand-over, in milliseconds).
+pub fn write_granted(
+    fence: u64,
+    request: u64,
+    window_ms: u64,
+    buffer: &mut [u8; MAX_GRANTED],
+) -> &[u8] {
+    let mut end = 0;
+    for (i, part) in [fence, request, window_ms].into_iter().enumerate() {
+        let word: &[u8] = if i == 0 { event::GRANTED.as_bytes() } else { b"" };
+        buffer[end..end + word.len()].copy_from_slice(word);
+        end += word.len();
+        buffer[end] = b' ';
+        end += 1;
+        let mut digits = [0; MAX_DIGITS];
+        let digits = decimal(part, &mut digits);
+        buffer[end..end + digits.len()].copy_from_slice(digits);
+        end += digits.len();
+    }
+    &buffer[..end]
+}
+
+/// What a ticket's own channel said: its lease was handed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// The lease's fence.
+    pub fence: u64,
+    /// The `NOTIFY` number of the last ACQUIRE of the ticket the server read before the
+    /// hand-over: that request was sent before the lease began.
+    pub request: u64,
+    /// How long the lease runs from the hand-over unless claimed, in milliseconds.
+    pub window_ms: u64,
+}
+
+/// The [`Granted`] of a `granted <fence> <request> <window-ms>` message, or `None` for any
+/// other text.
+pub fn granted(payload: &str) -> Option<Granted> {
+    let rest = payload.strip_prefix(event::GRANTED)?.strip_prefix(' ')?;
+    let mut numbers = rest.split(' ').map(|word| {
+        (!word.is_empty() && word.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| word.parse::<u64>().ok())
+            .flatten()
+    });
+    match (numbers.next(), numbers.next(), numbers.next(), numbers.next()) {
+        (Some(Some(fence)), Some(Some(request)), Some(Some(window_ms)), None) => {
+            Some(Granted { fence, request, window_ms })
+        }
+        _ => None,
+    }
+}
+
+/// The earliest the lease a `granted` message announces may end, on the client's clock: the
+/// send time of the request the message names plus the window, which is never after the
+/// server's deadline (that request reached the server before the hand-over). `sent_at` gives a
+/// request's send time (`None`: not one of the attempt's, and then no expiry), `plus_ms` adds
+/// milliseconds to a time (the clock is the caller's: this crate has none).
+pub fn granted_expiry<T>(
+    granted: &Granted,
+    sent_at: impl FnOnce(u64) -> Option<T>,
+    plus_ms: impl FnOnce(T, u64) -> T,
+) -> Option<T> {
+    sent_at(granted.request).map(|sent| plus_ms(sent, granted.window_ms))
 }
 
 /// Which ticket waiters a channel message concerns.
@@ -243,6 +354,48 @@ mod tests {
         let longest = message("a-word-longer-than-twelve", u64::MAX, Some(b"foobar"));
         assert_eq!(longest.len(), MAX_MESSAGE, "the longest message fits exactly");
         assert!(longest.ends_with(b" bf9cf968"));
+    }
+
+    #[test]
+    fn a_tickets_own_channel_is_the_resources_and_fnv1a_64_of_the_token() {
+        assert_eq!(wide_tag(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(wide_tag(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(wide_tag(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(ticket_name_of("invoice:123", "a"), "dlock:{invoice:123}:af63dc4c8601ec8c");
+        assert_eq!(ticket_name_of("x{7}", ""), "dlock:key:x{7}:cbf29ce484222325");
+        for resource in [&b"invoice:123"[..], b"invoice:{123}", b"{a}b{c}", b"a{b}c"] {
+            assert_eq!(key_slot(&ticket_name(resource, b"t")), key_slot(resource));
+        }
+    }
+
+    #[test]
+    fn a_granted_message_names_fence_request_and_window() {
+        let mut buffer = [0; MAX_GRANTED];
+        let written = write_granted(u64::MAX, u64::MAX, u64::MAX, &mut buffer).to_vec();
+        assert_eq!(written.len(), MAX_GRANTED, "the longest message fits exactly");
+        assert_eq!(write_granted(42, 3, 6000, &mut buffer), b"granted 42 3 6000");
+        let parsed = granted("granted 42 3 6000");
+        assert_eq!(parsed, Some(Granted { fence: 42, request: 3, window_ms: 6000 }));
+        let max = String::from_utf8(written).expect("text");
+        assert_eq!(granted(&max).map(|g| g.window_ms), Some(u64::MAX));
+        for other in [
+            "granted 42 3",
+            "granted 42 3 6000 1",
+            "granted 42 -3 6000",
+            "granted 42 +3 6000",
+            "granted  42 3 6000",
+            "grantedx 42 3 6000",
+            "handoff 42 e40c292c",
+            "granted 42 3 18446744073709551616",
+        ] {
+            assert_eq!(granted(other), None, "{other}");
+        }
+        let sent = |request: u64| (request == 3).then_some(10_000_u64);
+        let plus = |at: u64, ms: u64| at + ms;
+        let expiry = parsed.and_then(|g| granted_expiry(&g, sent, plus));
+        assert_eq!(expiry, Some(16_000));
+        let unknown = Granted { fence: 42, request: 4, window_ms: 6000 };
+        assert_eq!(granted_expiry(&unknown, sent, plus), None);
     }
 
     #[test]

@@ -16,7 +16,8 @@ pub const FENCED: &str = "DLOCK.FENCED";
 pub const INFO: &str = "DLOCK.INFO";
 
 /// The option keywords of the version 2 commands, as a client sends them (upper case).
-pub const OPTIONS: [&str; 7] = ["CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"];
+pub const OPTIONS: [&str; 8] =
+    ["CLAIM", "FENCE", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED", "WAIT"];
 
 /// One argument vector: the command's name, then its arguments, as bytes.
 pub type Args = Vec<Vec<u8>>;
@@ -63,6 +64,9 @@ pub struct Acquire<'a> {
     pub claim_ms: Option<u64>,
     /// `META value`: what the lease says of its holder.
     pub meta: Option<&'a [u8]>,
+    /// `NOTIFY request`, sent only with a ticket: the server tells the ticket's own channel of
+    /// its grant, naming the number of the last of these requests it read before.
+    pub notify: Option<u64>,
 }
 
 impl<'a> Acquire<'a> {
@@ -76,11 +80,12 @@ impl<'a> Acquire<'a> {
             wait: Wait::No,
             claim_ms: None,
             meta: None,
+            notify: None,
         }
     }
 
     /// The argument vector: `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]]
-    /// [WAIT timeout-ms | QUEUE ticket-ms] [CLAIM claim-ms] [META value]`.
+    /// [WAIT timeout-ms | QUEUE ticket-ms [NOTIFY request]] [CLAIM claim-ms] [META value]`.
     pub fn args(&self) -> Args {
         let mut args =
             vec![word(ACQUIRE), word(self.resource), word(self.token), number(self.ttl_ms)];
@@ -97,6 +102,9 @@ impl<'a> Acquire<'a> {
             }
             Wait::Queue(ms) => {
                 args.extend([word("QUEUE"), number(ms)]);
+                if let Some(request) = self.notify {
+                    args.extend([word("NOTIFY"), number(request)]);
+                }
                 true
             }
         };

@@ -90,6 +90,7 @@ pub fn build(vector: &Value) -> command::Args {
             },
             claim_ms: int(vector, "claim_ms"),
             meta: vector.get("meta").and_then(Value::as_str).map(str::as_bytes),
+            notify: int(vector, "notify"),
         }
         .args(),
         "renew" => command::renew(
@@ -128,7 +129,19 @@ fn argument_vectors_of_every_command_form() {
 #[test]
 fn error_replies_and_their_classes() {
     let vectors = load("errors.json");
-    for vector in list(&vectors) {
+    check_errors(&vectors);
+    for class in ErrorClass::ALL {
+        assert!(
+            list(&vectors).iter().any(|vector| vector["class"] == class.name()),
+            "no vector of class {}",
+            class.name()
+        );
+    }
+}
+
+/// Each error vector's class, the option it says an older server refused, and its bound.
+fn check_errors(vectors: &Value) {
+    for vector in list(vectors) {
         let reply = text(vector, "reply");
         assert_eq!(error::classify(reply).name(), text(vector, "class"), "{reply}");
         assert_eq!(
@@ -140,12 +153,54 @@ fn error_replies_and_their_classes() {
             assert_eq!(error::upper_bound(reply), Some(bound), "{reply}");
         }
     }
-    for class in ErrorClass::ALL {
-        assert!(
-            list(&vectors).iter().any(|vector| vector["class"] == class.name()),
-            "no vector of class {}",
-            class.name()
-        );
+}
+
+/// `notify.json`: a ticket's own channel, the `granted` message on it, `NOTIFY` in the ACQUIRE
+/// and the errors about it, and the local expiry a `granted` message gives.
+#[test]
+fn tickets_told_on_their_own_channel() {
+    let vectors = load("notify.json");
+    for vector in list(&vectors["tags"]) {
+        let tag = channel::wide_tag(text(vector, "token").as_bytes());
+        assert_eq!(format!("{tag:016x}"), text(vector, "wide_tag"), "{vector}");
+    }
+    for vector in list(&vectors["channels"]) {
+        let name = channel::ticket_name_of(text(vector, "resource"), text(vector, "token"));
+        assert_eq!(name, text(vector, "channel"), "{vector}");
+    }
+    for vector in list(&vectors["granted"]) {
+        let parsed = channel::granted(text(vector, "message"));
+        let expected = int(vector, "fence").map(|fence| channel::Granted {
+            fence,
+            request: int(vector, "request").expect("request"),
+            window_ms: int(vector, "window_ms").expect("window_ms"),
+        });
+        assert_eq!(parsed, expected, "{vector}");
+        if let Some(granted) = expected {
+            let mut buffer = [0; channel::MAX_GRANTED];
+            let written = channel::write_granted(
+                granted.fence,
+                granted.request,
+                granted.window_ms,
+                &mut buffer,
+            );
+            assert_eq!(String::from_utf8_lossy(written), text(vector, "message"));
+        }
+    }
+    for vector in list(&vectors["commands"]) {
+        let built: Vec<String> =
+            build(vector).iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let expected: Vec<&str> =
+            list(&vector["args"]).iter().map(|a| a.as_str().expect("arg")).collect();
+        assert_eq!(built, expected, "{}", text(vector, "name"));
+    }
+    check_errors(&vectors["errors"]);
+    for vector in list(&vectors["expiry"]) {
+        let granted = channel::granted(text(vector, "message")).expect("a granted message");
+        let sent =
+            |request: u64| vector["sent_ms"].get(request.to_string()).and_then(Value::as_u64);
+        let expiry = channel::granted_expiry(&granted, sent, |at, ms| at + ms);
+        assert_eq!(expiry, int(vector, "expiry_ms"), "{vector}");
     }
 }
 

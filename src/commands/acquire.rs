@@ -1,5 +1,5 @@
 //! `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT timeout-ms | QUEUE ticket-ms]
-//! [CLAIM claim-ms] [META value]`: fence, or nil when not granted.
+//! [NOTIFY request] [CLAIM claim-ms] [META value]`: fence, or nil when not granted.
 
 use redis_module::{Context, ContextFlags, RedisResult, RedisString, RedisValue, raw};
 
@@ -35,6 +35,7 @@ pub const META: CommandMeta = CommandMeta {
         ArgMeta::required("ttl-ms", ArgKind::Integer),
         ArgMeta::option("shared", ArgKind::Block(SHARED), "SHARED").since(V2),
         ArgMeta::one_of("wait-or-queue", WAIT_OR_QUEUE),
+        ArgMeta::option("request", ArgKind::Integer, "NOTIFY").since(V2),
         ArgMeta::option("claim-ms", ArgKind::Integer, "CLAIM").since(V2),
         ArgMeta::option("value", ArgKind::String, "META").since(V2),
     ],
@@ -113,6 +114,7 @@ fn wait(
         claim_ms: request.claim_ms,
         ticket_until: None,
         set: false,
+        notify: None,
         mode: request.mode,
         meta: request.meta.map(Into::into),
     };
@@ -134,5 +136,5 @@ fn queue(
     let id = waiters::new_ticket_id();
     let ticket =
         sets::ticket(lock, token, request.ttl_ms, mode, meta, claim, ticket_ms, false, now, id);
-    step.enqueue_ticket(lock, ticket);
+    step.enqueue_ticket(lock, Waiter { notify: request.notify, ..ticket });
 }

@@ -34,7 +34,13 @@ pub struct AcquireArgs<'a> {
     pub mode: Mode,
     /// `META value`: the holder's metadata.
     pub meta: Option<&'a [u8]>,
+    /// `NOTIFY request` (with `QUEUE` only): the ticket's grant is told on its own channel,
+    /// naming this number (the latest the ticket was refreshed with).
+    pub notify: Option<u64>,
 }
+
+/// The bounds of `NOTIFY request`, as its error states them.
+pub const NOTIFY_RANGE: &str = "an integer between 0 and 9223372036854775807";
 
 /// `DLOCK.RENEW resource token ttl-ms [FENCE fence]`, minus the resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +72,11 @@ pub fn acquire<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>
 pub fn acquire_all<'a>(args: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, DlockError> {
     const COMMAND: &str = "dlock.acquireall";
     let request = acquire_as(COMMAND, args, max_ttl_ms)?;
-    let waits = [("WAIT", request.wait_ms.is_some()), ("CLAIM", request.claim_ms.is_some())];
+    let waits = [
+        ("WAIT", request.wait_ms.is_some()),
+        ("CLAIM", request.claim_ms.is_some()),
+        ("NOTIFY", request.notify.is_some()),
+    ];
     match waits.into_iter().find(|(_, given)| *given) {
         Some((option, _)) => Err(DlockError::NotForSets(option, COMMAND)),
         None => Ok(request),
@@ -84,7 +94,7 @@ fn acquire_as<'a>(
     let token = parse_token(token)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
     let (mut wait_ms, mut claim_ms, mut queue_ms) = (None, None, None);
-    let (mut shared, mut limit, mut meta) = (false, None, None);
+    let (mut shared, mut limit, mut meta, mut notify) = (false, None, None, None);
     let mut rest = options.iter();
     while let Some(option) = rest.next() {
         if option.eq_ignore_ascii_case(b"SHARED") {
@@ -119,6 +129,12 @@ fn acquire_as<'a>(
             }
             let ticket = rest.next().ok_or(DlockError::OptionWithoutValue("QUEUE", "ticket-ms"))?;
             queue_ms = Some(parse_ticket(ticket, max_ttl_ms)?);
+        } else if option.eq_ignore_ascii_case(b"NOTIFY") {
+            if notify.is_some() {
+                return Err(DlockError::RepeatedOption("NOTIFY"));
+            }
+            let request = rest.next().ok_or(DlockError::OptionWithoutValue("NOTIFY", "request"))?;
+            notify = Some(parse_request(request)?);
         } else if option.eq_ignore_ascii_case(b"CLAIM") {
             if claim_ms.is_some() {
                 return Err(DlockError::RepeatedOption("CLAIM"));
@@ -135,8 +151,11 @@ fn acquire_as<'a>(
     if limit.is_some() && !shared {
         return Err(DlockError::OptionNeeds("LIMIT", "SHARED"));
     }
+    if notify.is_some() && queue_ms.is_none() {
+        return Err(DlockError::OptionNeeds("NOTIFY", "QUEUE"));
+    }
     let mode = if shared { Mode::Shared { limit } } else { Mode::Exclusive };
-    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms, queue_ms, mode, meta })
+    Ok(AcquireArgs { token, ttl_ms, wait_ms, claim_ms, queue_ms, mode, meta, notify })
 }
 
 /// A semaphore's size: an integer in `1..=MAX_LIMIT`.
@@ -446,6 +465,13 @@ pub fn parse_claim(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
     parse_ttl(bytes, max_ttl_ms).map_err(|_| DlockError::BadClaim { max: max_ttl_ms })
 }
 
+/// A `NOTIFY` request number: an integer in `0..=i64::MAX`.
+pub fn parse_request(bytes: &[u8]) -> Result<u64, DlockError> {
+    parse_int(bytes)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or(DlockError::BadChoice("NOTIFY", NOTIFY_RANGE))
+}
+
 /// A ticket's life: an integer in `1..=max_ttl_ms`.
 pub fn parse_ticket(bytes: &[u8], max_ttl_ms: u64) -> Result<u64, DlockError> {
     parse_ttl(bytes, max_ttl_ms).map_err(|_| DlockError::BadTicket { max: max_ttl_ms })
@@ -615,6 +641,7 @@ mod tests {
                 queue_ms: None,
                 mode: Mode::Exclusive,
                 meta: None,
+                notify: None,
             })
         );
         assert_eq!(
@@ -627,6 +654,7 @@ mod tests {
                 queue_ms: None,
                 mode: Mode::Exclusive,
                 meta: None,
+                notify: None,
             })
         );
         assert_eq!(acquire(&[b"w1", b"30000", b"WAIT"], MAX), Err(DlockError::WaitWithoutTimeout));
@@ -698,6 +726,7 @@ mod tests {
             queue_ms: None,
             mode: Mode::Exclusive,
             meta: None,
+            notify: None,
         };
         assert_eq!(
             acquire(&[b"w", b"30000", b"CLAIM", b"500", b"WAIT", b"5"], MAX),
@@ -719,6 +748,44 @@ mod tests {
             acquire(&[b"w", b"30000", b"CLAIM", b"5", b"CLAIM", b"5"], MAX),
             Err(DlockError::RepeatedOption("CLAIM"))
         );
+    }
+
+    #[test]
+    fn notify_numbers_a_tickets_request_and_needs_queue() {
+        let notify = |args: &[&[u8]]| acquire(args, MAX).map(|a| a.notify);
+        assert_eq!(notify(&[b"w", b"1000", b"QUEUE", b"5000", b"notify", b"0"]), Ok(Some(0)));
+        assert_eq!(
+            notify(&[b"w", b"1000", b"NOTIFY", b"9223372036854775807", b"QUEUE", b"5000"]),
+            Ok(Some(i64::MAX as u64))
+        );
+        assert_eq!(notify(&[b"w", b"1000", b"QUEUE", b"5000"]), Ok(None));
+        let bad = Err(DlockError::BadChoice("NOTIFY", NOTIFY_RANGE));
+        for value in [&b"-1"[..], b"01", b"x", b"9223372036854775808", b""] {
+            assert_eq!(notify(&[b"w", b"1000", b"QUEUE", b"5000", b"NOTIFY", value]), bad);
+        }
+        assert_eq!(
+            notify(&[b"w", b"1000", b"NOTIFY", b"1"]),
+            Err(DlockError::OptionNeeds("NOTIFY", "QUEUE"))
+        );
+        assert_eq!(
+            notify(&[b"w", b"1000", b"WAIT", b"5", b"NOTIFY", b"1"]),
+            Err(DlockError::OptionNeeds("NOTIFY", "QUEUE"))
+        );
+        assert_eq!(
+            notify(&[b"w", b"1000", b"QUEUE", b"5", b"NOTIFY", b"1", b"NOTIFY", b"2"]),
+            Err(DlockError::RepeatedOption("NOTIFY"))
+        );
+        assert_eq!(
+            notify(&[b"w", b"1000", b"QUEUE", b"5", b"NOTIFY"]),
+            Err(DlockError::OptionWithoutValue("NOTIFY", "request"))
+        );
+        assert_eq!(
+            acquire_all(&[b"w", b"1000", b"QUEUE", b"5", b"NOTIFY", b"1"], MAX),
+            Err(DlockError::NotForSets("NOTIFY", "dlock.acquireall"))
+        );
+        let message = DlockError::BadChoice("NOTIFY", NOTIFY_RANGE).to_string();
+        assert_eq!(message, "ERR NOTIFY must be an integer between 0 and 9223372036854775807");
+        assert_eq!(dlock_proto::error::upper_bound(&message), Some(i64::MAX as u64));
     }
 
     #[test]

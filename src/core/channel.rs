@@ -3,7 +3,8 @@
 //! with [`write_name`] and [`write_message`] (no allocation on the grant path).
 
 pub use dlock_proto::channel::{
-    MAX_MESSAGE, PREFIX, TAG_LEN, name, tag, write_message, write_name,
+    MAX_GRANTED, MAX_MESSAGE, PREFIX, TAG_LEN, name, tag, write_granted, write_message, write_name,
+    write_ticket_name,
 };
 
 #[cfg(test)]

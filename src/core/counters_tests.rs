@@ -345,6 +345,7 @@ proptest! {
                                 claim_ms: None,
                                 ticket_until: None,
                                 set: false,
+                                notify: None,
                                 mode,
                                 meta: None,
                             };
@@ -377,6 +378,7 @@ proptest! {
                             claim_ms: Some(ticket_ms),
                             ticket_until: Some(now.mono + ticket_ms * 1_000),
                             set: false,
+                            notify: None,
                             mode: Mode::Exclusive,
                             meta: None,
                         };

@@ -242,6 +242,14 @@ pub enum Effect<'a> {
         /// What the channel message adds after the fence (a revocation's reason), if anything.
         detail: &'a [u8],
     },
+    /// The ticket that asked with `NOTIFY request` was handed `lease`: its own channel hears
+    /// of it (`granted <fence> <request> <window-ms>`).
+    Granted {
+        /// The lease it now holds, unclaimed.
+        lease: &'a Lease,
+        /// The number of the ticket's last refresh before the hand-over.
+        request: u64,
+    },
     /// A log line.
     Log(LogLine<'a>),
     /// Answer blocked client `waiter`: the lease it was handed (which the answer names, so the
@@ -443,8 +451,12 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
             };
             effect(Effect::Log(line));
         }
-        Transition::HandedOver { waiter, fence, ticket, .. } => {
+        Transition::HandedOver { waiter, fence, ticket, notify, .. } => {
             let lease = current(*fence);
+            // The grantee first: it may start on this message alone.
+            if let (Some(request), Some(lease)) = (notify, lease) {
+                effect(Effect::Granted { lease, request: *request });
+            }
             event(Event::Handoff, lease, effect);
             if !*ticket {
                 // A ticket's holder learns the fence from its next ACQUIRE.
@@ -612,6 +624,9 @@ mod tests {
                     if *publish { " published" } else { "" }
                 )
             }
+            Effect::Granted { lease, request } => {
+                format!("granted {} after {request}", lease.fence - BASE)
+            }
             Effect::Log(line) => format!("log {:?}", line.level()),
             Effect::Answer { waiter, grant } => {
                 format!(
@@ -640,6 +655,7 @@ mod tests {
             claim_ms: None,
             ticket_until: None,
             set: false,
+            notify: None,
             mode: Mode::Exclusive,
             meta: None,
         }
@@ -786,6 +802,29 @@ mod tests {
             ],
             "the new lease's deadline is after the pending 10 s entry, which reschedules"
         );
+    }
+
+    #[test]
+    fn a_notified_tickets_own_channel_hears_of_its_grant_before_the_resources() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        planned(&mut lock, &mut fences, PRIMARY, at(0), |step, lock| {
+            step.acquire(lock, b"A", 10_000).expect("mint");
+            let ticket = Waiter {
+                ticket_until: Some(at(60).mono),
+                claim_ms: Some(4_000),
+                notify: Some(3),
+                ..waiter(7, b"B", at(0))
+            };
+            step.enqueue_ticket(lock, ticket);
+        });
+        let release = |step: &mut Step<'_, AllAlive>, lock: &mut Lock| {
+            assert!(step.release(lock, b"A"));
+        };
+        let effects = planned(&mut lock, &mut fences, PRIMARY, at(2), release);
+        let granted = effects.iter().position(|e| e == "granted 2000000 after 3");
+        let handoff = effects.iter().position(|e| e == "handoff 2000000 published");
+        assert!(granted.is_some() && granted < handoff, "{effects:?}");
+        assert!(!effects.iter().any(|e| e.starts_with("answer")), "a ticket has nobody to answer");
     }
 
     #[test]

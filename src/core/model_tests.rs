@@ -245,6 +245,7 @@ impl Store {
                         claim_ms,
                         ticket_until: None,
                         set: false,
+                        notify: None,
                         mode: Mode::Exclusive,
                         meta: None,
                     };
@@ -280,6 +281,7 @@ impl Store {
                         claim_ms: Some(ticket_ms),
                         ticket_until: Some(now.mono + ticket_ms * 1_000),
                         set: false,
+                        notify: None,
                         mode: Mode::Exclusive,
                         meta: None,
                     };

@@ -175,5 +175,6 @@ pub fn ticket(
         set,
         mode,
         meta: meta.map(Into::into),
+        notify: None,
     }
 }

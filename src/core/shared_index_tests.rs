@@ -97,6 +97,7 @@ proptest! {
                         claim_ms: None,
                         ticket_until: None,
                         set: false,
+                        notify: None,
                         mode,
                         meta: None,
                     });

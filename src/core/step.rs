@@ -67,6 +67,8 @@ pub enum Transition {
         waited: Micros,
         /// It was a ticket: nobody is blocked to answer; its next ACQUIRE learns the fence.
         ticket: bool,
+        /// The ticket's `NOTIFY request`: its own channel hears of the grant.
+        notify: Option<u64>,
     },
     /// A lease handed to a waiter whose reply never arrived was taken back.
     GrantUndone(Lease),
@@ -249,6 +251,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
                 fence: handed.fence,
                 waited: handed.waited,
                 ticket: handed.ticket,
+                notify: handed.notify,
             });
         }
         if lock.head_may_pass(self.now) {
@@ -597,6 +600,7 @@ mod tests {
             claim_ms: None,
             ticket_until: None,
             set: false,
+            notify: None,
             mode: Mode::Exclusive,
             meta: None,
         }
@@ -625,7 +629,13 @@ mod tests {
         assert!(matches!(&changes[0], Transition::Released(lease) if &*lease.token == b"A"));
         assert_eq!(
             changes[1],
-            Transition::HandedOver { waiter: 7, fence: at(2).wall, waited: 2 * SEC, ticket: false }
+            Transition::HandedOver {
+                waiter: 7,
+                fence: at(2).wall,
+                waited: 2 * SEC,
+                ticket: false,
+                notify: None
+            }
         );
         assert_eq!(changes.len(), 2);
         assert_eq!(lock.live_lease(at(2)).map(|l| &*l.token), Some(&b"B"[..]));
@@ -756,6 +766,7 @@ mod tests {
         let ticket = |id, token: &[u8], until| Waiter {
             ticket_until: Some(until),
             set: false,
+            notify: None,
             claim_ms: Some(2_000),
             ..waiter(id, token)
         };

@@ -33,6 +33,9 @@ pub struct Waiter {
     /// of the line it keeps everyone behind waiting, and its token's `ACQUIREALL` is granted the
     /// lock once the ticket heads the line of every member of its set.
     pub set: bool,
+    /// A ticket's `NOTIFY request`: its grant is published on the ticket's own channel, naming
+    /// this number (the latest it was refreshed with).
+    pub notify: Option<u64>,
 }
 
 /// The line of waiters, in the order they joined: each join, leave or time-out is O(log n).

@@ -82,6 +82,8 @@ pub struct HandOver {
     pub waited: Micros,
     /// It was a ticket (`QUEUE`): nobody is blocked to answer.
     pub ticket: bool,
+    /// The ticket's `NOTIFY request`: its own channel hears of the grant.
+    pub notify: Option<u64>,
 }
 
 /// What the active expiry cycle should do with a key whose index entry came due.
@@ -365,7 +367,8 @@ impl Lock {
             self.install(lease);
             let waited = now.mono.saturating_sub(waiter.queued_at);
             let ticket = waiter.ticket_until.is_some();
-            return Ok(Some(HandOver { waiter: waiter.id, fence, waited, ticket }));
+            let notify = waiter.notify;
+            return Ok(Some(HandOver { waiter: waiter.id, fence, waited, ticket, notify }));
         }
         Ok(None)
     }
@@ -956,6 +959,7 @@ mod tests {
             claim_ms: None,
             ticket_until: None,
             set: false,
+            notify: None,
             mode: Mode::Exclusive,
             meta: None,
         }
