@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use dlock_proto::channel;
 use dlock_proto::command::{self, Acquire, Wait};
 use dlock_proto::error::ErrorClass;
 use redis::RedisError;
@@ -357,6 +358,7 @@ impl Client {
             local_expiry: sent + Duration::from_millis(millis(ttl)),
             granted: Instant::now(),
             revocations: Vec::new(),
+            claim: None,
         };
         match (self.options.replicas, acked) {
             (Some(replicas), Some(acked)) if acked < u64::from(replicas.count) => {
@@ -377,11 +379,52 @@ impl Client {
         }
     }
 
+    /// The lease a ticket's own channel announced (`started`): held from now on, its claim (a
+    /// RENEW with its fence, which sets the full ttl) sent at once in a task of its own, whose
+    /// answer the lease's first renewal reads.
+    async fn started(
+        &self,
+        resource: &str,
+        token: &str,
+        ttl: Duration,
+        mode: Mode,
+        started: Started,
+    ) -> Result<Lease, AcquireError> {
+        let grants = Grants::one(resource, started.fence);
+        let claim = {
+            let (client, grants, token) = (self.clone(), grants.clone(), token.to_owned());
+            tokio::spawn(
+                async move { crate::lease::renew_once(&client, &grants, &token, ttl).await },
+            )
+        };
+        let address = self.node_address(resource).await;
+        let holder = self.channels.hold(self, address, resource, started.fence);
+        Ok(Lease {
+            client: self.clone(),
+            grants,
+            token: token.to_owned(),
+            ttl,
+            mode,
+            local_expiry: started.local_expiry,
+            granted: Instant::now(),
+            revocations: vec![holder],
+            claim: Some(claim),
+        })
+    }
+
     /// A wait with a `QUEUE` ticket until `wait_ends`: the ACQUIRE goes on the shared
-    /// connection, and is sent again when the resource's channel hands the lease to this token
-    /// (`handoff` with its tag, or without a tag from an older server) and at least every third
-    /// of `ticket`. The subscription comes first, so no message after the first
-    /// ACQUIRE is missed. Giving up leaves the line and releases whatever grant the token has.
+    /// connection, numbered by `NOTIFY`, and the ticket listens on its own channel, where the
+    /// server tells it alone of its grant (`granted <fence> <request> <window-ms>`). The lease
+    /// starts on that message: it runs at least until the named request's send time plus the
+    /// window (that request reached the server before the hand-over), and its claim, a RENEW
+    /// with the fence, goes out at once without holding the work back ([`Lease`]'s first
+    /// renewal reads its answer). With replicas to wait for, or too little of the window left,
+    /// the message only wakes the ticket, whose next ACQUIRE claims the turn. A server without
+    /// `NOTIFY` is waited on through the resource's channel instead: the ACQUIRE is sent again
+    /// when a `handoff` names this token's tag (or names none: an older server). Either way the
+    /// ACQUIRE goes again at least every third of `ticket`, and the subscription comes first,
+    /// so no message after the first ACQUIRE is missed. Giving up leaves the line and releases
+    /// whatever grant the token has.
     async fn ticket_attempts(
         &self,
         resource: &str,
@@ -399,13 +442,22 @@ impl Client {
         // least the ticket's length, so that a refresh claims a turn whose message was missed.
         let claim = (2 * self.options.request_timeout).max(CLAIM_AT_LEAST).max(ticket);
         let claim_ms = millis(ttl.min(claim));
-        let mut waiter = self.channels.join(self, resource, token).await;
+        let mut notify = !self.notify_refused.load(Ordering::Relaxed);
+        let mut waiter = if notify {
+            self.channels.join_own(self, resource, token).await
+        } else {
+            self.channels.join(self, resource, token).await
+        };
+        // The send time of each ACQUIRE, numbered from 1 by `NOTIFY`.
+        let mut sends: Vec<Instant> = Vec::new();
         let mut reached_server = false;
         loop {
             let claim = (!self.claim_refused.load(Ordering::Relaxed)).then_some(claim_ms);
-            let cmd = ticket_cmd(resource, token, ttl, options, ticket_ms, claim);
+            let request = notify.then_some(sends.len() as u64 + 1);
+            let cmd = ticket_cmd(resource, token, ttl, options, ticket_ms, claim, request);
             waiter.seen();
             let mut sent = Instant::now();
+            sends.push(sent);
             let reply = match self.send::<Option<u64>>(&cmd, Duration::ZERO).await {
                 // Granted and claimed. With replicas to wait for, the same ACQUIRE once more (it
                 // answers the same fence and renews) on a connection that can WAIT after it.
@@ -423,6 +475,17 @@ impl Client {
                 Ok((None, _)) => reached_server = true, // in line
                 Err(failure) if claim.is_some() && refuses_claim(failure.error()) => {
                     self.claim_refused.store(true, Ordering::Relaxed);
+                    continue;
+                }
+                Err(failure)
+                    if notify
+                        && protocol::unsupported_option(failure.error()) == Some("NOTIFY") =>
+                {
+                    // An older server (or, after a failover, an older replica): the resource's
+                    // channel, subscribed before the next ACQUIRE.
+                    self.notify_refused.store(true, Ordering::Relaxed);
+                    notify = false;
+                    waiter = self.channels.join(self, resource, token).await;
                     continue;
                 }
                 Err(failure) if is_ambiguous(failure.error()) => {
@@ -463,6 +526,20 @@ impl Client {
             tokio::select! {
                 () = waiter.woken() => {}
                 () = tokio::time::sleep(nap) => {}
+            }
+            if let Some(granted) = waiter.granted().filter(|_| self.options.replicas.is_none()) {
+                let sent_at = |request: u64| {
+                    let index = usize::try_from(request).ok()?.checked_sub(1)?;
+                    sends.get(index).copied()
+                };
+                // Started only with a request timeout of the window left for the claim.
+                let plus_ms = |at: Instant, ms: u64| at + Duration::from_millis(ms);
+                let started = channel::granted_expiry(&granted, sent_at, plus_ms)
+                    .filter(|expiry| *expiry > Instant::now() + self.options.request_timeout);
+                if let Some(local_expiry) = started {
+                    let grant = Started { fence: granted.fence, local_expiry };
+                    return self.started(resource, token, ttl, options.mode, grant).await;
+                }
             }
             waiter = self.channels.keep(self, resource, waiter).await;
         }
@@ -563,8 +640,15 @@ struct Grant {
     sent: Instant,
 }
 
-/// `DLOCK.ACQUIRE resource token ttl … QUEUE ticket-ms [CLAIM claim-ms] …` with the mode and
-/// the metadata `options` ask for.
+/// A lease handed to a ticket, known from its own channel's `granted` message: its fence, and
+/// the earliest its server deadline may be, on this machine's clock.
+struct Started {
+    fence: u64,
+    local_expiry: Instant,
+}
+
+/// `DLOCK.ACQUIRE resource token ttl … QUEUE ticket-ms [NOTIFY request] [CLAIM claim-ms] …`
+/// with the mode and the metadata `options` ask for.
 fn ticket_cmd(
     resource: &str,
     token: &str,
@@ -572,11 +656,13 @@ fn ticket_cmd(
     options: &AcquireOptions,
     ticket_ms: u64,
     claim_ms: Option<u64>,
+    notify: Option<u64>,
 ) -> redis::Cmd {
     protocol::cmd(
         Acquire {
             mode: protocol::mode(options.mode),
             wait: Wait::Queue(ticket_ms),
+            notify,
             claim_ms,
             meta: options.meta.as_deref().map(str::as_bytes),
             ..Acquire::new(resource, token, millis(ttl))

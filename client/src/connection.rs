@@ -27,6 +27,9 @@ pub struct Client {
     pub(crate) options: ClientOptions,
     /// The server refused `CLAIM` (it is older than claim windows): waits go without it.
     pub(crate) claim_refused: Arc<AtomicBool>,
+    /// The server refused `NOTIFY` (it is older than tickets' own channels): tickets wait on
+    /// the resource's channel and claim their turn with one more ACQUIRE.
+    pub(crate) notify_refused: Arc<AtomicBool>,
     /// The subscribers of the resources' channels, which wake the waiters holding tickets
     /// (`QUEUE`) and tell holders of their leases' revocation, one per server (per
     /// primary in a cluster), shared by the clones.
@@ -297,6 +300,7 @@ impl Client {
             transport: Arc::new(transport),
             options,
             claim_refused: Arc::default(),
+            notify_refused: Arc::default(),
             channels: Arc::default(),
         }
     }

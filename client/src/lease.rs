@@ -105,6 +105,19 @@ pub struct Lease {
     /// Per grant, its place among the holders listening on its resource's channel, told of an
     /// operator's `DLOCK.REVOKE`; leaves the channel with the lease.
     pub(crate) revocations: Vec<Holder>,
+    /// A lease started on its ticket's `granted` message: its claim (a RENEW with the fence,
+    /// sent at the grant), whose answer the first renewal reads instead of sending its own.
+    pub(crate) claim: Option<Claim>,
+}
+
+/// The claim of a lease started on its ticket's message: the answer of its first renewal.
+pub(crate) type Claim = tokio::task::JoinHandle<Result<Option<Instant>, RedisError>>;
+
+/// The answer of `claim`, as a renewal's (a task that did not finish is a failed renewal).
+async fn claimed(claim: &mut Claim) -> Result<Option<Instant>, RedisError> {
+    claim.await.unwrap_or_else(|stopped| {
+        Err(RedisError::from((redis::ErrorKind::IoError, "claim not sent", stopped.to_string())))
+    })
 }
 
 impl std::fmt::Debug for Lease {
@@ -142,6 +155,9 @@ impl Lease {
     }
 
     /// A conservative end of the lease on this machine's clock: never after the server's deadline.
+    /// A lease a ticket took from its own channel's message (the default with
+    /// [`WaitStrategy::Tickets`](crate::WaitStrategy::Tickets)) starts with the claim window
+    /// until its claim's answer is read ([`Lease::run`] reads it first, [`Lease::renew`] too).
     pub fn local_expiry(&self) -> Instant {
         self.local_expiry
     }
@@ -157,8 +173,12 @@ impl Lease {
 
     /// Renews the lease for another ttl: `Ok(true)` renewed, `Ok(false)` refused (the lease is
     /// lost), `Err` when the server did not answer (or too few replicas acknowledged).
+    /// A lease started on its ticket's message answers with its claim first (sent at the grant).
     pub async fn renew(&mut self) -> Result<bool, RedisError> {
-        let renewed = renew_once(&self.client, &self.grants, &self.token, self.ttl).await?;
+        let renewed = match self.claim.take() {
+            Some(mut claim) => claimed(&mut claim).await?,
+            None => renew_once(&self.client, &self.grants, &self.token, self.ttl).await?,
+        };
         if let Some(expiry) = renewed {
             self.local_expiry = expiry;
         }
@@ -269,6 +289,9 @@ impl Lease {
         // When the next renewal is due: an absolute instant, so that a loop pass for another
         // branch (a keyspace event, such as our own `dlock.renewed`) never postpones it.
         let mut next_renewal = Instant::now() + self.ttl / 3;
+        // A lease started on its ticket's message: the claim sent at the grant is the first
+        // renewal, read as soon as it answers.
+        let mut claim = self.claim.take();
         // Whether the last renewal sent got no answer (still outstanding, or failed): at the
         // local expiry that is `Unreachable`; with none waiting for an answer, the process
         // itself did not run in time (`Stalled`).
@@ -279,15 +302,21 @@ impl Lease {
             let (client, grants, token, ttl, local_expiry) =
                 (&self.client, &self.grants, &self.token, self.ttl, self.local_expiry);
             let awaiting = &awaiting_answer;
+            let pending_claim = claim.as_mut();
             let renewal = async move {
-                tokio::time::sleep_until(next_renewal.into()).await;
-                // Due after the local expiry (the process did not run in time): not sent, the
-                // expiry decides.
-                if Instant::now() >= local_expiry {
-                    std::future::pending::<()>().await;
-                }
-                awaiting.store(true, Ordering::Relaxed);
-                let renewed = renew_once(client, grants, token, ttl).await;
+                let renewed = if let Some(claim) = pending_claim {
+                    awaiting.store(true, Ordering::Relaxed);
+                    claimed(claim).await
+                } else {
+                    tokio::time::sleep_until(next_renewal.into()).await;
+                    // Due after the local expiry (the process did not run in time): not sent,
+                    // the expiry decides.
+                    if Instant::now() >= local_expiry {
+                        std::future::pending::<()>().await;
+                    }
+                    awaiting.store(true, Ordering::Relaxed);
+                    renew_once(client, grants, token, ttl).await
+                };
                 awaiting.store(false, Ordering::Relaxed);
                 // Where the lease lives now (a slot may have moved): its channel is there (a
                 // set's members share one slot).
@@ -318,7 +347,9 @@ impl Lease {
                         Err(error) => Err(RunError::NotReleased { output, reason: error.to_string() }),
                     };
                 }
-                (renewed, address) = renewal => match renewed {
+                (renewed, address) = renewal => {
+                    claim = None;
+                    match renewed {
                     Ok(Some(expiry)) => {
                         last_failed = false;
                         self.local_expiry = expiry;
@@ -338,7 +369,8 @@ impl Lease {
                         last_failed = true;
                         next_renewal = Instant::now() + ttl / 10;
                     }
-                },
+                    }
+                }
                 // The lease may already be over on the server: stop at the local expiry.
                 _ = expiry => {
                     break if last_failed || awaiting_answer.load(Ordering::Relaxed) {
@@ -476,7 +508,7 @@ pub(crate) async fn first<F: Future + Unpin>(futures: impl IntoIterator<Item = F
 /// One RENEW or RENEWALL (and WAIT, if asked): the new conservative local expiry when renewed,
 /// `None` when refused; a renewal too few replicas acknowledged is an error (it could be lost in
 /// a failover).
-async fn renew_once(
+pub(crate) async fn renew_once(
     client: &Client,
     grants: &Grants,
     token: &str,

@@ -374,6 +374,7 @@ impl Client {
             local_expiry: sent + Duration::from_millis(millis(ttl)),
             granted: Instant::now(),
             revocations: Vec::new(),
+            claim: None,
         };
         if let (Some(replicas), Some(acked)) = (self.options.replicas, acked)
             && acked < u64::from(replicas.count)

@@ -49,6 +49,21 @@ impl Hubs {
         self.join_tagged(client, resource, Some(tag(token))).await
     }
 
+    /// Joins the ticket channel of `token` on `resource` (`dlock_proto::channel::ticket_name`),
+    /// where the server tells that ticket alone of its grant (`granted <fence> <request>
+    /// <window-ms>`, for a ticket sent with `NOTIFY`): woken by every message there, with the
+    /// last `granted` one kept ([`Waiter::granted`]).
+    pub(crate) async fn join_own(
+        &self,
+        client: &crate::Client,
+        resource: &str,
+        token: &str,
+    ) -> Waiter {
+        let address = client.node_address(resource).await;
+        let own = channel::ticket_name_of(resource, token);
+        self.hub(address).join(client, &own, None).await
+    }
+
     /// Joins the waiters of `resource`'s channel as a waiter woken by every message there: a
     /// set's ticket, which no `handoff` ever names (the set's next ACQUIREALL takes the
     /// members itself), waits for any change of any member.
@@ -86,7 +101,7 @@ impl Hubs {
         if !address.is_empty() && address != waiter.hub.node {
             tracing::debug!(resource, node = address, "dlock: the ticket's slot moved");
             let tag = waiter.tag.clone();
-            return self.join_tagged(client, resource, tag).await;
+            return self.hub(address).join(client, &waiter.channel, tag).await;
         }
         waiter.hub.ensure(client).await;
         waiter
@@ -136,6 +151,8 @@ struct Channel {
     /// Per fence of the leases held on the channel's resource: how many holders have it, and
     /// what tells them of its revocation (the reason given, empty if none).
     fences: HashMap<u64, (usize, watch::Sender<Option<String>>)>,
+    /// On a ticket's own channel: the last `granted` message heard.
+    granted: watch::Sender<Option<channel::Granted>>,
 }
 
 impl Channel {
@@ -147,11 +164,16 @@ impl Channel {
             every: watch::channel(0).0,
             tags: HashMap::new(),
             fences: HashMap::new(),
+            granted: watch::channel(None).0,
         }
     }
 
     /// Tells the holder and wakes the waiters that `payload` concerns.
     fn deliver(&self, payload: &str) {
+        // Kept before the waiters wake, so that a woken waiter reads it.
+        if let Some(granted) = channel::granted(payload) {
+            self.granted.send_replace(Some(granted));
+        }
         bump(&self.every);
         if let Some((fence, reason)) = channel::revoked(payload)
             && let Some((_, revoked)) = self.fences.get(&fence)
@@ -224,6 +246,8 @@ pub(crate) struct Waiter {
     messages: watch::Receiver<u64>,
     /// What wakes the waiters with this tag (or, without a tag, every message).
     mine: watch::Receiver<u64>,
+    /// The last `granted` message on the channel (a ticket's own).
+    granted: watch::Receiver<Option<channel::Granted>>,
 }
 
 /// A held lease's place among its channel's holders: told of the lease's revocation, and
@@ -287,7 +311,7 @@ impl Hub {
         tag: Option<String>,
     ) -> Waiter {
         let mut link = self.link.lock().await;
-        let (messages, mine) = self.enter(channel, |entry| {
+        let (messages, mine, granted) = self.enter(channel, |entry| {
             let mine = match &tag {
                 Some(tag) => {
                     let tagged =
@@ -297,9 +321,11 @@ impl Hub {
                 }
                 None => entry.every.subscribe(),
             };
-            (entry.messages.subscribe(), mine)
+            (entry.messages.subscribe(), mine, entry.granted.subscribe())
         });
-        let waiter = Waiter { hub: self.clone(), channel: channel.to_owned(), tag, messages, mine };
+        let channel_name = channel.to_owned();
+        let waiter =
+            Waiter { hub: self.clone(), channel: channel_name, tag, messages, mine, granted };
         self.subscribe_to(&mut link, client, channel).await;
         waiter
     }
@@ -442,6 +468,11 @@ impl Waiter {
     pub(crate) fn seen(&mut self) {
         self.messages.borrow_and_update();
         self.mine.borrow_and_update();
+    }
+
+    /// The last `granted` message heard on this waiter's channel (a ticket's own channel).
+    pub(crate) fn granted(&self) -> Option<channel::Granted> {
+        *self.granted.borrow()
     }
 
     /// Waits for a message that concerns this waiter since the last [`Waiter::seen`] (forever

@@ -257,12 +257,18 @@ async fn ticket_waiters_and_observers_subscribe_once_per_shard_and_are_all_serve
                 "ticket {i} on {owner}"
             );
         }
-        // The shard's subscribers listen on the shard channel, on the resource's own primary:
-        // one per client, the waiters' and the holder's (which listens for a revocation).
+        // The shard's subscribers listen on shard channels, on the resource's own primary: the
+        // holder's client on the resource's (for a revocation), the waiters' on each ticket's
+        // own (where its turn is told), all on the one subscriber connection of the client.
         let channel = channel_of(resource);
         assert!(
-            eventually(SLACK, || shard_subscribers(&cluster, *owner, &channel) == 2),
-            "one shard subscriber per client on {owner}"
+            eventually(SLACK, || shard_subscribers(&cluster, *owner, &channel) == 1),
+            "the holder's client on {owner}"
+        );
+        let own = format!("{channel}:*");
+        assert!(
+            eventually(SLACK, || shard_channels(&cluster, *owner, &own) == WAITERS),
+            "a shard channel per ticket on {owner}"
         );
     }
     // A handful of connections: per primary at most the shared ones and the shard subscribers
@@ -419,6 +425,16 @@ fn shard_subscribers(cluster: &Cluster, port: u16, channel: &str) -> i64 {
         Some(redis::Value::Int(n)) => *n,
         other => panic!("unexpected {other:?}"),
     }
+}
+
+/// How many shard channels matching `pattern` have subscribers on the node at `port`.
+fn shard_channels(cluster: &Cluster, port: u16, pattern: &str) -> usize {
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(pattern)
+        .query(&mut cluster.node(port).client())
+        .expect("SHARDCHANNELS");
+    channels.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

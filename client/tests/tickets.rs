@@ -79,6 +79,24 @@ async fn until_subscribers(con: &mut redis::aio::MultiplexedConnection, channel:
     }
 }
 
+/// Waits until `n` channels matching `pattern` have subscribers.
+async fn until_channels(con: &mut redis::aio::MultiplexedConnection, pattern: &str, n: usize) {
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(pattern)
+            .query_async(con)
+            .await
+            .expect("CHANNELS");
+        if channels.len() == n {
+            return;
+        }
+        assert!(started.elapsed() < SLACK, "{n} channels like {pattern}: {channels:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// How many clients the server has connected.
 async fn connections(con: &mut redis::aio::MultiplexedConnection) -> usize {
     let list: String = redis::cmd("CLIENT").arg("LIST").query_async(con).await.expect("LIST");
@@ -333,8 +351,8 @@ async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
         .await
         .expect("KILL");
     assert_eq!(killed, 1, "the one subscriber connection");
-    // Woken by the end of its subscription, the waiter subscribes again.
-    until_subscribers(&mut con, "dlock:{valve}", 1).await;
+    // Woken by the end of its subscription, the waiter subscribes again (to its own channel).
+    until_channels(&mut con, "dlock:{valve}:*", 1).await;
     let released = Instant::now();
     assert_eq!(release(&mut holder, "valve", "holder"), 1, "released");
     let lease = waiter.await.expect("task").expect("granted");
@@ -422,4 +440,108 @@ async fn every_reader_granted_by_one_shared_hand_over_is_woken_by_its_own_handof
         took < Duration::from_secs(2),
         "woken by their handoffs, not the 20 s refresh: {took:?}"
     );
+}
+
+/// How many calls of `command` the server has run (`INFO commandstats`).
+async fn calls(con: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let stats: String =
+        redis::cmd("INFO").arg("commandstats").query_async(con).await.expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A ticket told of its grant on its own channel starts on that message: no ACQUIRE follows
+/// to claim it (the claim is one RENEW, sent at once), and until that claim's answer is read
+/// the lease's local expiry is the claim window counted from a request sent before the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_starts_on_its_own_message_and_claims_with_one_renewal() {
+    let server = Server::start();
+    let mut con = watcher(&server).await;
+    let mut holder = server.client();
+    assert!(acquire(&mut holder, "gate", "holder", 30_000).is_some(), "held");
+    let ticket = Duration::from_secs(9);
+    let dlock = ticket_client(&server, ticket).await;
+    let ttl = Duration::from_secs(60);
+    let waiter = {
+        let dlock = dlock.clone();
+        tokio::spawn(async move { dlock.acquire_with("gate", ttl, &waiting(SLACK * 4)).await })
+    };
+    until_tickets(&mut con, "gate", 1).await;
+    until_channels(&mut con, "dlock:{gate}:*", 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // the first ACQUIRE answered
+    let acquires = calls(&mut con, "dlock.acquire").await;
+    let released = Instant::now();
+    assert_eq!(release(&mut holder, "gate", "holder"), 1, "released");
+    let mut lease = waiter.await.expect("task").expect("granted");
+    assert_eq!(calls(&mut con, "dlock.acquire").await, acquires, "no ACQUIRE to claim the turn");
+    let window = lease.local_expiry() - released;
+    assert!(window <= ticket, "the claim window, not the ttl, until the claim is read: {window:?}");
+    assert!(window > ticket - SLACK, "{window:?}");
+    // The claim went out without being asked for: the server's lease runs the full ttl.
+    let started = Instant::now();
+    loop {
+        let left: u64 =
+            field(&mut con, "gate", "ttl-ms").await.and_then(|t| t.parse().ok()).unwrap_or(0);
+        if left > ticket.as_millis() as u64 {
+            break;
+        }
+        assert!(started.elapsed() < SLACK, "never claimed: {left} ms left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(field(&mut con, "gate", "fence").await, Some(lease.fence().to_string()));
+    // The first renewal reads the claim's answer: the full ttl from the claim's send.
+    assert!(lease.renew().await.expect("claim answered"));
+    assert!(lease.local_expiry() > Instant::now() + ttl - SLACK, "the ttl counts now");
+    assert_eq!(calls(&mut con, "dlock.renew").await, 1, "the claim was the one renewal");
+    assert!(lease.release().await.expect("released"));
+}
+
+/// A server that does not know `NOTIFY` (played by a proxy that renames the option on its way
+/// in and the server's complaint on its way out) is waited on through the resource's channel:
+/// the waiter subscribes there, is woken by the `handoff` naming its tag and claims with an
+/// ACQUIRE, as before the option; the client asks no more with `NOTIFY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_notify_is_waited_on_through_the_resources_channel() {
+    let server = Server::start();
+    let proxy = LinkProxy::start(server.port);
+    proxy.rewrite(false, b"$6\r\nNOTIFY\r\n", b"$6\r\nXOTIFY\r\n");
+    proxy.rewrite(true, b"'XOTIFY'", b"'NOTIFY'");
+    let mut con = watcher(&server).await;
+    let mut holder = server.client();
+    let options = ClientOptions {
+        wait_strategy: WaitStrategy::Tickets { ticket: Duration::from_secs(9) },
+        ..ClientOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}/", proxy.port);
+    let dlock = Client::connect_with(&url, options).await.expect("connect");
+    for round in 0..2 {
+        assert!(acquire(&mut holder, "old", "holder", 30_000).is_some(), "held");
+        let waiter = {
+            let dlock = dlock.clone();
+            let ttl = Duration::from_secs(30);
+            tokio::spawn(async move { dlock.acquire_with("old", ttl, &waiting(SLACK * 4)).await })
+        };
+        until_tickets(&mut con, "old", 1).await;
+        until_subscribers(&mut con, "dlock:{old}", 1).await;
+        until_channels(&mut con, "dlock:{old}:*", 0).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        assert_eq!(release(&mut holder, "old", "holder"), 1, "released");
+        let lease = waiter.await.expect("task").expect("granted");
+        let woke = released.elapsed();
+        assert!(
+            woke < Duration::from_secs(1),
+            "round {round}: by the channel, not the refresh: {woke:?}"
+        );
+        assert!(
+            lease.local_expiry() > Instant::now() + Duration::from_secs(20),
+            "claimed by ACQUIRE"
+        );
+        assert!(lease.release().await.expect("released"));
+    }
 }

@@ -32,7 +32,12 @@ struct Shared {
     /// direction ends (or [`LinkProxy::drop_connections`] closes it), so none holds its
     /// descriptors past its end.
     open: Mutex<Vec<(u64, TcpStream)>>,
+    /// Byte strings replaced by others of the same length, in requests and in replies.
+    rewrites: Mutex<[Vec<Rewrite>; 2]>,
 }
+
+/// A byte string and what replaces it (of the same length).
+type Rewrite = (Vec<u8>, Vec<u8>);
 
 impl LinkProxy {
     /// Forwards connections on a fresh loopback port to `127.0.0.1:target_port`.
@@ -102,6 +107,17 @@ impl LinkProxy {
         self.shared.drop_next_reply.store(true, Ordering::SeqCst);
     }
 
+    /// From now on, every `from` in what clients send becomes `to` (of the same length), and
+    /// with `replies` in what the server answers instead. With both directions a test plays an
+    /// older server: a new option renamed on the way in, the server's complaint about the new
+    /// name renamed back on the way out. A string split between two reads is not seen (small
+    /// requests on loopback are read whole).
+    pub fn rewrite(&self, replies: bool, from: &[u8], to: &[u8]) {
+        assert_eq!(from.len(), to.len(), "a rewrite keeps the length");
+        let mut rewrites = self.shared.rewrites.lock().expect("proxy rewrites");
+        rewrites[usize::from(replies)].push((from.to_vec(), to.to_vec()));
+    }
+
     /// Every connection open now goes silent: what is sent is swallowed, nothing is closed (the
     /// peer vanished without a FIN). New connections work.
     pub fn silence_open_connections(&self) {
@@ -141,6 +157,15 @@ fn is_pubsub(data: &[u8]) -> bool {
         .any(|kind| word.strip_prefix(*kind).is_some_and(|after| after.starts_with(b"\r\n")))
 }
 
+/// Replaces every `old` in `data` by `new` (of the same length).
+fn replace_all(data: &mut [u8], old: &[u8], new: &[u8]) {
+    let mut at = 0;
+    while let Some(found) = data[at..].windows(old.len()).position(|window| window == old) {
+        data[at + found..at + found + old.len()].copy_from_slice(new);
+        at += found + old.len();
+    }
+}
+
 /// Copies one direction of connection `number`; the reply direction obeys `drop_next_reply`
 /// (pub/sub frames aside).
 fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, shared: &Shared) {
@@ -165,6 +190,9 @@ fn forward(mut from: TcpStream, mut to: TcpStream, replies: bool, number: u64, s
         {
             let _ = from.shutdown(Shutdown::Both);
             break;
+        }
+        for (old, new) in &shared.rewrites.lock().expect("proxy rewrites")[usize::from(replies)] {
+            replace_all(&mut buffer[..read], old, new);
         }
         if to.write_all(&buffer[..read]).is_err() {
             break;
