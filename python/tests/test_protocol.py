@@ -70,6 +70,7 @@ def build(vector: dict[str, Any]) -> list[Any]:
             queue_ms=vector.get("queue_ms"),
             claim_ms=vector.get("claim_ms"),
             meta=vector.get("meta"),
+            notify=vector.get("notify"),
         )
     if form == "renew":
         return protocol.renew_args(
@@ -123,6 +124,34 @@ def test_the_client_sends_the_vectors_to_a_server_with_every_option() -> None:
 def test_error_replies_parsed_by_redis_py_keep_their_class() -> None:
     vectors = load("errors.json")
     assert {vector["class"] for vector in vectors} == set(protocol.ERROR_CLASSES)
+    check_errors(vectors)
+
+
+def test_tickets_told_on_their_own_channel() -> None:
+    vectors = load("notify.json")
+    for vector in vectors["tags"]:
+        assert protocol.wide_tag(vector["token"]) == vector["wide_tag"], vector
+    for vector in vectors["channels"]:
+        channel = protocol.ticket_channel_name(vector["resource"], vector["token"])
+        assert channel == vector["channel"], vector
+    for vector in vectors["granted"]:
+        expected = None
+        if vector["fence"] is not None:
+            expected = protocol.Granted(vector["fence"], vector["request"], vector["window_ms"])
+        assert protocol.granted(vector["message"]) == expected, vector
+    for vector in vectors["commands"]:
+        assert [str(arg) for arg in build(vector)] == vector["args"], vector["name"]
+    check_errors(vectors["errors"])
+    for vector in vectors["expiry"]:
+        message = protocol.granted(vector["message"])
+        assert message is not None
+        sent_at = {int(request): ms / 1000 for request, ms in vector["sent_ms"].items()}
+        expiry = protocol.granted_expiry(message, sent_at)
+        expected = None if vector["expiry_ms"] is None else vector["expiry_ms"] / 1000
+        assert expiry == expected, vector
+
+
+def check_errors(vectors: list[dict[str, Any]]) -> None:
     for vector in vectors:
         reply = vector["reply"]
         assert protocol.error_class(reply) == vector["class"], reply

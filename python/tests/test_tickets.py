@@ -238,8 +238,8 @@ def test_the_channel_connection_comes_back_after_it_was_killed(
         thread.start()
         assert wait_until(lambda: info(r, "back").get("tickets") == 1, 5)
         r.client_kill_filter(_type="pubsub")
-        # Resubscribed (the waiter re-sends on the new subscription).
-        assert wait_until(lambda: r.pubsub_numsub("dlock:{back}")[0][1] == 1, 5)
+        # Resubscribed to its own channel (the waiter re-sends on the new subscription).
+        assert wait_until(lambda: len(r.pubsub_channels("dlock:{back}:*")) == 1, 5)
         released = time.monotonic()
     assert granted.wait(5)
     assert time.monotonic() - released < 1.0
@@ -486,6 +486,83 @@ def test_asyncio_a_hand_over_with_two_hundred_tickets_standing_costs_a_few_acqui
         done.set()
         await asyncio.gather(*tasks)
         assert len(granted) == WAITERS
+        await locks.aclose()
+        await client.aclose()
+
+    run(test)
+
+
+def calls(r: redis.Redis, command: str) -> int:
+    stats = r.info("commandstats")
+    entry = stats.get(f"cmdstat_{command}")
+    return int(entry["calls"]) if entry else 0
+
+
+def test_a_ticket_starts_on_its_own_message_and_the_renewer_claims_it(
+    server: Server, r: redis.Redis
+) -> None:
+    """Told of its grant on its own channel (``NOTIFY``), a ticket's hold starts on the message:
+    no ACQUIRE claims the turn; the renewer's first RENEW does, at once, and the local expiry
+    is the claim window from a request sent before the grant until then."""
+    locks = dlock.Locks(server.client(), wait="tickets", ticket_ttl=30)
+    assert cmd(r, "DLOCK.ACQUIRE", "gate", "holder", 30_000) is not None
+    seen: list[tuple[float, float, int]] = []
+    release = threading.Event()
+
+    def waiter() -> None:
+        with locks.hold("gate", ttl=60, timeout=20) as lease:
+            seen.append((time.monotonic(), lease.local_expiry, calls(r, "dlock.acquire")))
+            release.wait(20)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    assert wait_until(lambda: info(r, "gate").get("tickets") == 1, 5)
+    assert wait_until(lambda: len(r.pubsub_channels("dlock:{gate}:*")) == 1, 5)
+    time.sleep(0.1)  # the first ACQUIRE answered
+    acquires = calls(r, "dlock.acquire")
+    released = time.monotonic()
+    assert cmd(r, "DLOCK.RELEASE", "gate", "holder") == 1
+    assert wait_until(lambda: bool(seen), 5)
+    granted_at, local_expiry, acquires_then = seen[0]
+    assert acquires_then == acquires, "no ACQUIRE claimed the turn"
+    assert granted_at - released < 0.5
+    assert local_expiry <= released + 30, "the claim window until the claim is read"
+    # The renewer claims at once: the server's lease runs the full ttl.
+    assert wait_until(lambda: int(info(r, "gate").get("ttl-ms", 0)) > 30_000, 5)
+    assert calls(r, "dlock.renew") >= 1
+    release.set()
+    thread.join(5)
+    assert info(r, "gate").get("owner") is None
+    locks.close()
+
+
+def test_asyncio_a_ticket_starts_on_its_own_message(server: Server, r: redis.Redis) -> None:
+    async def test() -> None:
+        client = redis.asyncio.Redis(port=server.port)
+        locks = dlock.asyncio.Locks(client, wait="tickets", ticket_ttl=30)
+        assert cmd(r, "DLOCK.ACQUIRE", "agate", "holder", 30_000) is not None
+        seen: list[int] = []
+
+        async def waiter() -> None:
+            async with locks.hold("agate", ttl=60, timeout=20):
+                seen.append(calls(r, "dlock.acquire"))
+                for _ in range(500):
+                    if int(info(r, "agate").get("ttl-ms", 0)) > 30_000:
+                        break
+                    await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(waiter())
+        await until_in_line(r, "agate")
+        for _ in range(500):
+            if r.pubsub_channels("dlock:{agate}:*"):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        acquires = calls(r, "dlock.acquire")
+        assert cmd(r, "DLOCK.RELEASE", "agate", "holder") == 1
+        await task
+        assert seen == [acquires], "no ACQUIRE claimed the turn"
+        assert calls(r, "dlock.renew") >= 1, "the renewer claimed it"
         await locks.aclose()
         await client.aclose()
 

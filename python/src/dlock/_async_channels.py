@@ -14,7 +14,7 @@ import redis.asyncio.client
 
 from ._channels import POLL, RECONNECT_PAUSE, BaseWatch, revocations
 from ._metrics import log
-from ._protocol import _text, channel_name, wakes
+from ._protocol import _text, channel_name
 
 
 class Watch(BaseWatch[asyncio.Event]):
@@ -45,22 +45,30 @@ class Channels:
         self._lock = asyncio.Lock()
 
     async def join(
-        self, resource: str, tag: str | None = None, event: asyncio.Event | None = None
+        self,
+        resource: str,
+        tag: str | None = None,
+        event: asyncio.Event | None = None,
+        channel: str | None = None,
     ) -> Watch:
         """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
-        ``tag``; ``event``: one shared with other watches, else its own); returns once the
-        server confirmed the subscription (or the request timeout passed)."""
-        channel = channel_name(resource)
+        ``tag``; ``event``: one shared with other watches, else its own; ``channel``: another
+        channel than the resource's, a ticket's own); returns once the server confirmed the
+        subscription (or the request timeout passed)."""
+        channel = channel or channel_name(resource)
         watch = Watch(channel, tag, event=event)
         watchers = self._watches.setdefault(channel, set())
         watchers.add(watch)
         ready = self._ready.setdefault(channel, asyncio.Event())
-        if len(watchers) == 1 and self._pubsub is not None:
+        if len(watchers) == 1:
+            # The lock first: a connection being made may have read its list of channels
+            # before this one came, and is known only once made.
             async with self._lock:
-                try:
-                    await self._subscribe(self._pubsub, [channel])
-                except Exception as error:  # a broken or closing connection: it is made again
-                    log.debug("dlock: subscribing to %s failed: %s", channel, error)
+                if self._pubsub is not None:
+                    try:
+                        await self._subscribe(self._pubsub, [channel])
+                    except Exception as error:  # a broken or closing connection: made again
+                        log.debug("dlock: subscribing to %s failed: %s", channel, error)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="dlock-channels")
         try:
@@ -163,7 +171,7 @@ class Channels:
             for watch in watchers:
                 if watch.fence is not None:
                     continue  # a holder: told of its revocation only
-                if (watch.joined or not joined_only) and wakes(payload, watch.tag):
+                if (watch.joined or not joined_only) and watch.heard(payload):
                     watch.event.set()
 
     async def _run(self) -> None:

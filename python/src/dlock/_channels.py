@@ -24,7 +24,7 @@ import redis
 import redis.client
 
 from ._metrics import log
-from ._protocol import _text, channel_name, revoked, wakes
+from ._protocol import Granted, _text, channel_name, granted, revoked, wakes
 
 # Pause before the pub/sub connection is made again after it failed.
 RECONNECT_PAUSE = 0.2
@@ -63,6 +63,16 @@ class BaseWatch(Generic[EventT]):
         # subscription is confirmed, and needs no wake for it).
         self.joined = False
         self.event: EventT = self._new_event() if event is None else event
+        # On a ticket's own channel: the last ``granted`` message heard.
+        self.granted: Granted | None = None
+
+    def heard(self, payload: str | None) -> bool:
+        """Keeps what ``payload`` tells this watch (a ``granted`` message on a ticket's own
+        channel: its lease) and says whether it wakes it."""
+        message = None if payload is None else granted(payload)
+        if message is not None:
+            self.granted = message
+        return wakes(payload, self.tag)
 
     def _new_event(self) -> EventT:
         raise NotImplementedError
@@ -94,13 +104,17 @@ class Channels:
         self._closed = False
 
     def join(
-        self, resource: str, tag: str | None = None, event: threading.Event | None = None
+        self,
+        resource: str,
+        tag: str | None = None,
+        event: threading.Event | None = None,
+        channel: str | None = None,
     ) -> Watch:
         """Registers a watch on ``resource``'s channel (a ticket waiter's: with its token's
-        ``tag``; ``event``: one shared with other watches, else its own) and returns once the
-        server confirmed the subscription (or the request timeout passed: the watcher's own
-        refreshes cover that)."""
-        watch = Watch(channel_name(resource), tag, event=event)
+        ``tag``; ``event``: one shared with other watches, else its own; ``channel``: another
+        channel than the resource's, a ticket's own) and returns once the server confirmed the
+        subscription (or the request timeout passed: the watcher's own refreshes cover that)."""
+        watch = Watch(channel or channel_name(resource), tag, event=event)
         ready = self._register(watch)
         try:
             ready.wait(self._timeout)
@@ -205,7 +219,7 @@ class Channels:
             for watch in watchers:
                 if watch.fence is not None:
                     continue  # a holder: told of its revocation only
-                if (watch.joined or not joined_only) and wakes(payload, watch.tag):
+                if (watch.joined or not joined_only) and watch.heard(payload):
                     watch.event.set()
 
     def _run(self) -> None:

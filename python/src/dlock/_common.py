@@ -384,6 +384,7 @@ def acquire_command(
     meta: Meta | None = None,
     mode: Mode = EXCLUSIVE,
     queue_ms: int | None = None,
+    notify: int | None = None,
 ) -> list[Arg]:
     """The ACQUIRE (``protocol.acquire_args``) with the options this server advertises."""
     if mode.shared:
@@ -401,6 +402,7 @@ def acquire_command(
         queue_ms=queue_ms,
         claim_ms=claim_ms if "CLAIM" in features.acquire else None,
         meta=meta if "META" in features.acquire else None,
+        notify=notify if "NOTIFY" in features.acquire else None,
     )
 
 
@@ -602,6 +604,10 @@ class AcquirePlan:
         self.hold_end = None if max_hold is None else self.started + max_hold
         self.ttl_ms = millis(ttl if max_hold is None else min(ttl, max_hold))
         self.claim_ms = millis(max(1.0, 2 * request_timeout))
+        if self.ticket_ms is not None:
+            # A ticket's turn waits at least the ticket's life: a refresh then claims a turn
+            # whose message was missed, and a turn told on the ticket's own channel starts on it.
+            self.claim_ms = max(self.claim_ms, self.ticket_ms)
         self.wait_until = None if timeout is None else self.started + timeout
         # Ambiguous failures are retried with the same token until the caller's deadline (and one
         # more request's time); without a deadline, while they last no longer than this.
@@ -613,6 +619,8 @@ class AcquirePlan:
         self._wait_next = False
         # The server's longest wait, once it refused a longer one.
         self.max_wait_ms: int | None = None
+        # With tickets told on their own channel: each ACQUIRE's send time by its NOTIFY number.
+        self.sent_at: dict[int, float] = {}
 
     def left(self) -> float:
         if self.wait_until is None:
@@ -636,6 +644,11 @@ class AcquirePlan:
         milliseconds (``None`` where it has none): the same for both clients."""
         queue_ms = self.next_queue_ms(features)
         wait_ms = None if queue_ms is not None else self.next_wait_ms()
+        notify = None
+        if queue_ms is not None and self.notifies(features):
+            # Numbered, and its send time kept (taken before it goes: never late).
+            notify = len(self.sent_at) + 1
+            self.sent_at[notify] = time.monotonic()
         command = acquire_command(
             features,
             request.resource,
@@ -646,8 +659,44 @@ class AcquirePlan:
             meta=request.meta,
             mode=request.mode,
             queue_ms=queue_ms,
+            notify=notify,
         )
         return command, wait_ms, queue_ms
+
+    def notifies(self, features: Features) -> bool:
+        """Whether this plan's tickets are told of their grant on their own channel (the server
+        takes ``NOTIFY``): they listen there instead of on the resource's channel."""
+        return self.ticket_ms is not None and "NOTIFY" in features.acquire
+
+    def channel(self, resource: str, features: Features) -> str:
+        """The channel a ticket of this plan listens on: its own, or the resource's."""
+        if self.notifies(features):
+            return protocol.ticket_channel_name(resource, self.token)
+        return protocol.channel_name(resource)
+
+    def started_lease(
+        self, resource: str, message: protocol.Granted, metrics: Metrics, mode: Mode
+    ) -> LeaseState | None:
+        """The lease a ticket's own channel announced, held from now on: its local expiry the
+        named request's send time plus the window, its first renewal (the claim, which sets the
+        full ttl) due at once. ``None`` (the next ACQUIRE claims the turn instead) when the
+        request is not one of this plan's or less than a request timeout of the window is
+        left."""
+        expiry = protocol.granted_expiry(message, self.sent_at)
+        if expiry is None or expiry <= time.monotonic() + self.request_timeout:
+            return None
+        state = LeaseState(
+            resource,
+            self.token,
+            message.fence,
+            self.ttl_ms,
+            expiry - self.ttl_ms / 1000,
+            self.hold_end,
+            metrics,
+            mode,
+        )
+        state.renew_now()
+        return state
 
     def next_set_command(self, request: SetRequest) -> tuple[list[Arg], int | None]:
         """The next ``ACQUIREALL`` of this plan for a set, and its ``QUEUE`` in milliseconds

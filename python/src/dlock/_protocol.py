@@ -25,7 +25,7 @@ RENEWALL = "DLOCK.RENEWALL"
 RELEASEALL = "DLOCK.RELEASEALL"
 
 # The option keywords of the version 2 commands.
-OPTIONS = ("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT")
+OPTIONS = ("CLAIM", "FENCE", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED", "WAIT")
 
 # The server's bound on a semaphore's permits (LIMIT n), on a token and on META.
 MAX_PERMITS = 1_000_000
@@ -55,6 +55,55 @@ def token_tag(token: str) -> str:
     for byte in token.encode():
         tag = ((tag ^ byte) * 0x01000193) & 0xFFFFFFFF
     return f"{tag:08x}"
+
+
+def wide_tag(token: str) -> str:
+    """What a ticket's own channel is named by: FNV-1a 64-bit of the token's UTF-8 bytes, as 16
+    lowercase hex digits (wide enough that two random tokens waiting at once never share it)."""
+    tag = 0xCBF29CE484222325
+    for byte in token.encode():
+        tag = ((tag ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{tag:016x}"
+
+
+def ticket_channel_name(resource: str, token: str) -> str:
+    """The channel where the server tells the ticket of ``token`` on ``resource`` (sent with
+    ``NOTIFY``) alone of its grant: the resource's channel, ``:`` and the token's wide tag
+    (``dlock:{invoice:123}:af63dc4c8601ec8c`` for token ``a``), in the resource's slot."""
+    return channel_name(resource) + ":" + wide_tag(token)
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A ``granted <fence> <request> <window-ms>`` message on a ticket's own channel: the lease
+    of ``fence`` was handed to the ticket after the server read its ACQUIRE numbered
+    ``request`` (``NOTIFY``), and runs ``window_ms`` from the hand-over unless claimed."""
+
+    fence: int
+    request: int
+    window_ms: int
+
+
+def granted(payload: str) -> Granted | None:
+    """The :class:`Granted` of a ``granted`` message, or ``None`` for any other text."""
+    words = payload.split(" ")
+    if len(words) != 4 or words[0] != "granted":
+        return None
+    if not all(word.isascii() and word.isdigit() for word in words[1:]):
+        return None
+    fence, request, window_ms = (int(word) for word in words[1:])
+    if max(fence, request, window_ms) >= 2**64:
+        return None
+    return Granted(fence, request, window_ms)
+
+
+def granted_expiry(message: Granted, sent_at: dict[int, float]) -> float | None:
+    """The earliest the lease a ``granted`` message announces may end, on the clock of
+    ``sent_at`` (each ACQUIRE's send time by its ``NOTIFY`` number): the named request's send
+    time plus the window (that request reached the server before the hand-over); ``None`` when
+    the request is not one of the attempt's."""
+    sent = sent_at.get(message.request)
+    return None if sent is None else sent + message.window_ms / 1000
 
 
 _QUIET = ("acquired", "renewed", "released", "expired")
@@ -109,11 +158,12 @@ def acquire_args(
     queue_ms: int | None = None,
     claim_ms: int | None = None,
     meta: str | bytes | None = None,
+    notify: int | None = None,
 ) -> list[Arg]:
-    """``DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms]
+    """``DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms [NOTIFY n]]
     [CLAIM ms] [META value]``. ``CLAIM`` goes only with a wait or a ticket (a grant answered at
     once is claimed by its answer) and never longer than the ttl (a longer window changes
-    nothing)."""
+    nothing); ``NOTIFY`` only with a ticket."""
     if wait_ms is not None and queue_ms is not None:
         raise ValueError("dlock: WAIT and QUEUE cannot be combined")
     args: list[Arg] = [ACQUIRE, resource, token, ttl_ms]
@@ -123,6 +173,8 @@ def acquire_args(
             args += ["LIMIT", limit]
     if queue_ms is not None:
         args += ["QUEUE", queue_ms]
+        if notify is not None:
+            args += ["NOTIFY", notify]
     elif wait_ms is not None:
         args += ["WAIT", wait_ms]
     if claim_ms is not None and (wait_ms is not None or queue_ms is not None):

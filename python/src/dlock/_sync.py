@@ -327,7 +327,9 @@ class Locks(common.Handles[Hold, SetHold]):
                                 channels.leave(watch)
                                 watch = None
                             channels = serving
-                            watch = channels.join(resource, common.token_tag(plan.token))
+                            tag = common.token_tag(plan.token)
+                            channel = plan.channel(resource, features)
+                            watch = channels.join(resource, tag, channel=channel)
                             sent = time.monotonic()
                         plan.queued = True
                         connections = self._nodes.for_resource(resource)
@@ -365,6 +367,14 @@ class Locks(common.Handles[Hold, SetHold]):
                     except BaseException:  # interrupted: the ticket stands
                         self._forget(resource, common.forget_command(resource, plan.token))
                         raise
+                    # Told on its own channel: held from the message on, claimed by the renewer.
+                    if watch.granted is not None:
+                        started_state = plan.started_lease(
+                            resource, watch.granted, self.metrics, request.mode
+                        )
+                        if started_state is not None:
+                            self._listen(started_state)
+                            return started_state
                 elif answer == "nil":
                     if plan.gives_up(waited=wait_ms is not None):
                         raise NotAcquired(resource, request.timeout)

@@ -599,7 +599,9 @@ class Locks(common.Handles[Hold, SetHold]):
                                 await channels.leave(watch)
                                 watch = None
                             channels = serving
-                            watch = await channels.join(resource, common.token_tag(plan.token))
+                            tag = common.token_tag(plan.token)
+                            channel = plan.channel(resource, features)
+                            watch = await channels.join(resource, tag, channel=channel)
                             sent = time.monotonic()
                         plan.queued = True
                         connections = await self._nodes.for_resource(resource)
@@ -640,6 +642,14 @@ class Locks(common.Handles[Hold, SetHold]):
                         forget = common.forget_command(resource, plan.token)
                         await asyncio.shield(self._forget(resource, forget))
                         raise
+                    # Told on its own channel: held from the message on, claimed by the renewer.
+                    if watch.granted is not None:
+                        started_state = plan.started_lease(
+                            resource, watch.granted, self.metrics, request.mode
+                        )
+                        if started_state is not None:
+                            await self._listen(started_state)
+                            return started_state
                 elif answer == "nil":
                     if plan.gives_up(waited=wait_ms is not None):
                         raise NotAcquired(resource, request.timeout)
