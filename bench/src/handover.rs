@@ -1,6 +1,6 @@
 //! Contended hand-over: 16 workers take turns on one resource, 1 ms of work each, with four ways
 //! to wait: a retry loop (exponential backoff and jitter), `DLOCK.ACQUIRE … WAIT`, dlock's
-//! `QUEUE` tickets woken by the resource's channel (as the clients do it), and a Redisson-style
+//! `QUEUE` tickets told on their own channel (as the clients do it), and a Redisson-style
 //! pub/sub wake-up around `SET NX PX`. Each worker is a thread of this process, so every
 //! timestamp is on one monotonic clock: the hand-over gap is the time from one holder's release
 //! acknowledgement to the next holder's grant acknowledgement.
@@ -158,7 +158,7 @@ pub fn run(server: &Server, report: &mut Report, seconds: u64) -> Result<()> {
         "The server hands over inside the holder's RELEASE (its server time, from INFO \
          commandstats), and answers both clients in the same event-loop turn; what separates the \
          two replies on the client side is the waking of the next holder's thread (and with \
-         tickets, its channel message and one more ACQUIRE round trip).",
+         tickets, its own channel's message; the claim, a RENEW, goes beside the work).",
     );
     flush(server)
 }
@@ -193,6 +193,7 @@ fn contended(
             _ => None,
         };
         let mut me = Worker { sections: Vec::new(), commands: 0 };
+        let mut claim = None;
         while running() {
             let asked = Instant::now();
             let granted = match waiting {
@@ -224,7 +225,8 @@ fn contended(
                 }
                 Waiting::Tickets => {
                     let sub = subscriber.as_mut().ok_or("no subscriber")?;
-                    ticket_wait(con, sub, &token, &mut me.commands, running)?
+                    claim = ticket_wait(con, sub, &token, &mut me.commands, running)?;
+                    claim.is_some()
                 }
                 Waiting::PubSub => {
                     let sub = subscriber.as_mut().ok_or("no subscriber")?;
@@ -236,6 +238,13 @@ fn contended(
             }
             let granted = Instant::now();
             thread::sleep(Duration::from_millis(1)); // the work
+            if claim.take() == Some(Claim::Sent) {
+                // The claim's answer, beside the work: 1, or the lease was lost.
+                let claimed: i64 = redis::from_redis_value(&con.recv_response()?)?;
+                if claimed != 1 {
+                    return Err("a ticket's claim was refused".into());
+                }
+            }
             let release_sent = Instant::now();
             me.commands += 1;
             match waiting {
@@ -317,47 +326,76 @@ fn release_usec(admin: &mut redis::Connection, waiting: Waiting) -> Result<f64> 
     Ok(per_call.unwrap_or(0.0))
 }
 
-/// Waits with a `QUEUE` ticket as the clients do: subscribe to the resource's channel first (so
-/// no message after the first ACQUIRE is missed), send the ACQUIRE, and send it again on every
-/// wake-up (a `handoff` message naming this token's tag, or a third of the ticket's life
-/// without one); unsubscribe once granted.
+/// Waits with a `QUEUE` ticket as the clients do: subscribe to the ticket's own channel first
+/// (so no message after the first ACQUIRE is missed), send the ACQUIRE numbered by `NOTIFY`, and
+/// again a third of the ticket's life later; on `granted <fence> <request> <window-ms>` start at
+/// once (the named request's send time plus the window is a safe local expiry) and send the
+/// claim, a RENEW with the fence, whose answer is read after the work (as the clients read it
+/// beside the work); unsubscribe once granted. A reply with a fence is a grant too.
 fn ticket_wait(
     con: &mut redis::Connection,
     sub: &mut Subscriber,
     token: &str,
     commands: &mut u64,
     running: &dyn Fn() -> bool,
-) -> Result<bool> {
+) -> Result<Option<Claim>> {
     *commands += 1;
-    let channel = dlock_proto::channel::name_of(RESOURCE);
+    let channel = dlock_proto::channel::ticket_name_of(RESOURCE, token);
     sub.subscribe(&channel)?;
     let refresh = Duration::from_millis(TICKET_MS / 3);
-    // `handoff <fence> <tag>`: the tag ends the message, after a space (a fence is 16 digits or
-    // more, so it never matches as " <8 digits>\r\n").
-    let mine = format!(" {}\r\n", dlock_proto::channel::tag_hex(token.as_bytes())).into_bytes();
+    let mut sends: Vec<Instant> = Vec::new();
     let granted = loop {
         *commands += 1;
+        sends.push(Instant::now());
         let fence: Option<i64> = redis::cmd("DLOCK.ACQUIRE")
             .arg(RESOURCE)
             .arg(token)
             .arg(LEASE_MS)
             .arg("QUEUE")
             .arg(TICKET_MS)
+            .arg("NOTIFY")
+            .arg(sends.len())
             .query(con)?;
         if fence.is_some() {
-            break true;
+            break Some(Claim::Answered);
         }
         if !running() {
             // Leave the line (RELEASE without FENCE withdraws the ticket).
             *commands += 1;
             redis::cmd("DLOCK.RELEASE").arg(RESOURCE).arg(token).query::<i64>(con)?;
-            break false;
+            break None;
         }
-        sub.wait_for(refresh, &mine)?;
+        let Some(message) = sub.wait_for_line(refresh, b"granted ")? else { continue };
+        let Some(granted) = dlock_proto::channel::granted(&message) else { continue };
+        let sent_at =
+            |request: u64| sends.get(usize::try_from(request).ok()?.checked_sub(1)?).copied();
+        let plus_ms = |at: Instant, ms: u64| at + Duration::from_millis(ms);
+        let expiry = dlock_proto::channel::granted_expiry(&granted, sent_at, plus_ms);
+        if expiry.is_some_and(|expiry| expiry > Instant::now() + Duration::from_millis(100)) {
+            *commands += 1;
+            let renew = redis::cmd("DLOCK.RENEW")
+                .arg(RESOURCE)
+                .arg(token)
+                .arg(LEASE_MS)
+                .arg("FENCE")
+                .arg(granted.fence)
+                .get_packed_command();
+            con.send_packed_command(&renew)?;
+            break Some(Claim::Sent);
+        }
     };
     *commands += 1;
     sub.unsubscribe(&channel)?;
     Ok(granted)
+}
+
+/// How a ticket's grant was claimed.
+#[derive(Clone, Copy, PartialEq)]
+enum Claim {
+    /// By the ACQUIRE that answered the fence.
+    Answered,
+    /// By a RENEW sent on the message, whose answer is still to be read.
+    Sent,
 }
 
 /// Redisson's way: try `SET NX PX`; on failure subscribe to the lock's channel, then try again
@@ -477,6 +515,26 @@ impl Subscriber {
             }
         }
         Ok(())
+    }
+
+    /// Waits up to `timeout` for a message starting with `prefix`, and returns it (`None`: none
+    /// came; what arrived before this call is dropped).
+    fn wait_for_line(&mut self, timeout: Duration, prefix: &[u8]) -> Result<Option<String>> {
+        self.wait_for(timeout, prefix)?;
+        let Some(at) = self.buf.windows(prefix.len()).position(|w| w == prefix) else {
+            return Ok(None);
+        };
+        let mut chunk = [0u8; 256];
+        while !self.buf[at..].windows(2).any(|w| w == b"\r\n") {
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err("subscriber connection closed".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        let line = &self.buf[at..];
+        let end = line.windows(2).position(|w| w == b"\r\n").unwrap_or(line.len());
+        Ok(Some(String::from_utf8_lossy(&line[..end]).into_owned()))
     }
 
     /// Sends UNSUBSCRIBE without waiting for its confirmation (the next SUBSCRIBE skips it).
