@@ -61,14 +61,21 @@ if [ "$self_check" = yes ]; then
     fi
     caught="$caught, mirror ($copy) $n"
   done
-  # Runs chaos with the arguments after the first two into target/chaos-self-check-NAME.log and
-  # fails unless the checker CHECKER reported a violation there; adds the count to $caught.
-  expect_caught() { # NAME CHECKER ARGS…
-    local name=$1 checker=$2 log n
-    shift 2
+  # Runs chaos for SECONDS with the arguments after the first three into
+  # target/chaos-self-check-NAME.log and fails unless the checker CHECKER reported a violation
+  # there; adds the count to $caught. A run that saw none is tried twice more, longer and with the
+  # next seeds (a loaded machine may run too few operations to break anything): a broken checker
+  # misses every time.
+  expect_caught() { # NAME CHECKER SECONDS ARGS…
+    local name=$1 checker=$2 base=$3 log n attempt
+    shift 3
     log="target/chaos-self-check-$name.log"
-    "$chaos" "$@" >"$log" 2>&1 || true
-    n=$(grep -c "^VIOLATION ($checker)" "$log" || true)
+    for attempt in 1 2 3; do
+      "$chaos" --seconds $((base * attempt)) --seed $((seed + attempt - 1)) "$@" >"$log" 2>&1 || true
+      n=$(grep -c "^VIOLATION ($checker)" "$log" || true)
+      [ "$n" -gt 0 ] && break
+      echo "chaos: self-check '$name' run $attempt saw no '$checker' violation" >&2
+    done
     if [ "$n" -eq 0 ]; then
       cat "$log"
       echo "chaos: the self-check found no '$checker' violation: that checker is broken" >&2
@@ -78,10 +85,10 @@ if [ "$self_check" = yes ]; then
   }
   # Sets that let a member go (broken mixed workers on three read-write resources, no
   # semaphore): the mirror checker's set-atomicity must see one in part.
-  expect_caught sets set-atomicity --seconds 6 --seed "$seed" --broken-mixed --rw 3 --sem 0
+  expect_caught sets set-atomicity 6 --broken-mixed --rw 3 --sem 0
   # The servers' monotonic clock stepping with their wall clock (every fault a clock step):
   # leases end early, which the clock checker must see.
-  expect_caught clock clock-lease --seconds 8 --seed "$seed" --broken-clock --rw 1 --sem 1
+  expect_caught clock clock-lease 8 --broken-clock --rw 1 --sem 1
   # The one admitted weakness, shown: a primary without persistence whose clock steps back while
   # it is down mints fences below those it granted before. fence-order must report it, and no
   # checker may report anything else (what such a restart loses is excused, as any restart's).
