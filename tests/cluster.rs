@@ -517,3 +517,46 @@ fn an_atomic_slot_migration_keeps_leases_and_fence_order() {
     let (fence, _) = acquire_moving_as(&mut target, &held, "holder", false, &[]);
     assert_eq!(fence, held_fence, "the holder re-acquires its own lease there");
 }
+
+/// The `DEL`s an expiry sweep replicates are gathered per slot in Redis Cluster: leases of three
+/// slots ending together reach the shard's replica as a few `DEL`s, at least one per slot, and
+/// the replica then holds none of them.
+#[test]
+fn expiries_reach_the_replica_as_one_del_per_slot_at_a_time() {
+    const PER_SLOT: usize = 200;
+    let cluster = Cluster::start();
+    // Three hash tags (three slots) served by one primary.
+    let primary = cluster.owner("{e0}");
+    let tags: Vec<String> = (0..1_000)
+        .map(|i| format!("e{i}"))
+        .filter(|tag| cluster.owner(&format!("{{{tag}}}")) == primary)
+        .take(3)
+        .collect();
+    assert_eq!(tags.len(), 3, "three slots on {primary}");
+    let replica = cluster.replica_of(primary);
+    let mut r = cluster.node(replica).client();
+    let dels_before = del_calls(&mut r);
+    let mut p = cluster.node(primary).client();
+    let mut pipe = redis::pipe();
+    for tag in &tags {
+        for i in 0..PER_SLOT {
+            pipe.cmd("DLOCK.ACQUIRE").arg(format!("{{{tag}}}:{i}")).arg("w").arg(300).ignore();
+        }
+    }
+    pipe.query::<()>(&mut p).expect("acquired");
+    assert!(eventually(Duration::from_secs(10), || dbsize(&mut p) == 0), "all expired");
+    assert!(eventually(Duration::from_secs(10), || dbsize(&mut r) == 0), "gone on the replica");
+    let dels = del_calls(&mut r) - dels_before;
+    assert!(
+        (3..=60).contains(&dels),
+        "{} expiries of 3 slots in {dels} DELs: gathered, never across slots",
+        3 * PER_SLOT
+    );
+}
+
+/// How many `DEL` calls the server has run (`INFO commandstats`).
+fn del_calls(con: &mut redis::Connection) -> u64 {
+    info_line(con, "commandstats", "cmdstat_del")
+        .and_then(|line| line.strip_prefix("calls=")?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}

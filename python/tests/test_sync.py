@@ -444,7 +444,7 @@ def test_features_are_read_from_the_server(r: redis.Redis) -> None:
     features = dlock.Locks(r).features()
     assert "WAIT" in features.acquire
     advertised = features.acquire | features.renew | features.release
-    assert advertised <= {"WAIT", "FENCE", "CLAIM", "LIMIT", "META", "QUEUE", "SHARED"}
+    assert advertised <= {"WAIT", "FENCE", "CLAIM", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED"}
 
 
 def test_mutual_exclusion_under_contention(r: redis.Redis) -> None:
