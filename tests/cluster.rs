@@ -556,7 +556,6 @@ fn expiries_reach_the_replica_as_one_del_per_slot_at_a_time() {
 
 /// How many `DEL` calls the server has run (`INFO commandstats`).
 fn del_calls(con: &mut redis::Connection) -> u64 {
-    info_line(con, "commandstats", "cmdstat_del")
-        .and_then(|line| line.strip_prefix("calls=")?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(con).expect("INFO");
+    command_calls(&stats, "del")
 }

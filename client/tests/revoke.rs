@@ -69,12 +69,7 @@ async fn revoke(
 async fn calls(con: &mut MultiplexedConnection, command: &str) -> u64 {
     let stats: String =
         redis::cmd("INFO").arg("commandstats").query_async(con).await.expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
+    command_calls(&stats, command)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

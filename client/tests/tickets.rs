@@ -364,14 +364,7 @@ async fn ticket_waiters_outlive_a_killed_subscriber_connection() {
 
 /// How many `DLOCK.ACQUIRE` calls the server has run (`INFO commandstats`).
 async fn acquire_calls(con: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let stats: String =
-        redis::cmd("INFO").arg("commandstats").query_async(con).await.expect("INFO");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_dlock.acquire:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
+    calls(con, "dlock.acquire").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,13 +439,7 @@ async fn every_reader_granted_by_one_shared_hand_over_is_woken_by_its_own_handof
 async fn calls(con: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let stats: String =
         redis::cmd("INFO").arg("commandstats").query_async(con).await.expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
+    command_calls(&stats, command)
 }
 
 /// A ticket told of its grant on its own channel starts on that message: no ACQUIRE follows

@@ -10,6 +10,14 @@ pub fn info_value<'a>(text: &'a str, field: &str) -> Option<&'a str> {
     text.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':')).map(str::trim)
 }
 
+/// How many calls of `command` (lower case, e.g. `dlock.acquire`) `INFO commandstats` text
+/// counts (0 when the server has run none).
+pub fn command_calls(commandstats: &str, command: &str) -> u64 {
+    info_value(commandstats, &format!("cmdstat_{command}"))
+        .and_then(|stats| stats.strip_prefix("calls=")?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Every `field:value` line of INFO-style text, values trimmed.
 pub fn info_fields(text: &str) -> BTreeMap<String, String> {
     text.lines()

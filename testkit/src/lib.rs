@@ -25,8 +25,8 @@ pub use commands::{
     value_text,
 };
 pub use info::{
-    cluster_info, counters_add_up, dlock_counters, info_fields, info_line, info_value,
-    wait_for_background_persistence,
+    cluster_info, command_calls, counters_add_up, dlock_counters, info_fields, info_line,
+    info_value, wait_for_background_persistence,
 };
 pub use postgres::{PG_USER, Postgres};
 pub use proxy::LinkProxy;
