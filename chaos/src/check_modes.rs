@@ -29,6 +29,8 @@ pub struct ModeReport {
     /// Grants by how they were waited for: answered to a WAIT, a ticket's turn, a plain ACQUIRE.
     pub waits: usize,
     pub tickets: usize,
+    /// Tickets' turns taken on their own channel's `granted` message (`NOTIFY`).
+    pub told: usize,
     pub plain: usize,
     /// Hand-overs claimed (a RENEW or the same ACQUIRE again answered).
     pub claims: usize,
@@ -178,7 +180,10 @@ fn count(operations: &[Operation], leases: &BTreeMap<&str, Vec<Lease>>, report: 
             Role::Permit => modes.permits += 1,
         }
         match lease.grant.op {
-            Op::Queue => modes.tickets += 1,
+            Op::Queue => {
+                modes.tickets += 1;
+                modes.told += usize::from(field(&lease.grant.request, "told").is_some());
+            }
             _ if field(&lease.grant.request, "wait").is_some() => modes.waits += 1,
             _ => modes.plain += 1,
         }

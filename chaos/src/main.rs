@@ -208,13 +208,14 @@ fn main() {
         map.iter().map(|(resource, n)| format!("{resource} {n}")).collect::<Vec<_>>().join(", ")
     };
     println!(
-        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {}, plain {}; {} claimed), {} stale fences refused; most permits at once {} (observed {}), most readers {} (observed {})",
+        "chaos: mixed: {} grants (readers {}, writers {}, permits {}; waits {}, tickets {} ({} started on their own channel's message), plain {}; {} claimed), {} stale fences refused; most permits at once {} (observed {}), most readers {} (observed {})",
         modes.readers + modes.writers + modes.permits,
         modes.readers,
         modes.writers,
         modes.permits,
         modes.waits,
         modes.tickets,
+        modes.told,
         modes.plain,
         modes.claims,
         modes.refused,

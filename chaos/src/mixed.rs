@@ -2,7 +2,9 @@
 //! writer (exclusive, appending to the resource's register under `DLOCK.FENCED`); on a semaphore
 //! (`sem:{i}`, [`permits`]`(i)` permits, `SHARED LIMIT n`) a permit holder. It waits for its turn
 //! with `WAIT … CLAIM` and claims the hand-over (a `RENEW … FENCE` or the same ACQUIRE again),
-//! with a `QUEUE` ticket refreshed until it is granted, or with a plain ACQUIRE retried; it
+//! with a `QUEUE` ticket refreshed until it is granted (half of the tickets numbered by `NOTIFY`
+//! and started on their own channel's `granted` message, then claimed as a wait's hand-over is),
+//! or with a plain ACQUIRE retried; it
 //! renews with `FENCE`, uses the lease under `DLOCK.FENCED`, and releases with `FENCE`. All raw
 //! commands: the Rust client has no shared leases yet.
 //!
@@ -250,6 +252,23 @@ enum Handover {
     Released,
     /// Nothing was sent: it still holds its lease.
     Untouched,
+}
+
+/// The next `granted` message on a ticket's own channel within `wait`, if one comes.
+async fn told_within(
+    pubsub: &mut redis::aio::PubSub,
+    wait: Duration,
+) -> Option<dlock_proto::channel::Granted> {
+    use futures_util::StreamExt as _;
+    let until = tokio::time::Instant::now() + wait;
+    let mut messages = pubsub.on_message();
+    loop {
+        let message = tokio::time::timeout_at(until, messages.next()).await.ok()??;
+        let payload: String = message.get_payload().ok()?;
+        if let Some(granted) = dlock_proto::channel::granted(&payload) {
+            return Some(granted);
+        }
+    }
 }
 
 /// Reads `n` one-line replies (integers, simple strings, errors, nils) from `stream`.
@@ -758,10 +777,17 @@ impl Worker {
     }
 
     /// A ticket, refreshed every third of its life until granted, stopped on the nemesis's
-    /// request, or given up after a while (then it lapses by itself).
+    /// request, or given up after a while (then it lapses by itself). Half of them (never the
+    /// broken worker's) listen on their own channel, every ACQUIRE numbered by `NOTIFY`: a
+    /// `granted` message there is the grant (logged as a told request and its answer), held from
+    /// then on until the named request's send time plus the window, and claimed at once.
     async fn acquire_ticket(&mut self, resource: &str, index: u32, role: Role) -> Option<Held> {
         let token = self.token(role.letter());
         let ticket = self.rng.between(300, 600);
+        let told = !self.args.broken && self.rng.below(2) == 0;
+        let mut channel = if told { self.own_channel(resource, &token).await } else { None };
+        // Each numbered ACQUIRE's send time, by its `NOTIFY` number (from 1).
+        let mut sends: Vec<Instant> = Vec::new();
         // The claim window of a ticket's turn is the ticket's life (by default or said so): a
         // ticket refreshed in time is also claimed in time.
         let explicit_claim = self.rng.below(2) == 0;
@@ -773,6 +799,10 @@ impl Worker {
             self.record(Op::Queue, Kind::Invoke, resource, 0, &request);
             let mut cmd = self.acquire_cmd(resource, &wire, role);
             cmd.arg("QUEUE").arg(ticket);
+            if channel.is_some() {
+                sends.push(Instant::now());
+                cmd.arg("NOTIFY").arg(sends.len());
+            }
             if explicit_claim {
                 cmd.arg("CLAIM").arg(ticket);
             }
@@ -807,9 +837,40 @@ impl Worker {
                 wire = self.token(role.letter()); // a new place each time, logged as the first
             }
             let refresh = ticket / 3;
-            tokio::time::sleep(Duration::from_millis(self.rng.between(refresh * 3 / 4, refresh)))
-                .await;
+            let nap = Duration::from_millis(self.rng.between(refresh * 3 / 4, refresh));
+            let Some(pubsub) = channel.as_mut() else {
+                tokio::time::sleep(nap).await;
+                continue;
+            };
+            let Some(granted) = told_within(pubsub, nap).await else { continue };
+            let sent_at = |n: u64| sends.get(usize::try_from(n).ok()?.checked_sub(1)?).copied();
+            let plus_ms = |at: Instant, ms: u64| at + Duration::from_millis(ms);
+            let Some(expiry) = dlock_proto::channel::granted_expiry(&granted, sent_at, plus_ms)
+                .filter(|expiry| *expiry > Instant::now() + Duration::from_millis(50))
+            else {
+                continue; // too little left: the next ACQUIRE claims it
+            };
+            // The grant as the channel told it: an answer to no request, logged as one.
+            let told = format!("{request} told={}", granted.request);
+            self.record(Op::Queue, Kind::Invoke, resource, 0, &told);
+            self.record(Op::Queue, Kind::Ok, resource, granted.fence, &token);
+            let (resource, fence) = (resource.to_owned(), granted.fence);
+            let mut held = Held { resource, index, token: wire, fence, role, expiry };
+            return self.claim(&mut held).await.then_some(held);
         }
+    }
+
+    /// A subscription to the own channel of `token`'s ticket on `resource`, confirmed; `None`
+    /// when it could not be made (the ticket then waits by its refreshes, without `NOTIFY`).
+    async fn own_channel(&mut self, resource: &str, token: &str) -> Option<redis::aio::PubSub> {
+        let channel = dlock_proto::channel::ticket_name_of(resource, token);
+        let subscribed = tokio::time::timeout(REQUEST, async {
+            let mut pubsub = self.link.client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+        .await;
+        subscribed.ok()?.ok()
     }
 
     /// A plain ACQUIRE, retried with the same token (a retry after an unknown outcome learns the
