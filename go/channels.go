@@ -1,14 +1,16 @@
 package dlock
 
-// The resources' channels (and tickets' own channels, in their resources' slots): one pub/sub
-// connection per server, shared by every ticket waiter, observer and held lease of that server, open while anyone watches there and channelIdleClose
-// after (a loop of holds reuses it instead of connecting for each). The server publishes
-// every change of ownership of a resource on ChannelName(resource) (in Redis Cluster a shard
-// channel, SSUBSCRIBE on the primary of the resource's slot). A message only wakes: whoever waits
-// re-sends its ACQUIRE (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
-// grant. The one message that does more is a revocation (revoked <fence> <reason>): the held
-// lease with that fence is lost at once (docs/protocol.md, section 4); a lost one is caught by
-// the lease's next renewal.
+// The resources' channels, and tickets' own channels (in their resources' slots): one pub/sub
+// connection per server, shared by every ticket waiter, observer and held lease of that server,
+// open while anyone watches there and channelIdleClose after (a loop of holds reuses it instead
+// of connecting for each). The server publishes every change of ownership of a resource on
+// ChannelName(resource) (in Redis Cluster a shard channel, SSUBSCRIBE on the primary of the
+// resource's slot), and tells a ticket sent with NOTIFY alone of its grant on
+// TicketChannelName(resource, token). A message only wakes: whoever waits re-sends its ACQUIRE
+// (or reads DLOCK.INFO again), so a lost message costs one refresh, never a grant. Two messages
+// do more: a revocation (revoked <fence> <reason>), which loses the held lease with that fence
+// at once (docs/protocol.md, section 4; a lost one is caught by the lease's next renewal), and a
+// ticket's granted message, kept for the woken waiter, which may start its lease on it.
 //
 // In a Cluster a channel follows its slot. When the server drops a subscription (the slot moved
 // away: it sends sunsubscribe), when the pub/sub connection to a node fails, or when a request
