@@ -59,7 +59,7 @@ func awaitTickets(t *testing.T, rdb *redis.Client, resource string, want int) {
 
 // A ticket told of its grant on its own channel starts on that message: no ACQUIRE follows the
 // release to claim the turn; the claim is one RENEW with the fence, sent at once without the
-// caller asking and not awaited before Hold returns (its answer is held back 1 s by a proxy,
+// caller asking and not awaited before Hold returns (its answer is held back 2 s by a proxy,
 // while the server has already run it), and until its answer is read the lease's local expiry
 // is the claim window counted from an ACQUIRE sent before the grant. The first renewal reads
 // that answer: the full ttl, and no second RENEW.
@@ -67,11 +67,14 @@ func TestATicketStartsOnItsOwnMessageAndClaimsWithOneRenewal(t *testing.T) {
 	t.Parallel()
 	server := testkit.StartServer(t)
 	direct := server.Client(t)
-	proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.RENEW", Delay: time.Second})
+	// The claim's answer held back 2 s: well within the request timeout (5 s), and long after
+	// the test reads it with Renew.
+	proxy := testkit.StartProxyWith(t, server.Addr(), testkit.ProxyOptions{Match: "DLOCK.RENEW", Delay: 2 * time.Second})
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	const ticket, ttl = 9 * time.Second, 60 * time.Second
-	locks := newLocks(t, rdb, dlock.Tickets(ticket))
+	// The claim window: the ticket's life (more than twice the request timeout).
+	const ticket, ttl = 12 * time.Second, 60 * time.Second
+	locks := newLocks(t, rdb, dlock.Tickets(ticket), dlock.RequestTimeout(5*time.Second))
 	ctx := context.Background()
 	if err := direct.Do(ctx, "DLOCK.ACQUIRE", "gate", "holder", 30000).Err(); err != nil {
 		t.Fatal(err)
