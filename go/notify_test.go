@@ -36,6 +36,29 @@ func awaitChannels(t *testing.T, rdb *redis.Client, pattern string, want int) []
 	return channels
 }
 
+// awaitTicketChannels waits (5 s at most) until want tickets' own channels of resource have
+// subscribers on rdb (PUBSUB SHARDCHANNELS for shard channels, else PUBSUB CHANNELS).
+func awaitTicketChannels(t *testing.T, rdb *redis.Client, resource string, sharded bool, want int) {
+	t.Helper()
+	pattern := dlock.ChannelName(resource) + ":*"
+	testkit.Await(t, 5*time.Second, func() error {
+		var channels []string
+		var err error
+		if sharded {
+			channels, err = rdb.PubSubShardChannels(context.Background(), pattern).Result()
+		} else {
+			channels, err = rdb.PubSubChannels(context.Background(), pattern).Result()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(channels) != want {
+			return fmt.Errorf("%d ticket channels like %s, not %d: %v", len(channels), pattern, want, channels)
+		}
+		return nil
+	})
+}
+
 // infoField is one field of DLOCK.INFO resource, read on rdb ("" without it).
 func infoField(t *testing.T, rdb *redis.Client, resource, field string) string {
 	t.Helper()
