@@ -257,8 +257,9 @@ func asInt(reply any) (int64, error) {
 // call sends the command build makes for the server at addr to resource's server; when that
 // server refuses an option as unknown (an older module) that may be dropped (CLAIM, META, FENCE,
 // QUEUE, NOTIFY), it is not sent to that server again by this Locks and the command goes once
-// more without it (NOTIFY: the refusal is returned, and the ticket's wait sends again). Refusals are kept per server address: in a Cluster upgraded one node at a time, a
-// node that has FENCE keeps getting it.
+// more without it (NOTIFY: the refusal is returned, and the ticket's wait sends again once it
+// listens on the resource's channel). Refusals are kept per server address: in a Cluster
+// upgraded one node at a time, a node that has FENCE keeps getting it.
 func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, error) {
 	if l.err != nil {
 		return nil, l.err
