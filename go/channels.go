@@ -1,14 +1,16 @@
 package dlock
 
-// The resources' channels: one pub/sub connection per server, shared by every ticket waiter,
-// observer and held lease of that server, open while anyone watches there and channelIdleClose
-// after (a loop of holds reuses it instead of connecting for each). The server publishes
-// every change of ownership of a resource on ChannelName(resource) (in Redis Cluster a shard
-// channel, SSUBSCRIBE on the primary of the resource's slot). A message only wakes: whoever waits
-// re-sends its ACQUIRE (or reads DLOCK.INFO again), so a lost message costs one refresh, never a
-// grant. The one message that does more is a revocation (revoked <fence> <reason>): the held
-// lease with that fence is lost at once (docs/protocol.md, section 4); a lost one is caught by
-// the lease's next renewal.
+// The resources' channels, and tickets' own channels (in their resources' slots): one pub/sub
+// connection per server, shared by every ticket waiter, observer and held lease of that server,
+// open while anyone watches there and channelIdleClose after (a loop of holds reuses it instead
+// of connecting for each). The server publishes every change of ownership of a resource on
+// ChannelName(resource) (in Redis Cluster a shard channel, SSUBSCRIBE on the primary of the
+// resource's slot), and tells a ticket sent with NOTIFY alone of its grant on
+// TicketChannelName(resource, token). A message only wakes: whoever waits re-sends its ACQUIRE
+// (or reads DLOCK.INFO again), so a lost message costs one refresh, never a grant. Two messages
+// do more: a revocation (revoked <fence> <reason>), which loses the held lease with that fence
+// at once (docs/protocol.md, section 4; a lost one is caught by the lease's next renewal), and a
+// ticket's granted message, kept for the woken waiter, which may start its lease on it.
 //
 // In a Cluster a channel follows its slot. When the server drops a subscription (the slot moved
 // away: it sends sunsubscribe), when the pub/sub connection to a node fails, or when a request
@@ -52,6 +54,10 @@ type watch struct {
 	wake    chan struct{}
 	fence   uint64
 	revoked func(reason string)
+	// own: a ticket's own channel (TicketChannelName), woken by every message there; heard is
+	// the last granted message (guarded by channels.mu), kept before the waiter is woken.
+	own   bool
+	heard *granted
 }
 
 func (w *watch) signal() {
@@ -123,7 +129,30 @@ func (c *channels) join(ctx context.Context, resource, tag string, timeout time.
 // joinWaking is join with the wake channel given: a waiter on several channels (a set's members)
 // shares one.
 func (c *channels) joinWaking(ctx context.Context, resource, tag string, timeout time.Duration, wake chan struct{}) *watch {
-	w := &watch{channel: ChannelName(resource), tag: tag, wake: wake}
+	return c.joinWatch(ctx, resource, &watch{channel: ChannelName(resource), tag: tag, wake: wake}, timeout)
+}
+
+// joinOwn registers a ticket waiter on its ticket's own channel (TicketChannelName of resource
+// and token), in resource's slot, where the server tells that ticket alone of its grant: woken
+// by every message there, the last granted one kept (heard). It returns as join does.
+func (c *channels) joinOwn(ctx context.Context, resource, token string, timeout time.Duration) *watch {
+	w := &watch{channel: TicketChannelName(resource, token), wake: make(chan struct{}, 1), own: true}
+	return c.joinWatch(ctx, resource, w, timeout)
+}
+
+// heard is the last granted message on w's own channel, if any.
+func (c *channels) heard(w *watch) (granted, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w.heard == nil {
+		return granted{}, false
+	}
+	return *w.heard, true
+}
+
+// joinWatch registers w on its channel, subscribed on resource's node, and returns once the
+// server confirmed the subscription (or timeout passed).
+func (c *channels) joinWatch(ctx context.Context, resource string, w *watch, timeout time.Duration) *watch {
 	sub, created := c.add(resource, w)
 	if created {
 		c.route(ctx, w.channel, sub, timeout)
@@ -392,7 +421,12 @@ func (c *channels) dispatch(n *node, event any) {
 		if sub.node != n {
 			break
 		}
+		told, isGranted := grantedMessage(message.Payload)
 		for w := range sub.watches {
+			if w.own && isGranted {
+				heard := told
+				w.heard = &heard // before the wake: the woken waiter reads it
+			}
 			if wakes(message.Payload, w.tag) {
 				w.signal()
 			}

@@ -187,8 +187,12 @@ func TestInAClusterSubscriptionsFollowTheirSlotToItsNewNode(t *testing.T) {
 	holder, leaders, granted := watchedHold(t, ctx, locks, resource)
 	from := cluster.Owner(t, resource)
 
-	// The lease's key moves with the slot; the ticket does not (the waiter queues again).
-	cluster.MoveSlot(t, resource, cluster.Other(from))
+	awaitTicketChannels(t, from.Client(t), resource, true, 1)
+	// The lease's key moves with the slot; the ticket does not (the waiter queues again, its own
+	// channel subscribed on the new primary).
+	to := cluster.Other(from)
+	cluster.MoveSlot(t, resource, to)
+	awaitTicketChannels(t, to.Client(t), resource, true, 1)
 	time.Sleep(300 * time.Millisecond)
 	released := time.Now()
 	if err := holder.Release(ctx); err != nil {
@@ -236,11 +240,12 @@ func TestInAClusterARevokedHolderHearsItOnItsShardChannelWhereverTheSlotIs(t *te
 	}
 }
 
-// The primary of a resource's slot fails over to its replica under a held lease, a ticket
-// waiter and an observer of the resource, which listen on its shard channel (SSUBSCRIBE on the
-// slot's primary): by CLUSTER FAILOVER (the old primary drops its shard channels'
-// subscribers), or killed (the pub/sub connection breaks, and the replica is elected after the
-// node timeout). The subscription follows to the new primary, where an operator's revocation
+// The primary of a resource's slot fails over to its replica under a held lease and an
+// observer of the resource, which listen on its shard channel, and a ticket waiter, which
+// listens on its ticket's own shard channel in the same slot (SSUBSCRIBE on the slot's
+// primary): by CLUSTER FAILOVER (the old primary drops its shard channels' subscribers), or
+// killed (the pub/sub connection breaks, and the replica is elected after the node timeout).
+// The subscriptions follow to the new primary, where an operator's revocation
 // after the failover reaches the holder, and the hand-over to the ticket waiter (which its
 // refresh, a third of its 30 s ticket, would not cover) and the new leader reach the waiter and
 // the observer.
@@ -275,6 +280,7 @@ func subscriptionsFollowFailover(t *testing.T, cluster *testkit.Cluster, resourc
 	holder, leaders, granted := watchedHold(t, ctx, locks, resource)
 	primary := cluster.Owner(t, resource)
 	testkit.AwaitSubscribers(t, primary.Client(t), channel, true, 1)
+	awaitTicketChannels(t, primary.Client(t), resource, true, 1)
 	// The replica has the lease and the ticket before it takes over.
 	if n, err := primary.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
 		t.Fatalf("WAIT: %d, %v", n, err)
@@ -286,6 +292,7 @@ func subscriptionsFollowFailover(t *testing.T, cluster *testkit.Cluster, resourc
 		t.Fatal("the replica does not serve the slot")
 	}
 	testkit.AwaitSubscribers(t, replica.Client(t), channel, true, 1)
+	awaitTicketChannels(t, replica.Client(t), resource, true, 1)
 
 	const reason = "failed over"
 	if n, err := replica.Client(t).Do(ctx, "DLOCK.REVOKE", resource, "REASON", reason).Int(); err != nil || n != 1 {

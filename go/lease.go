@@ -64,19 +64,52 @@ type Lease struct {
 	// from the grant until the lease ends.
 	watches []*watch
 	leave   sync.Once
+
+	// claim: a lease started on its ticket's granted message, claimed by a RENEW sent at the
+	// grant; its answer is the first renewal (nil: none, or read by Renew).
+	claim *pendingClaim
+}
+
+// pendingClaim is the claim of a lease started on its ticket's message: done is closed once
+// its RENEW was answered (renewed, as renewOnce's) or failed (err).
+type pendingClaim struct {
+	done    chan struct{}
+	renewed bool
+	err     error
 }
 
 // newLease starts the lease an attempt was granted with fences (one per member of the
 // attempt's set, else one) by a request sent at sent.
 func newLease(ctx context.Context, a *attempt, fences []uint64, sent time.Time) *Lease {
+	return startLease(ctx, a, fences, sent.Add(asSent(a.ttl)), sent.Add(renewEvery(a.ttl)), false)
+}
+
+// startedLease starts the lease a ticket's own channel announced (granted with fence, held
+// until expiry unless claimed): its claim, a RENEW with the fence that sets the full ttl, is
+// sent at once on a goroutine of its own, not awaited; its answer is the lease's first renewal
+// (1: renewed from the claim's send; 0: lost, renewal_refused), which the renewer (or Renew)
+// reads instead of sending its own.
+func startedLease(ctx context.Context, a *attempt, fence uint64, expiry time.Time) *Lease {
+	return startLease(ctx, a, []uint64{fence}, expiry, expiry, true)
+}
+
+// startLease starts a lease of fences held until localExpiry, renewed first at nextRenewal, or
+// by a claim sent now (claim: nextRenewal waits for its answer).
+func startLease(ctx context.Context, a *attempt, fences []uint64, localExpiry, nextRenewal time.Time, claim bool) *Lease {
 	l := a.locks
 	logger, metrics := a.set.observe()
 	lease := &Lease{
 		locks: l, resource: a.resource, token: a.token, fence: fences[0], mode: a.mode, ttl: a.ttl,
 		set: a.set, log: logger, metrics: metrics, granted: time.Now(), holdEnd: a.holdEnd,
 		members: a.resources(), fences: fences, isSet: a.members != nil,
-		localExpiry: sent.Add(asSent(a.ttl)), nextRenewal: sent.Add(renewEvery(a.ttl)),
+		localExpiry: localExpiry, nextRenewal: nextRenewal,
 		stop: make(chan struct{}), finished: make(chan struct{}),
+	}
+	var pending *pendingClaim
+	if claim {
+		pending = &pendingClaim{done: make(chan struct{})}
+		lease.claim = pending
+		lease.renewing++ // the claim: awaited from now on
 	}
 	// The caller's values, not its cancellation: the caller's context bounded the wait only.
 	lease.ctx, lease.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
@@ -84,6 +117,14 @@ func newLease(ctx context.Context, a *attempt, fences []uint64, sent time.Time) 
 	// confirmation (docs/protocol.md, section 4): one that races it is caught by the renewal.
 	for i, member := range lease.members {
 		lease.watches = append(lease.watches, l.router.channels.hold(member, fences[i], lease.revoke))
+	}
+	if pending != nil {
+		claimDone := l.router.use()
+		go func() {
+			defer claimDone()
+			pending.renewed, pending.err = lease.renewSent(context.Background())
+			close(pending.done)
+		}()
 	}
 	done := l.router.use()
 	go func() {
@@ -126,7 +167,9 @@ func (l *Lease) Err() error {
 }
 
 // LocalExpiry is a conservative end of the lease on this process's monotonic clock: counted from
-// before the last answered ACQUIRE or RENEW was sent, never after the server's deadline.
+// before the last answered ACQUIRE or RENEW was sent, never after the server's deadline. A lease
+// a ticket started on its own channel's message (Tickets) has the claim window, counted from
+// before an ACQUIRE the server read before the grant, until its claim's answer is read.
 func (l *Lease) LocalExpiry() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -241,6 +284,12 @@ func (l *Lease) releaseArgs(addr string) []any {
 // failure, until the local expiry.
 func (l *Lease) renew() {
 	defer close(l.finished)
+	var claimed <-chan struct{} // a pending claim's answer: the first renewal
+	l.mu.Lock()
+	if l.claim != nil {
+		claimed = l.claim.done
+	}
+	l.mu.Unlock()
 	for {
 		l.mu.Lock()
 		due := l.nextRenewal
@@ -268,6 +317,15 @@ func (l *Lease) renew() {
 			l.mu.Lock()
 			l.nextRenewal = time.Now()
 			l.mu.Unlock()
+		case <-claimed:
+			// The claim answered (its answer already counted, as a renewal's): the next
+			// renewal is due ttl/3 from now, or sooner after a failure.
+			timer.Stop()
+			claimed = nil
+			l.mu.Lock()
+			l.claim = nil // read: Renew sends a RENEW of its own from now on
+			l.mu.Unlock()
+			continue
 		case <-timer.C:
 		}
 		now := time.Now()
@@ -291,14 +349,19 @@ func (l *Lease) renew() {
 // renewOnce sends one RENEW: true renewed, false refused (the lease is lost), an error when no
 // answer came in time (retried after ttl/10 until the local expiry).
 func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
+	l.mu.Lock()
+	l.renewing++
+	l.mu.Unlock()
+	return l.renewSent(ctx)
+}
+
+// renewSent is renewOnce with its RENEW already counted as awaited (renewing).
+func (l *Lease) renewSent(ctx context.Context) (bool, error) {
 	ttl := l.ttl
 	if !l.holdEnd.IsZero() {
 		// Never past MaxHold: the server's lease ends with the hold.
 		ttl = min(ttl, time.Until(l.holdEnd))
 	}
-	l.mu.Lock()
-	l.renewing++
-	l.mu.Unlock()
 	sent := time.Now()
 	timeout := min(l.set.requestTimeout, l.LocalExpiry().Sub(sent))
 	if timeout <= 0 {
@@ -347,6 +410,19 @@ func (l *Lease) renewOnce(ctx context.Context) (bool, error) {
 func (l *Lease) Renew(ctx context.Context) (bool, error) {
 	if err := l.Err(); err != nil {
 		return false, err
+	}
+	// A lease started on its ticket's message answers with its claim first (sent at the grant).
+	l.mu.Lock()
+	claim := l.claim
+	l.claim = nil
+	l.mu.Unlock()
+	if claim != nil {
+		select {
+		case <-claim.done:
+			return claim.renewed, claim.err
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
 	}
 	if l.loseIfExpired(time.Now()) {
 		return false, l.Err()

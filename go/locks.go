@@ -256,9 +256,10 @@ func asInt(reply any) (int64, error) {
 
 // call sends the command build makes for the server at addr to resource's server; when that
 // server refuses an option as unknown (an older module) that may be dropped (CLAIM, META, FENCE,
-// QUEUE), it is not sent to that server again by this Locks and the command goes once more
-// without it. Refusals are kept per server address: in a Cluster upgraded one node at a time, a
-// node that has FENCE keeps getting it.
+// QUEUE, NOTIFY), it is not sent to that server again by this Locks and the command goes once
+// more without it (NOTIFY: the refusal is returned, and the ticket's wait sends again once it
+// listens on the resource's channel). Refusals are kept per server address: in a Cluster
+// upgraded one node at a time, a node that has FENCE keeps getting it.
 func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration, build func(addr string) []any) (any, error) {
 	if l.err != nil {
 		return nil, l.err
@@ -266,6 +267,11 @@ func (l *Locks) call(ctx context.Context, resource string, timeout time.Duration
 	for {
 		reply, addr, args, err := l.router.doBuilt(ctx, resource, timeout, build)
 		if !l.dropRefused(addr, args, err) {
+			return reply, err
+		}
+		if droppableOption(errorReply(err)) == "NOTIFY" {
+			// Marked, and returned: the ticket listens on the resource's channel before its
+			// ACQUIRE goes again without NOTIFY.
 			return reply, err
 		}
 	}
@@ -518,9 +524,13 @@ func (a *attempt) blocking(ctx context.Context) (*Lease, error) {
 	}
 }
 
-// tickets: subscribed to the resource's channel before the first ACQUIRE … QUEUE, the same
-// ACQUIRE again on a hand-over to this token, on every (re)subscription and every ticket/3.
-// fallBack: the server has no QUEUE (the blocking wait takes over).
+// tickets: subscribed before the first ACQUIRE … QUEUE to the ticket's own channel, where the
+// server tells this ticket alone of its grant (every ACQUIRE numbered by NOTIFY, its send time
+// kept); the same ACQUIRE again on every (re)subscription and every ticket/3. The lease starts
+// on the channel's granted message (started), its claim sent beside the work; with too little
+// of the window left, or a request not the attempt's, the next ACQUIRE claims the turn. A
+// server without NOTIFY is waited on through the resource's channel: the ACQUIRE again on a
+// hand-over to this token. fallBack: the server has no QUEUE (the blocking wait takes over).
 func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBack bool) {
 	ticket := a.set.ticket
 	pick, cancel := context.WithTimeout(ctx, a.set.requestTimeout)
@@ -529,11 +539,19 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 	if routeErr == nil && a.locks.isRefused(serving.addr, cmdAcquire, "QUEUE") {
 		return nil, nil, true
 	}
+	notify := routeErr != nil || !a.locks.isRefused(serving.addr, cmdAcquire, "NOTIFY")
 	// Subscribed before the first ticket; the subscription follows the resource's slot (a
 	// failover, a migration) and every resubscription wakes the waiter: no hand-over goes
 	// unheard.
-	w := a.locks.router.channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
-	defer a.locks.router.channels.leave(w)
+	channels := a.locks.router.channels
+	var w *watch
+	if notify {
+		w = channels.joinOwn(ctx, a.resource, a.token, a.set.requestTimeout)
+	} else {
+		w = channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
+	}
+	defer func() { channels.leave(w) }()
+	var sends []time.Time // each ACQUIRE's send time, by its NOTIFY number (from 1)
 	queued := false
 	for {
 		if err := ctx.Err(); err != nil {
@@ -548,13 +566,30 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		}
 		sent := time.Now()
 		queued = true
+		var request uint64
+		if notify {
+			sends = append(sends, sent)
+			request = uint64(len(sends))
+		}
 		reply, err := a.locks.call(ctx, a.resource, a.set.requestTimeout, func(addr string) []any {
-			return a.form(addr, 0, false, millis(ticket)).args()
+			f := a.form(addr, 0, false, millis(ticket))
+			f.notify = request
+			return f.args()
 		})
 		if err != nil {
-			if unsupportedOption(errorReply(err)) == "QUEUE" {
+			switch unsupportedOption(errorReply(err)) {
+			case "QUEUE":
 				// This server has no tickets (marked by call): the blocking wait takes over.
 				return nil, nil, true
+			case "NOTIFY":
+				if notify {
+					// An older server (marked by call): the resource's channel, subscribed
+					// before the ACQUIRE goes again without NOTIFY.
+					notify = false
+					channels.leave(w)
+					w = channels.join(ctx, a.resource, TokenTag(a.token), a.set.requestTimeout)
+					continue
+				}
 			}
 			if retry, failure := a.failed(err); retry {
 				if !sleep(ctx, a.retryPause()) {
@@ -583,6 +618,11 @@ func (a *attempt) tickets(ctx context.Context) (lease *Lease, err error, fallBac
 		case <-ctx.Done():
 		}
 		refresh.Stop()
+		if told, ok := channels.heard(w); ok && notify && ctx.Err() == nil {
+			if expiry, starts := startsOn(told, sends, time.Now(), a.set.requestTimeout); starts {
+				return startedLease(ctx, a, told.fence, expiry), nil, false
+			}
+		}
 	}
 }
 

@@ -55,9 +55,11 @@ func ReleaseTimeout(timeout time.Duration) Option {
 	return func(s *settings) { s.releaseTimeout = timeout }
 }
 
-// Tickets waits with QUEUE tickets woken by the resource's channel (one pub/sub connection per
-// server, shared by every waiter) instead of a blocking WAIT on a connection per waiter. ticket
-// is the ticket's life (default 6 s), refreshed every third of it.
+// Tickets waits with QUEUE tickets instead of a blocking WAIT on a connection per waiter: each
+// told of its turn on its own channel (one pub/sub connection per server, shared by every
+// waiter), where the lease starts on the server's message, claimed by a RENEW sent beside the
+// work; a server without NOTIFY wakes them on the resource's channel. ticket is the ticket's
+// life (default 6 s), refreshed every third of it.
 func Tickets(ticket time.Duration) Option {
 	return func(s *settings) {
 		s.tickets = true

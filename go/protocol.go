@@ -45,12 +45,13 @@ func setTicket(left time.Duration) time.Duration {
 const MaxPermits = 1_000_000
 
 // The option keywords of the version 2 commands.
-var optionKeywords = []string{"CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"}
+var optionKeywords = []string{"CLAIM", "FENCE", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED", "WAIT"}
 
 // droppableOptions may be left out for a server that refuses them as unknown (an older module):
 // the command goes again without them (FENCE only to the server that refused it; QUEUE makes
-// the attempt wait with WAIT instead).
-var droppableOptions = []string{"CLAIM", "FENCE", "META", "QUEUE"}
+// the attempt wait with WAIT instead; NOTIFY makes the ticket wait on the resource's channel,
+// subscribed before the ACQUIRE goes again).
+var droppableOptions = []string{"CLAIM", "FENCE", "META", "NOTIFY", "QUEUE"}
 
 // droppableOption is the option an error reply refused as unknown if it may be left out, or "".
 func droppableOption(reply string) string {
@@ -111,6 +112,86 @@ func TokenTag(token string) string {
 		tag *= 0x01000193
 	}
 	return fmt.Sprintf("%08x", tag)
+}
+
+// WideTag is the tag a ticket's own channel is named by: FNV-1a 64-bit of the token's UTF-8
+// bytes, as 16 lowercase hex digits (wide enough that two waiting tokens never share a channel,
+// since a ticket starts on that channel's message alone).
+func WideTag(token string) string {
+	tag := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(token); i++ {
+		tag ^= uint64(token[i])
+		tag *= 0x100000001b3
+	}
+	return fmt.Sprintf("%016x", tag)
+}
+
+// TicketChannelName is the channel where the server tells the ticket of token on resource alone
+// of its grant (an ACQUIRE … QUEUE … NOTIFY): the resource's channel, ":" and the token's
+// WideTag (invoice:123 and token a → dlock:{invoice:123}:af63dc4c8601ec8c). It is in the
+// resource's slot.
+func TicketChannelName(resource, token string) string {
+	return ChannelName(resource) + ":" + WideTag(token)
+}
+
+// granted is what a ticket's own channel says when its lease is handed over: "granted <fence>
+// <request> <window-ms>", the lease's fence, the NOTIFY number of the ticket's latest ACQUIRE
+// the server read before the hand-over, and how long the lease runs from the hand-over unless
+// claimed.
+type granted struct {
+	fence, request, windowMS uint64
+}
+
+// grantedMessage reads a granted message (three unsigned decimal numbers, nothing else); ok is
+// false for any other message.
+func grantedMessage(message string) (g granted, ok bool) {
+	rest, ok := strings.CutPrefix(message, "granted ")
+	if !ok {
+		return granted{}, false
+	}
+	words := strings.Split(rest, " ")
+	if len(words) != 3 {
+		return granted{}, false
+	}
+	var numbers [3]uint64
+	for i, word := range words {
+		if word == "" || strings.TrimLeft(word, "0123456789") != "" {
+			return granted{}, false
+		}
+		n, err := strconv.ParseUint(word, 10, 64)
+		if err != nil {
+			return granted{}, false
+		}
+		numbers[i] = n
+	}
+	return granted{fence: numbers[0], request: numbers[1], windowMS: numbers[2]}, true
+}
+
+// grantedExpiry is the local expiry of the lease g announces: the send time of the attempt's
+// ACQUIRE number g.request (sent[n-1], taken before it was sent) plus the window; that request
+// reached the server before the hand-over, so this is never after the server's deadline. ok is
+// false when the request is not one of the attempt's.
+func grantedExpiry(g granted, sent []time.Time) (expiry time.Time, ok bool) {
+	if g.request < 1 || g.request > uint64(len(sent)) {
+		return time.Time{}, false
+	}
+	window := time.Duration(1<<63 - 1)
+	if g.windowMS < uint64(window/time.Millisecond) {
+		window = time.Duration(g.windowMS) * time.Millisecond
+	}
+	return sent[g.request-1].Add(window), true
+}
+
+// startsOn says whether a ticket starts on its granted message g, and with what local expiry:
+// only when the request is the attempt's and more than the request timeout is left of the
+// window at now (the lease's claim, a RENEW, has that long to arrive). Otherwise the next
+// ACQUIRE claims the turn with its reply.
+func startsOn(g granted, sent []time.Time, now time.Time, requestTimeout time.Duration) (time.Time, bool) {
+	expiry, ok := grantedExpiry(g, sent)
+	if !ok || !expiry.After(now.Add(requestTimeout)) {
+		return time.Time{}, false
+	}
+	return expiry, true
 }
 
 // wakes says whether a channel message wakes a watcher with tag ("" is an observer, woken by
@@ -195,11 +276,12 @@ type acquireForm struct {
 	claimMS         int64
 	meta            string
 	hasMeta         bool
+	notify          uint64 // NOTIFY request, only with a ticket (queueMS); 0: none
 }
 
-// args: DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms] [CLAIM ms]
-// [META value]. CLAIM goes only with a wait or a ticket (a grant answered at once is claimed by
-// its answer) and never longer than the ttl.
+// args: DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms [NOTIFY
+// request]] [CLAIM ms] [META value]. CLAIM goes only with a wait or a ticket (a grant answered
+// at once is claimed by its answer) and never longer than the ttl; NOTIFY only with a ticket.
 func (f acquireForm) args() []any {
 	args := []any{cmdAcquire, f.resource, f.token, num(f.ttlMS)}
 	if f.mode.shared {
@@ -211,6 +293,9 @@ func (f acquireForm) args() []any {
 	waiting := false
 	if f.queueMS > 0 {
 		args = append(args, "QUEUE", num(f.queueMS))
+		if f.notify > 0 {
+			args = append(args, "NOTIFY", unum(f.notify))
+		}
 		waiting = true
 	} else if f.hasWait {
 		args = append(args, "WAIT", num(f.waitMS))

@@ -128,6 +128,7 @@ type commandVector struct {
 	Fence    uint64
 	Inner    []string
 	Args     []string
+	Notify   uint64
 }
 
 func TestCommandArgumentsAreTheVectors(t *testing.T) {
@@ -136,48 +137,7 @@ func TestCommandArgumentsAreTheVectors(t *testing.T) {
 	forms := map[string]int{}
 	for _, v := range vectors {
 		forms[v.Form]++
-		var args []any
-		switch v.Form {
-		case "acquire":
-			f := acquireForm{resource: v.Resource, token: v.Token, ttlMS: *v.TTLMS,
-				queueMS: v.QueueMS, claimMS: v.ClaimMS}
-			switch v.Mode {
-			case "shared":
-				f.mode = mode{shared: true}
-			case "permits":
-				f.mode = mode{shared: true, permits: v.Permits}
-			}
-			if v.WaitMS != nil {
-				f.hasWait, f.waitMS = true, *v.WaitMS
-			}
-			if v.Meta != nil {
-				f.meta, f.hasMeta = *v.Meta, true
-			}
-			args = f.args()
-		case "renew":
-			args = renewArgs(v.Resource, v.Token, *v.TTLMS, v.Fence)
-		case "release":
-			args = releaseArgs(v.Resource, v.Token, v.Fence)
-		case "fencecheck":
-			args = fenceCheckArgs(v.Resource, v.Fence)
-		case "info":
-			args = infoArgs(v.Resource)
-		case "fenced":
-			inner := make([]any, len(v.Inner))
-			for i, arg := range v.Inner {
-				inner[i] = arg
-			}
-			args = fencedArgs(v.Resource, v.Fence, inner)
-		default:
-			t.Fatalf("%s: unknown form %q", v.Name, v.Form)
-		}
-		got := make([]string, len(args))
-		for i, arg := range args {
-			got[i] = arg.(string)
-		}
-		if !reflect.DeepEqual(got, v.Args) {
-			t.Errorf("%s:\n got %q\nwant %q", v.Name, got, v.Args)
-		}
+		checkCommand(t, v)
 	}
 	for _, form := range []string{"acquire", "renew", "release", "fencecheck", "info", "fenced"} {
 		if forms[form] == 0 {
@@ -186,15 +146,75 @@ func TestCommandArgumentsAreTheVectors(t *testing.T) {
 	}
 }
 
-func TestErrorClassesAreTheVectors(t *testing.T) {
-	var vectors []struct {
-		Reply  string
-		Class  string
-		Option string
-		Bound  int64
+// checkCommand builds the command v describes and compares it with v's args.
+func checkCommand(t *testing.T, v commandVector) {
+	t.Helper()
+	var args []any
+	switch v.Form {
+	case "acquire":
+		f := acquireForm{resource: v.Resource, token: v.Token, ttlMS: *v.TTLMS,
+			queueMS: v.QueueMS, claimMS: v.ClaimMS, notify: v.Notify}
+		switch v.Mode {
+		case "shared":
+			f.mode = mode{shared: true}
+		case "permits":
+			f.mode = mode{shared: true, permits: v.Permits}
+		}
+		if v.WaitMS != nil {
+			f.hasWait, f.waitMS = true, *v.WaitMS
+		}
+		if v.Meta != nil {
+			f.meta, f.hasMeta = *v.Meta, true
+		}
+		args = f.args()
+	case "renew":
+		args = renewArgs(v.Resource, v.Token, *v.TTLMS, v.Fence)
+	case "release":
+		args = releaseArgs(v.Resource, v.Token, v.Fence)
+	case "fencecheck":
+		args = fenceCheckArgs(v.Resource, v.Fence)
+	case "info":
+		args = infoArgs(v.Resource)
+	case "fenced":
+		inner := make([]any, len(v.Inner))
+		for i, arg := range v.Inner {
+			inner[i] = arg
+		}
+		args = fencedArgs(v.Resource, v.Fence, inner)
+	default:
+		t.Fatalf("%s: unknown form %q", v.Name, v.Form)
 	}
+	got := make([]string, len(args))
+	for i, arg := range args {
+		got[i] = arg.(string)
+	}
+	if !reflect.DeepEqual(got, v.Args) {
+		t.Errorf("%s:\n got %q\nwant %q", v.Name, got, v.Args)
+	}
+}
+
+type errorVector struct {
+	Reply  string
+	Class  string
+	Option string
+	Bound  int64
+}
+
+func TestErrorClassesAreTheVectors(t *testing.T) {
+	var vectors []errorVector
 	loadVectors(t, "errors.json", &vectors)
 	for _, v := range vectors {
+		checkError(t, v)
+	}
+	if Class(redis.Nil) != "" || Class(errors.New("dial tcp: connection refused")) != "" {
+		t.Error("an error of the client's own side has no class")
+	}
+}
+
+// checkError compares what the client reads of an error reply with v.
+func checkError(t *testing.T, v errorVector) {
+	t.Helper()
+	{
 		if got := ErrorClass(v.Reply); got != v.Class {
 			t.Errorf("ErrorClass(%q) = %q, want %q", v.Reply, got, v.Class)
 		}
@@ -211,8 +231,107 @@ func TestErrorClassesAreTheVectors(t *testing.T) {
 			t.Errorf("Class(go-redis error %q) = %q, want %q", v.Reply, got, v.Class)
 		}
 	}
-	if Class(redis.Nil) != "" || Class(errors.New("dial tcp: connection refused")) != "" {
-		t.Error("an error of the client's own side has no class")
+}
+
+// notify.json whole: tickets told on their own channel (NOTIFY): the wide tag, the ticket's
+// channel, granted messages, the ACQUIRE with NOTIFY, its errors and the lease's local expiry.
+func TestTicketsToldOnTheirOwnChannelAreTheVectors(t *testing.T) {
+	var vectors struct {
+		Tags []struct {
+			Token   string
+			WideTag string `json:"wide_tag"`
+		}
+		Channels []struct{ Resource, Token, Channel string }
+		Granted  []struct {
+			Message  string
+			Fence    *json.Number
+			Request  json.Number
+			WindowMS json.Number `json:"window_ms"`
+		}
+		Commands []commandVector
+		Errors   []errorVector
+		Expiry   []struct {
+			SentMS   map[string]int64 `json:"sent_ms"`
+			Message  string
+			ExpiryMS *int64 `json:"expiry_ms"`
+		}
+	}
+	loadVectors(t, "notify.json", &vectors)
+	if len(vectors.Tags) == 0 || len(vectors.Channels) == 0 || len(vectors.Granted) == 0 ||
+		len(vectors.Commands) == 0 || len(vectors.Errors) == 0 || len(vectors.Expiry) == 0 {
+		t.Fatalf("a section of notify.json is empty: %+v", vectors)
+	}
+	for _, v := range vectors.Tags {
+		if got := WideTag(v.Token); got != v.WideTag {
+			t.Errorf("WideTag(%q) = %q, want %q", v.Token, got, v.WideTag)
+		}
+	}
+	for _, v := range vectors.Channels {
+		got := TicketChannelName(v.Resource, v.Token)
+		if got != v.Channel {
+			t.Errorf("TicketChannelName(%q, %q) = %q, want %q", v.Resource, v.Token, got, v.Channel)
+		}
+		// In the resource's slot, as the resource's channel is (a resource with a hash tag, or
+		// without braces).
+		open := strings.IndexByte(v.Resource, '{')
+		tagged := open >= 0 && strings.IndexByte(v.Resource[open+1:], '}') > 0
+		if (tagged || !strings.ContainsAny(v.Resource, "{}")) && KeySlot(got) != KeySlot(v.Resource) {
+			t.Errorf("%q is not in the slot of %q", got, v.Resource)
+		}
+	}
+	for _, v := range vectors.Granted {
+		g, ok := grantedMessage(v.Message)
+		if v.Fence == nil {
+			if ok {
+				t.Errorf("%q read as granted %+v", v.Message, g)
+			}
+			continue
+		}
+		want := granted{mustUint(t, *v.Fence), mustUint(t, v.Request), mustUint(t, v.WindowMS)}
+		if !ok || g != want {
+			t.Errorf("%q read as %v %+v, want %+v", v.Message, ok, g, want)
+		}
+	}
+	for _, v := range vectors.Commands {
+		checkCommand(t, v)
+	}
+	for _, v := range vectors.Errors {
+		checkError(t, v)
+	}
+	base := time.Now()
+	at := func(ms int64) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	for _, v := range vectors.Expiry {
+		var sent []time.Time
+		for n := 1; ; n++ {
+			ms, ok := v.SentMS[strconv.Itoa(n)]
+			if !ok {
+				break
+			}
+			sent = append(sent, at(ms))
+		}
+		if len(sent) != len(v.SentMS) {
+			t.Fatalf("%q: requests not numbered 1, 2, 3 …: %v", v.Message, v.SentMS)
+		}
+		g, ok := grantedMessage(v.Message)
+		if !ok {
+			t.Fatalf("%q is not a granted message", v.Message)
+		}
+		expiry, ok := grantedExpiry(g, sent)
+		switch {
+		case v.ExpiryMS == nil && ok:
+			t.Errorf("%q after %v: expiry %v, want none", v.Message, v.SentMS, expiry.Sub(base))
+		case v.ExpiryMS != nil && (!ok || !expiry.Equal(at(*v.ExpiryMS))):
+			t.Errorf("%q after %v: expiry %v (%v), want %d ms", v.Message, v.SentMS, expiry.Sub(base), ok, *v.ExpiryMS)
+		}
+		// Started on the message only with more than a request timeout of it left.
+		if ok {
+			if _, starts := startsOn(g, sent, expiry.Add(-time.Second), time.Second); starts {
+				t.Errorf("%q: started with exactly the request timeout left", v.Message)
+			}
+			if got, starts := startsOn(g, sent, expiry.Add(-time.Second-time.Millisecond), time.Second); !starts || !got.Equal(expiry) {
+				t.Errorf("%q: not started with more than the request timeout left", v.Message)
+			}
+		}
 	}
 }
 
@@ -463,7 +582,7 @@ func TestTheClientsOwnRulesAreWrittenOnce(t *testing.T) {
 			t.Errorf("claimWindowMS(%v, %d) = %d, want %d", c.requestTimeout, c.ticketMS, got, c.want)
 		}
 	}
-	for option, droppable := range map[string]bool{"CLAIM": true, "FENCE": true, "META": true, "QUEUE": true,
+	for option, droppable := range map[string]bool{"CLAIM": true, "FENCE": true, "META": true, "QUEUE": true, "NOTIFY": true,
 		"SHARED": false, "LIMIT": false, "WAIT": false} {
 		reply := "ERR syntax error: unexpected argument '" + option + "'"
 		if got := droppableOption(reply) != ""; got != droppable {

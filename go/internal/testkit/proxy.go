@@ -24,6 +24,35 @@ type ProxyOptions struct {
 	Refuse string
 	// Connections: only the first this many such connections are acted on (0: all of them).
 	Connections int
+	// Rewrites replace byte strings by others of the same length on every connection, in what
+	// clients send or (Replies) in what the server answers. With both directions a test plays
+	// an older server: a new option renamed on the way in, the server's complaint about the new
+	// name renamed back on the way out. A string split between two reads is not seen (small
+	// requests on loopback are read whole).
+	Rewrites []Rewrite
+}
+
+// Rewrite is one byte string a Proxy replaces by another of the same length.
+type Rewrite struct {
+	From, To string
+	Replies  bool
+}
+
+// rewrite applies the rewrites of one direction to data, in place.
+func rewrite(data []byte, rewrites []Rewrite, replies bool) {
+	for _, r := range rewrites {
+		if r.Replies != replies || len(r.From) != len(r.To) || r.From == "" {
+			continue
+		}
+		for at := 0; ; {
+			found := bytes.Index(data[at:], []byte(r.From))
+			if found < 0 {
+				break
+			}
+			copy(data[at+found:], r.To)
+			at += found + len(r.From)
+		}
+	}
 }
 
 // Proxy forwards loopback connections to a server, acting on some as its ProxyOptions say.
@@ -108,7 +137,9 @@ func StartProxyWith(t testing.TB, target string, opts ProxyOptions) *Proxy {
 					if n > 0 {
 						chunk := append([]byte(nil), buf[:n]...)
 						refuse := false
-						if len(match) > 0 && bytes.Contains(chunk, match) {
+						matches := len(match) > 0 && bytes.Contains(chunk, match)
+						rewrite(chunk, opts.Rewrites, false)
+						if matches {
 							p.mu.Lock()
 							p.requests = append(p.requests, chunk)
 							state.Lock()
@@ -148,6 +179,9 @@ func StartProxyWith(t testing.TB, target string, opts ProxyOptions) *Proxy {
 					state.Lock()
 					act := acting
 					state.Unlock()
+					if n > 0 {
+						rewrite(buf[:n], opts.Rewrites, true)
+					}
 					if n > 0 && !(act && opts.Swallow) {
 						if act && opts.Delay > 0 {
 							time.Sleep(opts.Delay)
