@@ -179,7 +179,11 @@ export abstract class Held extends EventEmitter {
     return this.lostError;
   }
 
-  /** A conservative end of the lease, ms on performance.now(): never after the server's deadline. */
+  /**
+   * A conservative end of the lease, ms on performance.now(): never after the server's deadline.
+   * A lease a ticket started on its own channel's message has the window that message gives
+   * until its claim (the first renewal, sent at the grant; `renew()` answers with it) is answered.
+   */
   get expiresAt(): number {
     return this.localExpiry;
   }
