@@ -7,7 +7,7 @@
 import { performance } from "node:perf_hooks";
 
 import type { Subscriber, Transport } from "./adapters.js";
-import { channelName, wakes } from "./protocol.js";
+import { channelName, grantedOf, wakes, type Granted } from "./protocol.js";
 
 /** One waiter's (observer's, holder's) registration on a channel. */
 export class Watch {
@@ -16,6 +16,8 @@ export class Watch {
   private failed = false;
   private addressOf: string;
   private ended = false;
+  /** On a ticket's own channel: the last `granted` message heard (kept before the wake). */
+  granted: Granted | null = null;
   constructor(
     readonly channel: string,
     /** null: an observer, woken by every message. */
@@ -49,8 +51,13 @@ export class Watch {
 
   /** @internal A message on its channel. */
   hear(message: string): void {
-    if (this.heard !== null) this.heard(message);
-    else if (wakes(message, this.tag)) this.wake();
+    if (this.heard !== null) {
+      this.heard(message);
+      return;
+    }
+    const granted = grantedOf(message);
+    if (granted !== null) this.granted = granted;
+    if (wakes(message, this.tag)) this.wake();
   }
 
   /**
@@ -162,13 +169,14 @@ export class Channels {
    * Registers a watch on resource's channel, on the server serving it (a cluster client still
    * learning its slot map is waited for), and resolves once the subscription is confirmed, or
    * failed, or the timeout passed: the watcher's own refreshes cover the last two (a failed one
-   * marks the watch broken, to be joined again).
+   * marks the watch broken, to be joined again). channel: another channel than the resource's,
+   * in its slot (a ticket's own, where every message wakes it and a `granted` one is kept).
    */
-  async join(resource: string, tag: string | null): Promise<Watch> {
+  async join(resource: string, tag: string | null, channel: string = channelName(resource)): Promise<Watch> {
     const started = performance.now();
     const address = await this.transport.locate(resource, this.timeoutMs);
     const left = (): number => Math.max(1, this.timeoutMs - (performance.now() - started));
-    const watch = new Watch(channelName(resource), tag, address);
+    const watch = new Watch(channel, tag, address);
     const subscribed = this.add(resource, watch, left);
     if (subscribed !== null) {
       let timer: NodeJS.Timeout | undefined;

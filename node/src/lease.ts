@@ -74,6 +74,11 @@ export abstract class Held extends EventEmitter {
   /** One per member, listening on its channel. */
   private watches: (Watch | null)[];
   private finished = false;
+  /**
+   * A lease started on its ticket's `granted` message: its claim (a RENEW with the fence, sent
+   * at the grant), whose answer the first renewal reads instead of sending its own.
+   */
+  private claim: Promise<boolean> | null = null;
 
   /** @internal */
   constructor(
@@ -86,6 +91,7 @@ export abstract class Held extends EventEmitter {
     private readonly set: Settings,
     sent: number,
     private readonly holdEnd: number | null,
+    started?: number,
   ) {
     super();
     this.members = { resources: [...members.resources], fences: [...members.fences] };
@@ -96,6 +102,20 @@ export abstract class Held extends EventEmitter {
     this.localExpiry = sent + ttl;
     this.nextRenewal = sent + ttl / 3;
     this.watches = members.resources.map(() => null);
+    if (started !== undefined) {
+      // Started on its ticket's message: held until the local expiry the message gives, its
+      // claim sent now (not awaited: the work starts meanwhile) and read by the first renewal,
+      // due at once (and by renew() while it is out).
+      this.localExpiry = started;
+      this.nextRenewal = performance.now();
+      const claim = this.renewOnce();
+      this.claim = claim;
+      this.renewing = claim.finally(() => {
+        this.renewing = null;
+      });
+      // Read by the renewer (a failure is a failed renewal there); never unhandled.
+      this.renewing.catch(() => undefined);
+    }
     this.schedule();
     this.listen();
   }
@@ -159,7 +179,11 @@ export abstract class Held extends EventEmitter {
     return this.lostError;
   }
 
-  /** A conservative end of the lease, ms on performance.now(): never after the server's deadline. */
+  /**
+   * A conservative end of the lease, ms on performance.now(): never after the server's deadline.
+   * A lease a ticket started on its own channel's message has the window that message gives
+   * until its claim (the first renewal, sent at the grant; `renew()` answers with it) is answered.
+   */
   get expiresAt(): number {
     return this.localExpiry;
   }
@@ -203,7 +227,12 @@ export abstract class Held extends EventEmitter {
     }
     // The expiry first: a renewal found due after it is never sent.
     if (this.expired()) return;
-    if (now >= this.nextRenewal) await this.renewOnce().catch(() => false);
+    const claim = this.claim;
+    if (claim !== null) {
+      // The claim sent at the grant is the first renewal: its answer read as one.
+      this.claim = null;
+      await claim.catch(() => false);
+    } else if (now >= this.nextRenewal) await this.renewOnce().catch(() => false);
     this.schedule();
   }
 
@@ -424,8 +453,10 @@ export class Lease extends Held {
     set: Settings,
     sent: number,
     holdEnd: number | null,
+    /** Started on its ticket's `granted` message: the local expiry it gives; claimed at once. */
+    started?: number,
   ) {
-    super(locks, { resources: [resource], fences: [fence] }, false, token, mode, ttl, set, sent, holdEnd);
+    super(locks, { resources: [resource], fences: [fence] }, false, token, mode, ttl, set, sent, holdEnd, started);
     this.resource = resource;
     this.fence = fence;
   }

@@ -49,14 +49,17 @@ import {
   fencedArgs,
   fencesOf,
   flagOf,
+  grantedExpiry,
   infoArgs,
   leaderFromInfo,
   parseInfo,
   releaseAllArgs,
   releaseArgs,
+  ticketChannelName,
   tokenTag,
   unsupportedOption,
   upperBound,
+  type Granted,
   type Info,
   type Leader,
   type Mode,
@@ -321,14 +324,19 @@ export class Locks {
     }
   }
 
-  /** @internal Sends the command build makes; an option an older server refused is dropped. */
-  async call(resource: string, timeoutMs: number, build: () => string[]): Promise<unknown> {
+  /**
+   * @internal Sends the command build makes; an option an older server refused is dropped (and
+   * the command sent again without it), except those of `own`: their refusal, marked, rejects
+   * for the caller to act on first.
+   */
+  async call(resource: string, timeoutMs: number, build: () => string[], own: readonly string[] = []): Promise<unknown> {
     for (;;) {
       const args = build();
       try {
         return await this.transport.send(resource, args, timeoutMs);
       } catch (error) {
         if (!this.dropRefused(args, error)) throw error;
+        if (own.includes(unsupportedOption(replyText(error) ?? "") ?? "")) throw error;
       }
     }
   }
@@ -336,7 +344,7 @@ export class Locks {
   /** @internal Whether error refused an option of args that can be left out; marks it. */
   dropRefused(args: readonly string[], error: unknown): boolean {
     const option = unsupportedOption(replyText(error) ?? "");
-    if (option === null || !["CLAIM", "META", "FENCE", "QUEUE"].includes(option)) return false;
+    if (option === null || !["CLAIM", "META", "FENCE", "QUEUE", "NOTIFY"].includes(option)) return false;
     const key = `${args[0] ?? ""} ${option}`;
     if (this.refused.has(key)) return false;
     this.refused.add(key);
@@ -463,7 +471,7 @@ class Attempt {
     return this.waitUntil - performance.now();
   }
 
-  private args(wait: { waitMs?: number; queueMs?: number }): string[] {
+  private args(wait: { waitMs?: number; queueMs?: number; notify?: number }): string[] {
     const claim = this.locks.isRefused(ACQUIRE, "CLAIM")
       ? undefined
       : Math.max(claimMs(this.set), wait.queueMs ?? 0);
@@ -480,6 +488,31 @@ class Attempt {
 
   private lease(fence: number, sent: number): Lease {
     return new Lease(this.locks, this.resource, this.token, fence, this.mode, millis(this.ttl), this.set, sent, this.holdEnd);
+  }
+
+  /**
+   * The lease a ticket's own channel announced (granted), held from now on: its local expiry
+   * the named request's send time plus the window, its claim (a RENEW with the fence, which
+   * sets the full ttl) sent at once and not awaited, read by its first renewal. null (the next
+   * ACQUIRE claims the turn instead) when the request is not one of this attempt's or less than
+   * a request timeout of the window is left.
+   */
+  private startedLease(granted: Granted, sentAt: ReadonlyMap<number, number>): Lease | null {
+    const expiry = grantedExpiry(granted, sentAt);
+    const now = performance.now();
+    if (expiry === null || expiry <= now + this.set.requestTimeout) return null;
+    return new Lease(
+      this.locks,
+      this.resource,
+      this.token,
+      granted.fence,
+      this.mode,
+      millis(this.ttl),
+      this.set,
+      now,
+      this.holdEnd,
+      expiry,
+    );
   }
 
   async run(): Promise<Lease> {
@@ -576,14 +609,26 @@ class Attempt {
   }
 
   /**
-   * Tickets: subscribed to the resource's channel before the first ACQUIRE … QUEUE, the same
-   * ACQUIRE again on a hand-over to this token, on every (re)subscription and every ticket/3.
-   * null: the server has no QUEUE (the blocking wait takes over).
+   * Tickets: each ACQUIRE … QUEUE numbered by NOTIFY (its send time kept, taken before it goes),
+   * the ticket subscribed to its own channel before the first, where the server tells it alone
+   * of its grant (`granted <fence> <request> <window-ms>`). The lease starts on that message: it
+   * runs at least until the named request's send time plus the window (that request reached the
+   * server before the hand-over), and its claim, a RENEW with the fence, goes out at once
+   * without holding the caller back (the lease's first renewal reads its answer). With too
+   * little of the window left, or an unknown request, the message only wakes the ticket, whose
+   * next ACQUIRE claims the turn. A server without NOTIFY is waited on through the resource's
+   * channel instead (subscribed before the next ACQUIRE, which goes without NOTIFY): the
+   * ACQUIRE is sent again on a hand-over to this token. Either way the ACQUIRE goes again on
+   * every (re)subscription and every ticket/3. null: the server has no QUEUE (the blocking
+   * wait takes over).
    */
   private async tickets(): Promise<Lease | null> {
     const channels = this.locks.channels;
     let watch = null;
     let queued = false;
+    let notifying = !this.locks.isRefused(ACQUIRE, "NOTIFY");
+    // The send time of each ACQUIRE, by its NOTIFY number (from 1).
+    const sentAt = new Map<number, number>();
     try {
       for (;;) {
         if (this.aborted()) throw await this.withdraw(queued, this.signal?.reason);
@@ -593,18 +638,36 @@ class Attempt {
           // Subscribed before the first ticket, and again where the resource moved (or where
           // the subscription failed).
           if (watch !== null) channels.leave(watch);
-          watch = await channels.join(this.resource, tokenTag(this.token));
+          watch = notifying
+            ? await channels.join(this.resource, null, ticketChannelName(this.resource, this.token))
+            : await channels.join(this.resource, tokenTag(this.token));
         }
         watch.drain();
         const sent = performance.now();
         queued = true;
         let reply: unknown;
         try {
-          reply = await this.locks.call(this.resource, this.set.requestTimeout, () =>
-            this.args({ queueMs: millis(this.set.ticket) }),
+          reply = await this.locks.call(
+            this.resource,
+            this.set.requestTimeout,
+            () => {
+              if (!notifying) return this.args({ queueMs: millis(this.set.ticket) });
+              const notify = sentAt.size + 1;
+              sentAt.set(notify, performance.now());
+              return this.args({ queueMs: millis(this.set.ticket), notify });
+            },
+            ["NOTIFY"],
           );
         } catch (error) {
           if (this.locks.isRefused(ACQUIRE, "QUEUE")) return null;
+          if (notifying && unsupportedOption(replyText(error) ?? "") === "NOTIFY") {
+            // An older server (or, after a failover, an older replica): the resource's channel,
+            // subscribed before the next ACQUIRE, which goes without NOTIFY.
+            notifying = false;
+            channels.leave(watch);
+            watch = null;
+            continue;
+          }
           const failure = await this.failed(error);
           if (!failure.retry) throw failure.error;
           if (!(await sleep(this.retryPause(), this.signal))) throw await this.withdraw(queued, this.signal?.reason);
@@ -622,6 +685,13 @@ class Attempt {
           return this.lease(fence, sent);
         }
         await watch.next(Math.max(0, Math.min(this.set.ticket / 3, this.left())), this.signal);
+        // Told on its own channel: held from the message on, claimed beside the caller's work.
+        const granted = watch.granted;
+        watch.granted = null;
+        if (notifying && granted !== null && !this.aborted()) {
+          const lease = this.startedLease(granted, sentAt);
+          if (lease !== null) return lease;
+        }
       }
     } finally {
       if (watch !== null) channels.leave(watch);

@@ -20,7 +20,7 @@ export const MAX_SET = 64;
 export const MAX_PERMITS = 1_000_000;
 
 /** The option keywords of the version 2 commands. */
-const OPTION_KEYWORDS = ["CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT"];
+const OPTION_KEYWORDS = ["CLAIM", "FENCE", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED", "WAIT"];
 
 /**
  * The channel where the server publishes a resource's changes of ownership: a resource with
@@ -39,6 +39,27 @@ export function tokenTag(token: string): string {
     tag = Math.imul(tag, 0x01000193) >>> 0;
   }
   return tag.toString(16).padStart(8, "0");
+}
+
+/**
+ * FNV-1a 64-bit of the token's UTF-8 bytes, as 16 lowercase hex digits: what a ticket's own
+ * channel is named by (wide enough that two random tokens waiting at once never share it).
+ */
+export function wideTag(token: string): string {
+  let tag = 0xcbf29ce484222325n;
+  for (const byte of Buffer.from(token, "utf8")) {
+    tag = ((tag ^ BigInt(byte)) * 0x100000001b3n) & 0xffffffffffffffffn;
+  }
+  return tag.toString(16).padStart(16, "0");
+}
+
+/**
+ * The channel where the server tells the ticket of token on resource (sent with NOTIFY) alone of
+ * its grant: the resource's channel, `:` and the token's wide tag
+ * (`dlock:{invoice:123}:af63dc4c8601ec8c` for token `a`), in the resource's slot.
+ */
+export function ticketChannelName(resource: string, token: string): string {
+  return `${channelName(resource)}:${wideTag(token)}`;
 }
 
 /**
@@ -93,6 +114,42 @@ export function revokes(revocation: Revocation, fence: number): boolean {
   return Number.isSafeInteger(revocation.fence) && revocation.fence === fence;
 }
 
+/**
+ * A `granted <fence> <request> <window-ms>` message on a ticket's own channel: the lease of
+ * `fence` was handed to the ticket after the server read its ACQUIRE numbered `request`
+ * (NOTIFY), and runs `windowMs` from the hand-over unless claimed. Read as this client reads
+ * every number (fences included): beyond 2^53 not exact, and then never a lease's (see
+ * `grantedExpiry`).
+ */
+export interface Granted {
+  fence: number;
+  request: number;
+  windowMs: number;
+}
+
+/** The Granted of a `granted` message, or null for any other message. */
+export function grantedOf(message: string): Granted | null {
+  const words = message.split(" ");
+  if (words.length !== 4 || words[0] !== "granted") return null;
+  const numbers = words.slice(1);
+  if (!numbers.every((word) => /^\d+$/.test(word) && BigInt(word) <= MAX_WIRE_FENCE)) return null;
+  const [fence, request, windowMs] = numbers.map(Number);
+  if (fence === undefined || request === undefined || windowMs === undefined) return null;
+  return { fence, request, windowMs };
+}
+
+/**
+ * The earliest the lease a `granted` message announces may end, on the clock of sentAt (each
+ * ACQUIRE's send time by its NOTIFY number, taken before it was sent): the named request's send
+ * time plus the window (that request reached the server before the hand-over). null when the
+ * request is not one of the attempt's, or the fence is not exact (beyond 2^53).
+ */
+export function grantedExpiry(message: Granted, sentAt: ReadonlyMap<number, number>): number | null {
+  if (!Number.isSafeInteger(message.fence) || !Number.isSafeInteger(message.request)) return null;
+  const sent = sentAt.get(message.request);
+  return sent === undefined ? null : sent + message.windowMs;
+}
+
 /** The Redis Cluster slot of a key: CRC16/XMODEM of its hash tag or of the whole key, mod 16384. */
 export function keySlot(key: string): number {
   let bytes = Buffer.from(key, "utf8");
@@ -133,14 +190,16 @@ export interface AcquireForm {
   /** 0: wait without limit. */
   waitMs?: number;
   queueMs?: number;
+  /** With queueMs: the ticket is told of its grant on its own channel, naming this number. */
+  notify?: number;
   claimMs?: number;
   meta?: string;
 }
 
 /**
- * `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms] [CLAIM ms]
- * [META value]`. CLAIM goes only with a wait or a ticket (a grant answered at once is claimed by
- * its answer) and never longer than the ttl.
+ * `DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]] [WAIT ms | QUEUE ms [NOTIFY n]]
+ * [CLAIM ms] [META value]`. CLAIM goes only with a wait or a ticket (a grant answered at once is
+ * claimed by its answer) and never longer than the ttl; NOTIFY only with a ticket.
  */
 export function acquireArgs(form: AcquireForm): string[] {
   const args = [ACQUIRE, form.resource, form.token, num(form.ttlMs)];
@@ -151,6 +210,7 @@ export function acquireArgs(form: AcquireForm): string[] {
   let waiting = false;
   if (form.queueMs !== undefined && form.queueMs > 0) {
     args.push("QUEUE", num(form.queueMs));
+    if (form.notify !== undefined) args.push("NOTIFY", num(form.notify));
     waiting = true;
   } else if (form.waitMs !== undefined) {
     args.push("WAIT", num(form.waitMs));

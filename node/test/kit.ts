@@ -156,11 +156,16 @@ export class Server {
 /**
  * A TCP proxy in front of a server, to break the links of the clients that connect through it:
  * `dropNextReply` swallows the next thing the server sends (a reply: the command ran) and closes
- * that link; `cut` closes every link and stops listening (connections are refused) until `heal`.
+ * that link; `cut` closes every link and stops listening (connections are refused) until `heal`;
+ * `rewrite` replaces byte strings on the way (to play an older server).
  */
 export class Proxy {
   private readonly links = new Set<Socket>();
   private dropping = false;
+  /** Byte strings replaced by others of the same length: [in requests, in replies]. */
+  private readonly rewrites: [Buffer, Buffer][][] = [[], []];
+  /** How many replacements each direction made so far: [in requests, in replies]. */
+  readonly rewritten = [0, 0];
   private listeningOn = 0;
   private constructor(private readonly server: NetServer) {}
   static async start(target: number): Promise<Proxy> {
@@ -180,14 +185,14 @@ export class Proxy {
       };
       proxy.links.add(client);
       proxy.links.add(upstream);
-      client.on("data", (chunk) => upstream.write(chunk));
-      upstream.on("data", (chunk) => {
+      client.on("data", (chunk: Buffer) => upstream.write(proxy.applyRewrites(chunk, 0)));
+      upstream.on("data", (chunk: Buffer) => {
         if (proxy.dropping) {
           proxy.dropping = false;
           close();
           return;
         }
-        client.write(chunk);
+        client.write(proxy.applyRewrites(chunk, 1));
       });
       for (const socket of [client, upstream]) {
         socket.on("close", close);
@@ -205,6 +210,30 @@ export class Proxy {
   }
   dropNextReply(): void {
     this.dropping = true;
+  }
+  /**
+   * From now on, every `from` in what clients send (`replies`: in what the server answers)
+   * becomes `to`, of the same length. With both directions a test plays an older server: a new
+   * option renamed on the way in, the server's complaint about the new name renamed back on the
+   * way out. A string split between two reads is not seen (small requests on loopback are read
+   * whole).
+   */
+  rewrite(replies: boolean, from: string, to: string): void {
+    const [old, replacement] = [Buffer.from(from), Buffer.from(to)];
+    if (old.length !== replacement.length) throw new Error("a rewrite keeps the length");
+    this.rewrites[replies ? 1 : 0]?.push([old, replacement]);
+  }
+  /** @internal chunk with direction's rewrites made (counted). */
+  applyRewrites(chunk: Buffer, direction: 0 | 1): Buffer {
+    for (const [old, replacement] of this.rewrites[direction] ?? []) {
+      let at = chunk.indexOf(old);
+      while (at >= 0) {
+        replacement.copy(chunk, at);
+        this.rewritten[direction] = (this.rewritten[direction] ?? 0) + 1;
+        at = chunk.indexOf(old, at + old.length);
+      }
+    }
+    return chunk;
   }
   cut(): void {
     if (this.server.listening) this.server.close();

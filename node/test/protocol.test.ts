@@ -75,6 +75,7 @@ interface CommandVector {
   permits?: number;
   wait_ms?: number;
   queue_ms?: number;
+  notify?: number;
   claim_ms?: number;
   meta?: string;
   fence?: number;
@@ -85,6 +86,10 @@ interface CommandVector {
 test("every command form's argument vector", () => {
   const all = vectors<CommandVector[]>("commands.json");
   assert.ok(all.length > 20);
+  checkCommands(all);
+});
+
+function checkCommands(all: CommandVector[]): void {
   for (const v of all) {
     let args: string[];
     switch (v.form) {
@@ -98,6 +103,7 @@ test("every command form's argument vector", () => {
           mode,
           ...(v.wait_ms === undefined ? {} : { waitMs: v.wait_ms }),
           ...(v.queue_ms === undefined ? {} : { queueMs: v.queue_ms }),
+          ...(v.notify === undefined ? {} : { notify: v.notify }),
           ...(v.claim_ms === undefined ? {} : { claimMs: v.claim_ms }),
           ...(v.meta === undefined ? {} : { meta: v.meta }),
         });
@@ -123,15 +129,71 @@ test("every command form's argument vector", () => {
     }
     assert.deepEqual(args, v.args, v.name);
   }
-});
+}
+
+interface ErrorVector {
+  reply: string;
+  class: string;
+  option?: string;
+  bound?: number;
+}
 
 test("every error reply's class, refused option and bound", () => {
-  const all = vectors<{ reply: string; class: string; option?: string; bound?: number }[]>("errors.json");
+  checkErrors(vectors<ErrorVector[]>("errors.json"));
+});
+
+function checkErrors(all: ErrorVector[]): void {
   for (const v of all) {
     assert.equal(protocol.errorClass(v.reply), v.class, v.reply);
     if (v.class === "unsupported") assert.equal(protocol.unsupportedOption(v.reply), v.option, v.reply);
     if (v.bound !== undefined) assert.equal(protocol.upperBound(v.reply), v.bound, v.reply);
   }
+}
+
+interface NotifyVectors {
+  tags: { token: string; wide_tag: string }[];
+  channels: { resource: string; token: string; channel: string }[];
+  granted: { message: string; fence: string | null; request?: string; window_ms?: string }[];
+  commands: CommandVector[];
+  errors: ErrorVector[];
+  expiry: { sent_ms: Record<string, number>; message: string; expiry_ms: number | null }[];
+}
+
+test("tickets told on their own channel: wide tags, channels, granted messages, NOTIFY, its errors, the expiry", () => {
+  // The granted numbers go up to 2^64 − 1: kept as their digits (JSON.parse would round them).
+  const text = readFileSync(join(repoRoot, "protocol", "vectors", "notify.json"), "utf8").replace(
+    /("(?:fence|request|window_ms)":\s*)(\d+)/g,
+    '$1"$2"',
+  );
+  const all = JSON.parse(text) as NotifyVectors;
+  const sections = ["tags", "channels", "granted", "commands", "errors", "expiry"];
+  assert.deepEqual(Object.keys(all).sort(), [...sections].sort(), "every section is checked");
+  for (const section of sections) assert.ok((all[section as keyof NotifyVectors] as unknown[]).length > 0, section);
+  for (const v of all.tags) assert.equal(protocol.wideTag(v.token), v.wide_tag, v.token);
+  for (const v of all.channels) {
+    assert.equal(protocol.ticketChannelName(v.resource, v.token), v.channel, `${v.resource} / ${v.token}`);
+  }
+  for (const v of all.granted) {
+    const parsed = protocol.grantedOf(v.message);
+    if (v.fence === null) {
+      assert.equal(parsed, null, v.message);
+      continue;
+    }
+    // Read as every number of this client is: exact up to 2^53.
+    assert.deepEqual(parsed, { fence: Number(v.fence), request: Number(v.request), windowMs: Number(v.window_ms) }, v.message);
+  }
+  checkCommands(all.commands);
+  checkErrors(all.errors);
+  for (const v of all.expiry) {
+    const message = protocol.grantedOf(v.message);
+    assert.ok(message !== null, v.message);
+    const sentAt = new Map(Object.entries(v.sent_ms).map(([request, ms]) => [Number(request), ms]));
+    assert.equal(protocol.grantedExpiry(message, sentAt), v.expiry_ms, v.message);
+  }
+  // A fence beyond 2^53 (rounded) starts no lease.
+  const rounded = protocol.grantedOf("granted 9007199254740993 1 6000");
+  assert.ok(rounded !== null);
+  assert.equal(protocol.grantedExpiry(rounded, new Map([[1, 1000]])), null);
 });
 
 /** A reply of replies.json as the Redis clients hand it over: maps as Map, statuses as text. */
