@@ -30,6 +30,9 @@ import java.util.function.Function;
  * so a lost message costs one refresh, never a grant. The one message that does more is a
  * revocation ({@code revoked <fence> <reason>}): the held lease with that fence is lost at once
  * ({@code docs/protocol.md}, section 4; one that is missed is caught by the lease's next renewal).
+ * A ticket's own channel ({@link #joinOwn}) is watched the same way, in the resource's slot: its
+ * {@code granted} message is kept on the watch for the waiter to start on (a missed one costs a
+ * refresh, whose ACQUIRE claims the turn).
  * Lettuce re-subscribes after a reconnection; every (re)subscription wakes the channel's watchers,
  * since messages may have been missed.
  *
