@@ -334,7 +334,10 @@ public final class Lease implements AutoCloseable {
 
     /**
      * A conservative end of the lease on this process's monotonic clock ({@link System#nanoTime()}):
-     * counted from before the last answered ACQUIRE or RENEW was sent.
+     * counted from before the last answered ACQUIRE or RENEW was sent. A lease a ticket started on
+     * its own channel's message ({@link HoldOptions#tickets(Duration)}) runs until the send time of
+     * the ACQUIRE the message named plus the claim window, until its claim (the first renewal,
+     * sent at the grant) is answered.
      *
      * @return the local expiry in nanoTime
      */
