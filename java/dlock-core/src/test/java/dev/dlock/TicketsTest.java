@@ -84,7 +84,7 @@ class TicketsTest {
      */
     @Test
     void aTicketStartsOnItsOwnMessageAndItsClaimIsTheFirstRenewal() throws Exception {
-        Duration ticket = Duration.ofSeconds(9);
+        Duration ticket = Duration.ofSeconds(15); // refreshed every 5 s: the message, not a refresh, hands the turn over
         Duration ttl = Duration.ofSeconds(60);
         try (Proxy proxy = new Proxy(server.port); Locks locks = Locks.connect(proxy.url())) {
             locks.info("warm-up");
