@@ -77,10 +77,15 @@ final class Attempt {
     }
 
     private Protocol.AcquireForm form(Long waitMs, long queueMs) {
+        return form(waitMs, queueMs, null);
+    }
+
+    /** The ACQUIRE with the options the server takes; notify: a ticket's number ({@code NOTIFY}), or null. */
+    private Protocol.AcquireForm form(Long waitMs, long queueMs, Long notify) {
         long claim = locks.isRefused(Protocol.ACQUIRE, "CLAIM") ? 0
                 : Protocol.claimWindowMs(options.requestTimeoutValue(), queueMs);
         String meta = locks.isRefused(Protocol.ACQUIRE, "META") ? null : options.metaValue();
-        return new Protocol.AcquireForm(resource, token, ttlMs, shared, permits, waitMs, queueMs, claim, meta);
+        return new Protocol.AcquireForm(resource, token, ttlMs, shared, permits, waitMs, queueMs, claim, meta, notify);
     }
 
     Lease run() {
@@ -162,33 +167,51 @@ final class Attempt {
         }
     }
 
-    /** The ACQUIRE (a set's ACQUIREALL) of this attempt, with a ticket of queueMs (0: none). */
-    private List<String> acquireArgs(long queueMs) {
+    /**
+     * The ACQUIRE (a set's ACQUIREALL) of this attempt, with a ticket of queueMs (0: none),
+     * numbered notify (null: none; a set's never is).
+     */
+    private List<String> acquireArgs(long queueMs, Long notify) {
         if (resources == null) {
-            return form(null, queueMs).args();
+            return form(null, queueMs, notify).args();
         }
         String meta = locks.isRefused(Protocol.ACQUIREALL, "META") ? null : options.metaValue();
         return Protocol.acquireAllArgs(resources, token, ttlMs, queueMs, meta);
     }
 
     /**
-     * Tickets: subscribe to the resource's channel (a set: every member's, one signal for all)
-     * before the first ACQUIRE ... QUEUE, then send the same ACQUIRE on a hand-over to this token
-     * (a set: on any message of any member's channel), on every (re)subscription, and every
-     * ticket / 3. Null: the server refused QUEUE, or the channel could not be joined (fall back
-     * to blocking waits). A set always waits this way; without a wait it sends one ACQUIREALL;
-     * a member's channel that cannot be joined leaves the set to its refreshes.
+     * Tickets: listen before the first ACQUIRE ... QUEUE, then send the same ACQUIRE when the
+     * channel says so, on every (re)subscription, and every ticket / 3. A single resource's ticket
+     * listens on its own channel while the server takes {@code NOTIFY}: every ACQUIRE is numbered
+     * (1, 2, 3 ...) and its send time kept, and the server tells the ticket alone of its grant
+     * ({@code granted <fence> <request> <window-ms>}); the lease starts on that message, its
+     * claim sent beside the work ({@link Lease#started}), unless too little of the window is left
+     * or the request is not this attempt's (the next ACQUIRE then claims the turn). A server that
+     * refuses {@code NOTIFY} is waited on through the resource's channel (subscribed before the
+     * next ACQUIRE), woken by a hand-over to this token; a set listens on every member's channel
+     * (one signal for all), woken by any message. Null: the server refused QUEUE, or the channel
+     * could not be joined (fall back to blocking waits). A set always waits this way; without a
+     * wait it sends one ACQUIREALL; a member's channel that cannot be joined leaves the set to its
+     * refreshes.
      */
     private Lease tickets() {
         long ticketMs = resources == null ? Protocol.wholeMs(options.ticket()) : Protocol.setTicketMs(options.waitLimit());
         List<Channels.Joined> watches = new ArrayList<>();
         Channels.Signal woken = new Channels.Signal();
+        boolean notify = resources == null && !locks.isRefused(Protocol.ACQUIRE, "NOTIFY");
+        Channels.Watch own = null; // the ticket's own channel's watch, while it listens there
         if (leftMs() > 0) {
             for (String member : resources == null ? List.of(resource) : resources) {
                 try {
                     Channels channels = locks.transport().channels(member);
-                    watches.add(new Channels.Joined(channels, channels.join(member, resources == null ? Protocol.tokenTag(token) : null,
-                            options.requestTimeoutValue(), woken)));
+                    Channels.Watch watch;
+                    if (notify) {
+                        watch = own = channels.joinOwn(member, token, options.requestTimeoutValue(), woken);
+                    } else {
+                        watch = channels.join(member, resources == null ? Protocol.tokenTag(token) : null,
+                                options.requestTimeoutValue(), woken);
+                    }
+                    watches.add(new Channels.Joined(channels, watch));
                 } catch (RuntimeException e) {
                     if (resources == null) {
                         // No channel (the slot map or the subscription connection failed): blocking
@@ -198,6 +221,7 @@ final class Attempt {
                 }
             }
         }
+        List<Long> sends = new ArrayList<>(); // each ACQUIRE's send time (nanoTime), numbered from 1 by NOTIFY
         boolean queued = false;
         try {
             while (true) {
@@ -207,17 +231,32 @@ final class Attempt {
                 Object reply;
                 try {
                     if (left <= 0) {
-                        reply = locks.call(() -> acquireArgs(0), options.requestTimeoutValue());
+                        reply = locks.call(() -> acquireArgs(0, null), options.requestTimeoutValue());
                     } else {
                         long queue = Math.max(1, Math.min(ticketMs, left + ticketMs));
-                        List<String> args = acquireArgs(queue);
+                        Long request = null;
+                        if (own != null) {
+                            sends.add(sent); // taken before it is sent: never late
+                            request = (long) sends.size();
+                        }
+                        List<String> args = acquireArgs(queue, request);
                         queued = true;
                         try {
                             reply = locks.transport().call(args, options.requestTimeoutValue());
                         } catch (Exception e) {
+                            String option = Protocol.unsupportedOption(Transport.errorReply(e)).orElse("");
+                            if (own != null && option.equals("NOTIFY")) {
+                                // An older server: not sent NOTIFY again; the resource's channel,
+                                // subscribed before the next ACQUIRE.
+                                locks.dropRefused(args, e);
+                                if (fallBack(watches, woken) == null) {
+                                    return null;
+                                }
+                                own = null;
+                                continue;
+                            }
                             if (locks.dropRefused(args, e)) {
-                                boolean queueRefused = Protocol.unsupportedOption(Transport.errorReply(e)).orElse("").equals("QUEUE");
-                                if (queueRefused && resources == null) {
+                                if (option.equals("QUEUE") && resources == null) {
                                     return null;
                                 }
                                 continue;
@@ -256,9 +295,37 @@ final class Attempt {
                     Thread.currentThread().interrupt();
                     checkInterrupted();
                 }
+                Protocol.Granted granted = own == null ? null : own.granted;
+                if (granted != null) {
+                    own.granted = null; // read once: unless it starts the lease, the next ACQUIRE claims the turn
+                    java.util.OptionalLong expiry = Protocol.startedExpiry(granted, sends, System.nanoTime(),
+                            options.requestTimeoutValue());
+                    if (expiry.isPresent()) {
+                        return Lease.started(locks, resource, token, granted.fence(), shared, ttlMs, options,
+                                expiry.getAsLong(), holdEnd);
+                    }
+                }
             }
         } finally {
             watches.forEach(Channels.Joined::leave);
+        }
+    }
+
+    /**
+     * A single resource's ticket leaves its own channel for the resource's (a server without
+     * {@code NOTIFY}), joined before the next ACQUIRE. Null: that channel could not be joined.
+     */
+    private Channels.Joined fallBack(List<Channels.Joined> watches, Channels.Signal woken) {
+        watches.forEach(Channels.Joined::leave);
+        watches.clear();
+        try {
+            Channels channels = locks.transport().channels(resource);
+            Channels.Joined joined = new Channels.Joined(channels,
+                    channels.join(resource, Protocol.tokenTag(token), options.requestTimeoutValue(), woken));
+            watches.add(joined);
+            return joined;
+        } catch (RuntimeException e) {
+            return null;
         }
     }
 

@@ -30,6 +30,9 @@ import java.util.function.Function;
  * so a lost message costs one refresh, never a grant. The one message that does more is a
  * revocation ({@code revoked <fence> <reason>}): the held lease with that fence is lost at once
  * ({@code docs/protocol.md}, section 4; one that is missed is caught by the lease's next renewal).
+ * A ticket's own channel ({@link #joinOwn}) is watched the same way, in the resource's slot: its
+ * {@code granted} message is kept on the watch for the waiter to start on (a missed one costs a
+ * refresh, whose ACQUIRE claims the turn).
  * Lettuce re-subscribes after a reconnection; every (re)subscription wakes the channel's watchers,
  * since messages may have been missed.
  *
@@ -109,14 +112,16 @@ final class Channels {
         private final Signal signal;
         volatile Channels home; // where it is registered (it moves with its slot)
         volatile boolean left;
+        /** On a ticket's own channel: the last {@code granted} message heard, or null. */
+        volatile Protocol.Granted granted;
 
-        Watch(String resource, String tag, Signal signal) {
-            this(resource, tag, 0, null, signal);
+        Watch(String resource, String channel, String tag, Signal signal) {
+            this(resource, channel, tag, 0, null, signal);
         }
 
-        Watch(String resource, String tag, long fence, Consumer<String> revoked, Signal signal) {
+        Watch(String resource, String channel, String tag, long fence, Consumer<String> revoked, Signal signal) {
             this.resource = resource;
-            this.channel = Protocol.channelName(resource);
+            this.channel = channel;
             this.tag = tag;
             this.fence = fence;
             this.revoked = revoked;
@@ -153,7 +158,19 @@ final class Channels {
 
     /** {@link #join(String, String, Duration)} with a signal that other watches may share. */
     Watch join(String resource, String tag, Duration timeout, Signal signal) {
-        Watch watch = new Watch(resource, tag, signal);
+        return join(new Watch(resource, Protocol.channelName(resource), tag, signal), timeout);
+    }
+
+    /**
+     * {@link #join(String, String, Duration)} on a ticket's own channel
+     * ({@link Protocol#ticketChannelName}), where the server tells the ticket of {@code token}
+     * alone of its grant: the watch keeps the last {@code granted} message heard there.
+     */
+    Watch joinOwn(String resource, String token, Duration timeout, Signal signal) {
+        return join(new Watch(resource, Protocol.ticketChannelName(resource, token), Protocol.tokenTag(token), signal), timeout);
+    }
+
+    private Watch join(Watch watch, Duration timeout) {
         CompletableFuture<?> open;
         CompletableFuture<Void> confirmed;
         synchronized (this) {
@@ -183,7 +200,7 @@ final class Channels {
      * Lettuce's I/O thread.
      */
     synchronized Watch hold(String resource, long fence, Consumer<String> revoked) {
-        Watch watch = new Watch(resource, null, fence, revoked, new Signal());
+        Watch watch = new Watch(resource, Protocol.channelName(resource), null, fence, revoked, new Signal());
         register(watch);
         return watch;
     }
@@ -320,12 +337,18 @@ final class Channels {
             targets = new HashSet<>(registered);
         }
         Optional<Protocol.Revocation> revocation = message == null ? Optional.empty() : Protocol.revocation(message);
+        Protocol.Granted granted = message == null ? null : Protocol.granted(message).orElse(null);
         List<Runnable> losses = new ArrayList<>();
         for (Watch watch : targets) {
             if (watch.revoked != null) {
                 revocation.filter(r -> r.fence() == watch.fence)
                         .ifPresent(r -> losses.add(() -> watch.revoked.accept(r.reason())));
-            } else if (message == null || Protocol.wakes(message, watch.tag)) {
+                continue;
+            }
+            if (granted != null) {
+                watch.granted = granted; // kept before the waiter wakes, so that it reads it
+            }
+            if (message == null || Protocol.wakes(message, watch.tag)) {
                 watch.signal();
             }
         }

@@ -111,8 +111,11 @@ public final class HoldOptions {
     }
 
     /**
-     * Wait with {@code QUEUE} tickets woken by the resource's channel (one pub/sub connection per
-     * server, shared by every waiter) instead of a blocking wait on a connection per waiter.
+     * Wait with {@code QUEUE} tickets, each told of its turn on its own channel (one pub/sub
+     * connection per server, shared by every waiter) instead of a blocking wait on a connection
+     * per waiter: the lease starts on that message and is claimed by its first renewal, sent at
+     * once. A server without {@code NOTIFY} wakes its ticket waiters through the resource's
+     * channel.
      *
      * @param ticket the ticket's life (refreshed every third of it)
      * @return a copy waiting with tickets

@@ -45,10 +45,36 @@ public final class Lease implements AutoCloseable {
     private boolean releaseRan;
     private volatile CompletableFuture<?> lossRelease = CompletableFuture.completedFuture(null);
     private List<Channels.Joined> listening = List.of(); // where the lease listens for a revocation until it ends
+    /**
+     * A lease started on its ticket's {@code granted} message: its claim (a RENEW with the fence,
+     * sent at the grant), whose answer the first renewal reads instead of sending its own; null
+     * once read, and for any other lease.
+     */
+    private Claim claim;
+
+    /** A claim sent: its RENEW's answer (or failure), the ttl it carried, and its send time (nanoTime). */
+    private record Claim(CompletableFuture<Object> answer, long renewMs, long sent) {}
 
     Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs, HoldOptions options,
             long sent, long holdEnd) {
         this(locks, resource, null, token, new long[] {fence}, shared, ttlMs, options, sent, holdEnd);
+    }
+
+    /**
+     * A lease its ticket's own channel announced ({@code granted <fence> <request> <window-ms>}):
+     * held from now on until {@code localExpiry} (the named request's send time plus the window),
+     * its claim (a RENEW with the fence, which sets the full ttl) sent at once and not awaited;
+     * the first renewal, due at once, reads its answer.
+     */
+    static Lease started(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs,
+            HoldOptions options, long localExpiry, long holdEnd) {
+        return new Lease(locks, resource, token, fence, shared, ttlMs, options, localExpiry, holdEnd, true);
+    }
+
+    private Lease(Locks locks, String resource, String token, long fence, boolean shared, long ttlMs,
+            HoldOptions options, long localExpiry, long holdEnd, boolean started) {
+        this(locks, resource, null, token, new long[] {fence}, shared, ttlMs, options, localExpiry - ttlMs * 1_000_000,
+                holdEnd, started);
     }
 
     /** The lease of a set ({@code DLOCK.ACQUIREALL}): exclusive, one token, a fence per member. */
@@ -59,6 +85,12 @@ public final class Lease implements AutoCloseable {
 
     private Lease(Locks locks, String resource, List<String> resources, String token, long[] fences, boolean shared,
             long ttlMs, HoldOptions options, long sent, long holdEnd) {
+        this(locks, resource, resources, token, fences, shared, ttlMs, options, sent, holdEnd, false);
+    }
+
+    /** started: a lease started on its ticket's message, whose local expiry is sent plus the ttl until its claim is read. */
+    private Lease(Locks locks, String resource, List<String> resources, String token, long[] fences, boolean shared,
+            long ttlMs, HoldOptions options, long sent, long holdEnd, boolean started) {
         this.locks = locks;
         this.resource = resource;
         this.resources = resources;
@@ -77,7 +109,16 @@ public final class Lease implements AutoCloseable {
         this.holdEnd = holdEnd;
         synchronized (this) {
             this.localExpiry = Protocol.localExpiry(sent, ttlMs);
-            this.nextRenewal = sent + Protocol.renewalPeriodNanos(ttlMs);
+            if (started) {
+                // The claim goes now, beside the work; the first renewal (due now) reads its answer.
+                long renewMs = renewalMs();
+                long claimSent = System.nanoTime();
+                this.claim = new Claim(locks.transport().send(renewArgs(renewMs), renewalTimeout(claimSent)),
+                        renewMs, claimSent);
+                this.nextRenewal = claimSent;
+            } else {
+                this.nextRenewal = sent + Protocol.renewalPeriodNanos(ttlMs);
+            }
             schedule();
         }
         locks.track(this);
@@ -293,7 +334,10 @@ public final class Lease implements AutoCloseable {
 
     /**
      * A conservative end of the lease on this process's monotonic clock ({@link System#nanoTime()}):
-     * counted from before the last answered ACQUIRE or RENEW was sent.
+     * counted from before the last answered ACQUIRE or RENEW was sent. A lease a ticket started on
+     * its own channel's message ({@link HoldOptions#tickets(Duration)}) runs until the send time of
+     * the ACQUIRE the message named plus the claim window, until its claim (the first renewal,
+     * sent at the grant) is answered.
      *
      * @return the local expiry in nanoTime
      */
@@ -358,23 +402,47 @@ public final class Lease implements AutoCloseable {
      * time. Past the local expiry nothing is sent: the lease is lost, and this fails with the loss.
      */
     private CompletableFuture<Boolean> renewAsync() {
-        long renewMs = holdEnd == 0 ? ttlMs // never past the max hold:
-                : Math.min(ttlMs, Protocol.wholeMs(Duration.ofNanos(holdEnd - System.nanoTime())));
+        long renewMs = renewalMs();
         long sent = System.nanoTime();
         boolean expired;
+        Claim pending;
         synchronized (this) {
             expired = !releaseRan && expiredAt(sent);
             if (!expired) {
                 renewalUnanswered = true; // until an answer comes
             }
+            pending = claim; // a started lease's claim: its answer is this renewal's
+            claim = null;
         }
         if (expired) {
             loseAtExpiry();
             return CompletableFuture.failedFuture(lossError());
         }
-        long timeoutNanos = Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent));
         List<String> args = renewArgs(renewMs);
-        return locks.transport().send(args, Duration.ofNanos(timeoutNanos)).handle((reply, failure) -> {
+        CompletableFuture<Object> answer;
+        if (pending != null) {
+            answer = pending.answer();
+            renewMs = pending.renewMs();
+            sent = pending.sent();
+        } else {
+            answer = locks.transport().send(args, renewalTimeout(sent));
+        }
+        return answered(args, answer, sent, renewMs);
+    }
+
+    /** The ttl a RENEW sends now: the lease's, never past the max hold. */
+    private long renewalMs() {
+        return holdEnd == 0 ? ttlMs : Math.min(ttlMs, Protocol.wholeMs(Duration.ofNanos(holdEnd - System.nanoTime())));
+    }
+
+    /** How long a RENEW sent at {@code sent} waits for its answer: a request timeout, never past the local expiry. */
+    private Duration renewalTimeout(long sent) {
+        return Duration.ofNanos(Math.max(1_000_000, Math.min(options.requestTimeoutValue().toNanos(), localExpiryNanos() - sent)));
+    }
+
+    /** A RENEW's answer read: the new local expiry (renewed), a loss (refused), or a failure. */
+    private CompletableFuture<Boolean> answered(List<String> args, CompletableFuture<Object> answer, long sent, long renewMs) {
+        return answer.handle((reply, failure) -> {
             if (failure == null && reply instanceof Long n) {
                 synchronized (this) {
                     renewalUnanswered = false;

@@ -38,7 +38,7 @@ public final class Protocol {
     static final long SET_TICKET_MAX_MS = 30_000;
 
     private static final List<String> OPTION_KEYWORDS =
-            List.of("CLAIM", "FENCE", "LIMIT", "META", "QUEUE", "SHARED", "WAIT");
+            List.of("CLAIM", "FENCE", "LIMIT", "META", "NOTIFY", "QUEUE", "SHARED", "WAIT");
     private static final String UNEXPECTED_ARGUMENT = "ERR syntax error: unexpected argument '";
     private static final BigInteger TWO_TO_64 = BigInteger.ONE.shiftLeft(64);
 
@@ -73,6 +73,98 @@ public final class Protocol {
             tag *= 0x01000193;
         }
         return String.format(Locale.ROOT, "%08x", tag);
+    }
+
+    /**
+     * What a ticket's own channel is named by: FNV-1a 64-bit of the token's UTF-8 bytes, as 16
+     * lowercase hex digits (wide enough that two random tokens waiting at once never share it).
+     *
+     * @param token a ticket's token
+     * @return the wide tag
+     */
+    public static String wideTag(String token) {
+        long tag = 0xcbf29ce484222325L;
+        for (byte b : token.getBytes(java.nio.charset.StandardCharsets.UTF_8)) {
+            tag ^= b & 0xff;
+            tag *= 0x100000001b3L;
+        }
+        return String.format(Locale.ROOT, "%016x", tag);
+    }
+
+    /**
+     * The channel where the server tells the ticket of {@code token} on {@code resource} (an
+     * ACQUIRE sent with {@code NOTIFY}) alone of its grant: the resource's channel, {@code :} and
+     * the token's {@linkplain #wideTag(String) wide tag} ({@code dlock:{invoice:123}:af63dc4c8601ec8c}
+     * for token {@code a}), in the resource's slot.
+     *
+     * @param resource the lock's key
+     * @param token the ticket's token
+     * @return the channel name
+     */
+    public static String ticketChannelName(String resource, String token) {
+        return channelName(resource) + ":" + wideTag(token);
+    }
+
+    /**
+     * A {@code granted <fence> <request> <window-ms>} message on a ticket's own channel: the lease
+     * of {@code fence} was handed to the ticket after the server read its ACQUIRE numbered
+     * {@code request} ({@code NOTIFY}), and runs {@code windowMs} from the hand-over unless
+     * claimed. Each is an unsigned 64-bit number held in a long.
+     *
+     * @param fence the lease's fence
+     * @param request the {@code NOTIFY} number of the ticket's latest ACQUIRE the server read
+     * @param windowMs how long the lease runs from the hand-over unless claimed
+     */
+    public record Granted(long fence, long request, long windowMs) {}
+
+    /**
+     * Reads a {@code granted} message of a ticket's own channel: exactly four words, the last
+     * three decimal numbers below 2^64.
+     *
+     * @param message the published message
+     * @return what it says, or empty for any other text
+     */
+    public static Optional<Granted> granted(String message) {
+        String[] words = message.split(" ", -1);
+        if (words.length != 4 || !words[0].equals("granted")) {
+            return Optional.empty();
+        }
+        long[] numbers = new long[3];
+        for (int i = 0; i < 3; i++) {
+            String digits = words[i + 1];
+            if (digits.isEmpty() || !digits.chars().allMatch(c -> c >= '0' && c <= '9')) {
+                return Optional.empty();
+            }
+            try {
+                numbers[i] = Long.parseUnsignedLong(digits);
+            } catch (NumberFormatException e) {
+                return Optional.empty(); // past 2^64 - 1
+            }
+        }
+        return Optional.of(new Granted(numbers[0], numbers[1], numbers[2]));
+    }
+
+    /**
+     * The earliest the lease a {@code granted} message announces may end: the send time of the
+     * ACQUIRE it names ({@code sentAt}: each ACQUIRE's send time, the one numbered {@code n} at
+     * index {@code n - 1}) plus the window (that request reached the server before the
+     * hand-over). Times are in units of {@code unitsPerMs} per millisecond (1_000_000 for
+     * {@link System#nanoTime()}); a window too long to add is cut to a quarter of the clock's
+     * range (a lease that long outlives any wait).
+     *
+     * @param message the {@code granted} message
+     * @param sentAt each ACQUIRE's send time, in the order of their numbers
+     * @param unitsPerMs the clock's units per millisecond
+     * @return the expiry, or empty when the request is not one of the attempt's
+     */
+    static java.util.OptionalLong grantedExpiry(Granted message, List<Long> sentAt, long unitsPerMs) {
+        long request = message.request();
+        if (request < 1 || request > sentAt.size()) {
+            return java.util.OptionalLong.empty(); // 0, past the attempt's or above 2^63 - 1
+        }
+        long longest = Long.MAX_VALUE / 4 / unitsPerMs;
+        long windowMs = Long.compareUnsigned(message.windowMs(), longest) > 0 ? longest : message.windowMs();
+        return java.util.OptionalLong.of(sentAt.get((int) (request - 1)) + windowMs * unitsPerMs);
     }
 
     /**
@@ -184,12 +276,33 @@ public final class Protocol {
      * @param claimMs the claim window, or 0 for none (sent only with a wait or a ticket, never
      *     above the ttl)
      * @param meta what the holder says of itself ({@code META}), or null
+     * @param notifyRequest with a ticket: the ACQUIRE's number within its wait ({@code NOTIFY}), so
+     *     that the server tells the ticket alone of its grant on its own channel; null for none
+     *     (sent only with a ticket)
      */
     public record AcquireForm(String resource, String token, long ttlMs, boolean shared, int permits,
-            Long waitMs, long queueMs, long claimMs, String meta) {
+            Long waitMs, long queueMs, long claimMs, String meta, Long notifyRequest) {
+        /**
+         * One {@code DLOCK.ACQUIRE} without {@code NOTIFY}.
+         *
+         * @param resource the lock's key
+         * @param token the attempt's token
+         * @param ttlMs the lease's length
+         * @param shared a reader or a permit of a semaphore
+         * @param permits with shared: the semaphore's size; 0 for a reader
+         * @param waitMs a blocking wait ({@code WAIT}; 0 is no limit), or null for none
+         * @param queueMs a ticket's length ({@code QUEUE}), or 0 for none
+         * @param claimMs the claim window, or 0 for none
+         * @param meta what the holder says of itself ({@code META}), or null
+         */
+        public AcquireForm(String resource, String token, long ttlMs, boolean shared, int permits,
+                Long waitMs, long queueMs, long claimMs, String meta) {
+            this(resource, token, ttlMs, shared, permits, waitMs, queueMs, claimMs, meta, null);
+        }
+
         /**
          * The argument vector: {@code DLOCK.ACQUIRE resource token ttl-ms [SHARED [LIMIT n]]
-         * [WAIT ms | QUEUE ms] [CLAIM ms] [META value]}.
+         * [WAIT ms | QUEUE ms [NOTIFY request]] [CLAIM ms] [META value]}.
          *
          * @return the command and its arguments
          */
@@ -206,6 +319,10 @@ public final class Protocol {
             if (queueMs > 0) {
                 args.add("QUEUE");
                 args.add(Long.toString(queueMs));
+                if (notifyRequest != null) {
+                    args.add("NOTIFY");
+                    args.add(Long.toString(notifyRequest));
+                }
                 waiting = true;
             } else if (waitMs != null) {
                 args.add("WAIT");
@@ -481,8 +598,11 @@ public final class Protocol {
 
     // ---- The client's rules (docs/protocol.md, sections 2, 3, 9 and 13), each written once here ----
 
-    /** The options an older module may refuse that the client can leave out (QUEUE: it then waits by blocking). */
-    static final List<String> DROPPABLE_OPTIONS = List.of("CLAIM", "META", "FENCE", "QUEUE");
+    /**
+     * The options an older module may refuse that the client can leave out (QUEUE: it then waits
+     * by blocking; NOTIFY: a ticket then waits on the resource's channel).
+     */
+    static final List<String> DROPPABLE_OPTIONS = List.of("CLAIM", "META", "FENCE", "QUEUE", "NOTIFY");
 
     /** Whether a refused option may be left out for the rest of the Locks' life. */
     static boolean droppable(String option) {
@@ -522,6 +642,21 @@ public final class Protocol {
     /** After a renewal that got no answer, it is tried again every tenth of the ttl until the local expiry. */
     static long renewalRetryNanos(long ttlMs) {
         return ttlMs * 1_000_000 / 10;
+    }
+
+    /**
+     * Whether a ticket starts on its own channel's {@code granted} message, and the local expiry of
+     * the lease it starts ({@code docs/protocol.md}, section 2, Tickets): the send time (nanoTime)
+     * of the ACQUIRE the message names plus the window, if that leaves more than a request timeout
+     * from {@code now}. Empty: the message only wakes the ticket, whose next ACQUIRE claims the
+     * turn (the request is not one of the attempt's, or too little of the window is left).
+     */
+    static java.util.OptionalLong startedExpiry(Granted message, List<Long> sentNanos, long now, Duration requestTimeout) {
+        java.util.OptionalLong expiry = grantedExpiry(message, sentNanos, 1_000_000);
+        if (expiry.isPresent() && expiry.getAsLong() - (now + requestTimeout.toNanos()) > 0) {
+            return expiry;
+        }
+        return java.util.OptionalLong.empty();
     }
 
     /** A ticket is sent again at least every third of its length, whatever the channel says. */

@@ -113,6 +113,8 @@ class ClusterTest {
                 // the waiter queues again on the new primary).
                 cluster.moveSlot(resource, to);
                 RevokeTest.awaitSubscribers(newNode, channel, true, 1);
+                // The ticket's own shard channel (where its turn is told) follows the slot too.
+                waitFor(() -> newNode.sync().pubsubShardChannels(channel + ":*").size() == 1);
                 waitFor(() -> locks.info(resource).map(i -> i.tickets() == 1).orElse(false));
                 long released = System.nanoTime();
                 holder.close();

@@ -21,6 +21,29 @@ class ProtocolRulesTest {
     }
 
     @Test
+    void aTicketStartsOnItsGrantedMessageOnlyWithARequestTimeoutOfTheWindowLeft() {
+        long ms = 1_000_000;
+        List<Long> sends = List.of(1_000 * ms, 3_000 * ms);
+        Duration timeout = Duration.ofSeconds(2);
+        Protocol.Granted second = Protocol.granted("granted 9 2 6000").orElseThrow();
+        // Sent at 3 s with a 6 s window: the lease runs until 9 s at least.
+        assertEquals(java.util.OptionalLong.of(9_000 * ms), Protocol.startedExpiry(second, sends, 6_999 * ms, timeout));
+        // Not more than a request timeout left: the next ACQUIRE claims instead.
+        assertEquals(java.util.OptionalLong.empty(), Protocol.startedExpiry(second, sends, 7_000 * ms, timeout));
+        // A request the attempt did not send (0, or past its last): not started on.
+        assertEquals(java.util.OptionalLong.empty(),
+                Protocol.startedExpiry(Protocol.granted("granted 9 3 6000").orElseThrow(), sends, 0, timeout));
+        assertEquals(java.util.OptionalLong.empty(),
+                Protocol.startedExpiry(Protocol.granted("granted 9 0 6000").orElseThrow(), sends, 0, timeout));
+        assertEquals(java.util.OptionalLong.empty(), Protocol.startedExpiry(
+                Protocol.granted("granted 9 18446744073709551615 6000").orElseThrow(), sends, 0, timeout));
+        // A window too long to add is cut, never wrapped into the past.
+        long far = Protocol.startedExpiry(Protocol.granted("granted 9 1 18446744073709551615").orElseThrow(), sends,
+                0, timeout).orElseThrow();
+        assertTrue(far - 1_000 * ms > 0);
+    }
+
+    @Test
     void lengthsAreSentInWholeMillisecondsAndTheLocalExpiryCountsWhatWasSent() {
         assertEquals(900, Protocol.wholeMs(Duration.ofNanos(900_999_999)));
         assertEquals(1, Protocol.wholeMs(Duration.ofNanos(1)));

@@ -84,6 +84,15 @@ class ProtocolVectorsTest {
         }
     }
 
+    /** An {@code acquire} form of commands.json (and notify.json: with {@code notify}). */
+    private static Protocol.AcquireForm acquireForm(JsonNode v) {
+        String mode = v.path("mode").asText("exclusive");
+        return new Protocol.AcquireForm(v.get("resource").asText(), v.get("token").asText(), v.get("ttl_ms").asLong(),
+                !mode.equals("exclusive"), v.path("permits").asInt(0), v.has("wait_ms") ? v.get("wait_ms").asLong() : null,
+                v.path("queue_ms").asLong(0), v.path("claim_ms").asLong(0), v.path("meta").asText(null),
+                v.has("notify") ? v.get("notify").asLong() : null);
+    }
+
     @Test
     void everyCommandForm() throws IOException {
         for (JsonNode v : vectors("commands")) {
@@ -94,10 +103,7 @@ class ProtocolVectorsTest {
             List<String> args;
             switch (form) {
                 case "acquire":
-                    String mode = v.path("mode").asText("exclusive");
-                    args = new Protocol.AcquireForm(resource, token, v.get("ttl_ms").asLong(), !mode.equals("exclusive"),
-                            v.path("permits").asInt(0), v.has("wait_ms") ? v.get("wait_ms").asLong() : null,
-                            v.path("queue_ms").asLong(0), v.path("claim_ms").asLong(0), v.path("meta").asText(null)).args();
+                    args = acquireForm(v).args();
                     break;
                 case "renew":
                     args = Protocol.renewArgs(resource, token, v.get("ttl_ms").asLong(), fence);
@@ -202,8 +208,13 @@ class ProtocolVectorsTest {
                 assertEquals(v.get("class").asText(), Protocol.errorClass(reply.get("error").asText()).wireName(), v.get("name").asText());
             }
         }
+        assertTrue(checkErrors(vectors("errors")) > 10);
+    }
+
+    /** Each error vector's class, the option it says an older server refused, and its bound; how many. */
+    private static int checkErrors(JsonNode errors) {
         int n = 0;
-        for (JsonNode v : vectors("errors")) {
+        for (JsonNode v : errors) {
             String reply = v.get("reply").asText();
             assertEquals(v.get("class").asText(), Protocol.errorClass(reply).wireName(), reply);
             if (v.has("option")) {
@@ -216,6 +227,60 @@ class ProtocolVectorsTest {
             }
             n++;
         }
-        assertTrue(n > 10);
+        return n;
+    }
+
+    /**
+     * notify.json, every section: a ticket's own channel (its wide tag and name), the
+     * {@code granted} message on it, {@code NOTIFY} in the ACQUIRE, the errors about it, and the
+     * local expiry a {@code granted} message gives.
+     */
+    @Test
+    void ticketsToldOnTheirOwnChannel() throws IOException {
+        JsonNode notify = vectors("notify");
+        List<String> sections = new ArrayList<>();
+        notify.fieldNames().forEachRemaining(sections::add);
+        assertEquals(List.of("tags", "channels", "granted", "commands", "errors", "expiry"), sections, "every section read");
+        for (JsonNode v : notify.get("tags")) {
+            assertEquals(v.get("wide_tag").asText(), Protocol.wideTag(v.get("token").asText()), v.toString());
+        }
+        for (JsonNode v : notify.get("channels")) {
+            assertEquals(v.get("channel").asText(),
+                    Protocol.ticketChannelName(v.get("resource").asText(), v.get("token").asText()), v.toString());
+        }
+        for (JsonNode v : notify.get("granted")) {
+            Optional<Protocol.Granted> read = Protocol.granted(v.get("message").asText());
+            if (v.get("fence").isNull()) {
+                assertFalse(read.isPresent(), v.toString());
+                continue;
+            }
+            Protocol.Granted granted = read.orElseThrow(() -> new AssertionError("not read: " + v));
+            assertEquals(v.get("fence").bigIntegerValue(), new BigInteger(Long.toUnsignedString(granted.fence())), v.toString());
+            assertEquals(v.get("request").bigIntegerValue(), new BigInteger(Long.toUnsignedString(granted.request())), v.toString());
+            assertEquals(v.get("window_ms").bigIntegerValue(), new BigInteger(Long.toUnsignedString(granted.windowMs())),
+                    v.toString());
+        }
+        for (JsonNode v : notify.get("commands")) {
+            assertEquals("acquire", v.get("form").asText(), v.get("name").asText());
+            List<String> expected = new ArrayList<>();
+            v.get("args").forEach(a -> expected.add(a.asText()));
+            assertEquals(expected, acquireForm(v).args(), v.get("name").asText());
+        }
+        assertEquals(notify.get("errors").size(), checkErrors(notify.get("errors")));
+        for (JsonNode v : notify.get("expiry")) {
+            Protocol.Granted granted = Protocol.granted(v.get("message").asText())
+                    .orElseThrow(() -> new AssertionError("not a granted message: " + v));
+            List<Long> sentAt = new ArrayList<>();
+            for (int request = 1; v.get("sent_ms").has(Integer.toString(request)); request++) {
+                sentAt.add(v.get("sent_ms").get(Integer.toString(request)).asLong());
+            }
+            assertEquals(v.get("sent_ms").size(), sentAt.size(), "requests numbered from 1: " + v);
+            java.util.OptionalLong expiry = Protocol.grantedExpiry(granted, sentAt, 1);
+            if (v.get("expiry_ms").isNull()) {
+                assertTrue(expiry.isEmpty(), v.toString());
+            } else {
+                assertEquals(java.util.OptionalLong.of(v.get("expiry_ms").asLong()), expiry, v.toString());
+            }
+        }
     }
 }
