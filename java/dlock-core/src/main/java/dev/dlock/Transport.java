@@ -141,12 +141,15 @@ final class Transport implements AutoCloseable {
      * Sends args at most once (DLOCK.FENCED: a write sent again after a lost reply could run twice),
      * on a connection to the resource's primary that never replays a command after a reconnection;
      * a dropped connection fails the call and is opened again for the next. In a cluster a MOVED
-     * (nothing ran) is followed after a refresh of the slot map, an ASK with ASKING, at most 5 times.
+     * (nothing ran) is followed to the node it names (the slot map is read again too: a node asked
+     * for it right after a slot moved may still name the old owner), an ASK with ASKING, at most 5
+     * times.
      */
     Object callOnce(String resource, List<String> args, Duration timeout) throws Exception {
+        RedisURI target = nodeUri(resource);
         for (int redirects = 0; ; redirects++) {
             try {
-                StatefulRedisConnection<String, String> connection = onceConnection(nodeUri(resource));
+                StatefulRedisConnection<String, String> connection = onceConnection(target);
                 return await(connection.async().dispatch(new Keyword(args.get(0)), new ReplyOutput(), commandArgs(args))
                         .toCompletableFuture().orTimeout(timeout.toMillis(), TimeUnit.MILLISECONDS));
             } catch (Exception e) {
@@ -159,15 +162,21 @@ final class Transport implements AutoCloseable {
                     return askOnce(reply, args, timeout);
                 }
                 cluster.refreshPartitions();
+                target = redirectTarget(reply);
             }
         }
     }
 
-    private Object askOnce(String reply, List<String> args, Duration timeout) throws Exception {
+    /** The node a MOVED or ASK reply names ({@code MOVED <slot> <host>:<port>}). */
+    private RedisURI redirectTarget(String reply) {
         String[] words = reply.split(" ");
         String address = words[words.length - 1];
         int colon = address.lastIndexOf(':');
-        RedisURI target = withCredentials(address.substring(0, colon), Integer.parseInt(address.substring(colon + 1)));
+        return withCredentials(address.substring(0, colon), Integer.parseInt(address.substring(colon + 1)));
+    }
+
+    private Object askOnce(String reply, List<String> args, Duration timeout) throws Exception {
+        RedisURI target = redirectTarget(reply);
         StatefulRedisConnection<String, String> connection = open(once.connectAsync(StringCodec.UTF8, target), target);
         try {
             connection.async().asking();
