@@ -540,10 +540,14 @@ fn expiries_reach_the_replica_as_one_del_per_slot_at_a_time() {
     let mut pipe = redis::pipe();
     for tag in &tags {
         for i in 0..PER_SLOT {
-            pipe.cmd("DLOCK.ACQUIRE").arg(format!("{{{tag}}}:{i}")).arg("w").arg(300).ignore();
+            pipe.cmd("DLOCK.ACQUIRE").arg(format!("{{{tag}}}:{i}")).arg("w").arg(2_000).ignore();
         }
     }
     pipe.query::<()>(&mut p).expect("acquired");
+    // Every lease on the replica first: its DBSIZE of 0 must be the expiries' doing.
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(1_500).query(&mut p).expect("WAIT");
+    assert_eq!(acked, 1, "the replica acknowledged the grants");
+    assert_eq!(dbsize(&mut r), 3 * PER_SLOT as i64, "replicated");
     assert!(eventually(Duration::from_secs(10), || dbsize(&mut p) == 0), "all expired");
     assert!(eventually(Duration::from_secs(10), || dbsize(&mut r) == 0), "gone on the replica");
     let dels = del_calls(&mut r) - dels_before;
