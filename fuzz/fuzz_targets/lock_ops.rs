@@ -63,6 +63,8 @@ fuzz_target!(|ops: Vec<(u8, u8, u16)>| {
                     mode,
                     meta: None,
                     set: false,
+                    // A ticket told of its turn on its own channel, naming its request.
+                    notify: ticket_until.and(Some(u64::from(amount))).filter(|_| op & 0x40 != 0),
                 };
                 if ticket_until.is_some() {
                     step.enqueue_ticket(&mut lock, waiter);
