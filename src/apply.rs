@@ -17,6 +17,7 @@ use redis_module::{Context, RedisString, raw};
 
 use crate::core::decimal::{MAX_DIGITS, decimal};
 use crate::core::effects::{self, Effect, LogLevel, Place};
+use crate::core::replica::{self, COMPACT_MAX, History};
 use crate::core::{Changes, Host, Lease, Lock, Micros, Now, Step};
 use crate::notify;
 use crate::state::{self, Grant};
@@ -232,14 +233,29 @@ impl<'c> Executor<'c> {
             Effect::ReplicateLease(lease) => {
                 // The client's own string, when it is this lease's token.
                 let token = self.token.filter(|token| token.as_slice() == &*lease.token);
-                replicate_lease(self.ctx, self.name, lease, token, self.now);
+                let history = Some((lease.granted_wall(self.now), lease.renewals));
+                if !(lease.is_plain() && self.in_place(token, lease, history)) {
+                    replicate_lease(self.ctx, self.name, lease, token, self.now);
+                }
             }
             Effect::ReplicateRenewal(lease) => {
                 let token = self.token.filter(|token| token.as_slice() == &*lease.token);
-                replicate_renewal(self.ctx, self.name, lease, token);
+                if !self.in_place(token, lease, None) {
+                    replicate_renewal(self.ctx, self.name, lease, token);
+                }
             }
             effect => perform(self.ctx, self.name, effect, self.now),
         }
+    }
+
+    /// Propagates a plain exclusive `lease` of the client's `token` as the client's own command
+    /// rewritten into `DLOCK.SETLEASE resource token effect` ([`replicate_in_place`]); whether
+    /// it could.
+    fn in_place(&self, token: Option<&RedisString>, lease: &Lease, history: History) -> bool {
+        let Some(token) = token else { return false };
+        let mut effect = [0; COMPACT_MAX];
+        let effect = replica::write_compact(lease.fence, lease.deadline_wall, history, &mut effect);
+        replicate_in_place(self.ctx, self.name, token, effect)
     }
 
     /// Deletes the key if that was planned (the lock must not be used after this).
@@ -475,6 +491,7 @@ fn replicate_renewal(
 /// The strings every lease's effect carries, made once (with no context: never freed) and kept
 /// for the process's life. Only the main thread uses them.
 struct Kept {
+    setlease: *mut raw::RedisModuleString,
     granted: *mut raw::RedisModuleString,
     renewals: *mut raw::RedisModuleString,
     zero: *mut raw::RedisModuleString,
@@ -500,11 +517,65 @@ impl Kept {
                     })
                 }
             };
-            Self { granted: make(b"GRANTED"), renewals: make(b"RENEWALS"), zero: make(b"0") }
+            Self {
+                setlease: make(SETLEASE.to_bytes()),
+                granted: make(b"GRANTED"),
+                renewals: make(b"RENEWALS"),
+                zero: make(b"0"),
+            }
         });
-        let made = [kept.granted, kept.renewals, kept.zero].iter().all(|p| !p.is_null());
+        let made =
+            [kept.setlease, kept.granted, kept.renewals, kept.zero].iter().all(|p| !p.is_null());
         made.then_some(kept)
     }
+}
+
+/// Propagates `DLOCK.SETLEASE resource token effect` without the server's lookup of a command by
+/// name and the argument vector `RedisModule_Replicate` builds: when the command running now
+/// was called as `name resource token arg` with these very strings, its argument vector is
+/// rewritten to `DLOCK.SETLEASE resource token effect` for the moment of
+/// `RedisModule_ReplicateVerbatim` and put back at once. Returns false (nothing propagated)
+/// when the call does not have that shape.
+///
+/// This relies on the server passing the command its client's own argument vector and copying
+/// the strings' references when replicating verbatim (Redis 7.0 to 8, Valkey 7.2 to 9 do;
+/// `tests/persistence.rs` and `tests/replication.rs` fail the day a server does not: its AOF or
+/// its replica would receive the client's ACQUIRE).
+fn replicate_in_place(
+    ctx: &Context,
+    resource: &RedisString,
+    token: &RedisString,
+    effect: &[u8],
+) -> bool {
+    let Some((argv, 4)) = crate::call::current() else { return false };
+    let Some(kept) = Kept::get() else { return false };
+    // SAFETY: the API table is written once, when the module loads.
+    let (Some(create), Some(free)) =
+        (unsafe { (raw::RedisModule_CreateString, raw::RedisModule_FreeString) })
+    else {
+        return false;
+    };
+    // SAFETY: `argv` holds the 4 strings Redis passed to the command running now, live until it
+    // returns.
+    let args = unsafe { std::slice::from_raw_parts_mut(argv, 4) };
+    if args[1] != resource.inner || args[2] != token.inner {
+        return false;
+    }
+    // SAFETY: a null context makes a string only the explicit free below lets go of; the bytes
+    // are copied.
+    let effect = unsafe { create(std::ptr::null_mut(), effect.as_ptr().cast(), effect.len()) };
+    if effect.is_null() {
+        return false;
+    }
+    let (name, last) = (args[0], args[3]);
+    args[0] = kept.setlease;
+    args[3] = effect;
+    ctx.replicate_verbatim();
+    args[0] = name;
+    args[3] = last;
+    // SAFETY: made above; the server holds its own reference for as long as it propagates it.
+    unsafe { free(std::ptr::null_mut(), effect) };
+    true
 }
 
 /// Propagates `DEL resource`.

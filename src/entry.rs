@@ -10,6 +10,7 @@ use std::os::raw::c_int;
 
 use redis_module::{Context, RedisResult, RedisString, Status, raw};
 
+use crate::call;
 use crate::commands::{CommandMeta, acquire, guarded, guarded_slice, release, renew};
 
 /// Most arguments read without retaining them (ACQUIRE with every option has 13).
@@ -71,6 +72,7 @@ fn entry(
 ) -> c_int {
     let context = Context::new(ctx);
     let count = usize::try_from(argc).unwrap_or(0);
+    let outer = call::enter(argv, count);
     let reply = if argv.is_null() || count > ON_STACK {
         guarded(&context, redis_module::decode_args(ctx, argv, argc), body)
     } else {
@@ -88,6 +90,7 @@ fn entry(
         }
         reply
     };
+    call::leave(outer);
     context.reply(reply) as c_int
 }
 

@@ -12,7 +12,7 @@ use crate::state::{self, KeyRef};
 
 /// Whether this server decides expiry: it is a primary (replicas follow their primary).
 pub fn decides_expiry(ctx: &Context) -> bool {
-    !ctx.get_flags().contains(ContextFlags::SLAVE)
+    !crate::call::context_flags(ctx).contains(ContextFlags::SLAVE)
 }
 
 /// Whether writes are paused (`CLIENT PAUSE WRITE`, `FAILOVER`, a `SHUTDOWN` waiting for its

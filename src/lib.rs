@@ -10,6 +10,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod apply;
+pub mod call;
 pub mod clock;
 pub mod cluster;
 pub mod commands;

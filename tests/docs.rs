@@ -56,7 +56,8 @@ fn syntax(name: &str, arguments: Option<&redis::Value>) -> String {
 }
 
 /// One argument as a syntax line shows it: `token name`, a block's parts in order, a one-of's
-/// choices joined by ` | `, in brackets when optional.
+/// choices joined by ` | `, in brackets when optional (in angle brackets when a choice is
+/// required).
 fn argument_syntax(argument: &redis::Value) -> String {
     let fields = pairs(argument);
     let arg_name = text(&fields["name"]);
@@ -83,6 +84,8 @@ fn argument_syntax(argument: &redis::Value) -> String {
     }
     if flags.contains("optional") {
         part = format!("[{part}]");
+    } else if kind == "oneof" {
+        part = format!("<{part}>");
     }
     part
 }

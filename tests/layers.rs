@@ -257,7 +257,7 @@ fn layer_of(module: &str) -> usize {
         &["apply", "cluster"],
         // What the path uses: the index, blocked clients, announcements, counters, settings,
         // module state, the clock.
-        &["expiry", "waiters", "notify", "metrics", "config", "state", "clock", "filter"],
+        &["expiry", "waiters", "notify", "metrics", "config", "state", "clock", "filter", "call"],
         // The pure core.
         &["core"],
     ];

@@ -125,7 +125,17 @@ fn the_aof_records_effects_never_a_rerun_of_acquire() {
     // The RELEASE that took the key with it is recorded as it was sent: replayed, it deletes the
     // key (the server passes a command on without looking it up by name, unlike a DEL).
     assert_eq!(aof.matches("dlock.release").count(), 1, "the release, as sent:\n{aof}");
-    assert!(aof.contains(&fence.to_string()), "the grant is recorded with its fence");
+    // A plain grant and its renewal travel in the compact form (`fence:deadline:granted:0`,
+    // `fence:deadline`): the client's own command rewritten, not a command looked up by name.
+    let grant = "dlock.setlease\r\n$9\r\ninvoice:1\r\n$8\r\nworker-a\r\n";
+    let effects: Vec<Vec<&str>> = aof
+        .match_indices(&grant)
+        .map(|(at, _)| aof[at + grant.len()..].split("\r\n").nth(1).expect("effect"))
+        .map(|effect| effect.split(':').collect())
+        .collect();
+    assert_eq!(effects.len(), 2, "the grant and its renewal:\n{aof}");
+    assert_eq!((effects[0][0], effects[0].len(), effects[0][3]), (&*fence.to_string(), 4, "0"));
+    assert_eq!((effects[1][0], effects[1].len()), (&*fence.to_string(), 2), "renewal");
     assert_eq!(
         aof.matches("dlock.setlease").count(),
         5,
@@ -133,6 +143,69 @@ fn the_aof_records_effects_never_a_rerun_of_acquire() {
     );
     let deletes = aof.matches("\r\ndel\r\n").count();
     assert_eq!(deletes, 1, "one DEL, for the active expiry:\n{aof}");
+}
+
+/// A grant propagated as the client's own command rewritten for the moment of propagation is
+/// put back at once: what the server records of the call afterwards (the slow log) is the
+/// command as the client sent it.
+#[test]
+fn a_grant_propagated_in_place_leaves_the_clients_command_as_sent() {
+    let server = Server::start_with(AOF_ALWAYS);
+    let mut con = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "slowlog-log-slower-than", "0"])
+        .query(&mut con)
+        .expect("CONFIG");
+    acquire(&mut con, "invoice:1", "worker-a", 60_000).expect("granted");
+    assert_eq!(renew(&mut con, "invoice:1", "worker-a", 60_000), 1);
+    let log: Vec<redis::Value> =
+        redis::cmd("SLOWLOG").arg(&["GET", "10"]).query(&mut con).expect("SLOWLOG");
+    let commands: Vec<Vec<String>> = log
+        .into_iter()
+        .map(|entry| match entry {
+            redis::Value::Array(fields) => redis::from_redis_value(&fields[3]).expect("arguments"),
+            entry => panic!("a slow log entry: {entry:?}"),
+        })
+        // The test's own set-up and the module's account of subscriptions (`PUBSUB`) aside.
+        .filter(|command: &Vec<String>| command[0].starts_with("DLOCK."))
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            vec!["DLOCK.RENEW", "invoice:1", "worker-a", "60000"],
+            vec!["DLOCK.ACQUIRE", "invoice:1", "worker-a", "60000"],
+        ]
+    );
+    let aof = String::from_utf8_lossy(&server.aof_contents()).to_lowercase();
+    assert_eq!(aof.matches("dlock.setlease").count(), 2, "both propagated as effects:\n{aof}");
+}
+
+/// A lease in the long form (`fence deadline GRANTED granted RENEWALS n`), as earlier versions
+/// and every shared or described lease write it, loads from the AOF with its history.
+#[test]
+fn the_long_form_of_a_lease_still_loads_with_its_history() {
+    let granted = now_us() - 5_000_000;
+    let fence = 1_000_000_000_000_000_i64;
+    let mut aof = resp_command(&[b"SELECT", b"0"]);
+    aof.extend(resp_command(&[
+        b"DLOCK.SETLEASE",
+        b"lock:x",
+        b"tok",
+        fence.to_string().as_bytes(),
+        (now_us() + 600_000_000).to_string().as_bytes(),
+        b"GRANTED",
+        granted.to_string().as_bytes(),
+        b"RENEWALS",
+        b"3",
+    ]));
+    let server = Server::start_with_files(&[("appendonly.aof", &aof)], &["--appendonly", "yes"]);
+    let mut con = server.client();
+    assert_eq!(info_field(&mut con, "lock:x", "owner").as_deref(), Some("tok"));
+    assert_eq!(info_field(&mut con, "lock:x", "fence"), Some(fence.to_string()));
+    assert_eq!(info_field(&mut con, "lock:x", "renewals").as_deref(), Some("3"));
+    let held: i64 = info_field(&mut con, "lock:x", "held-ms").expect("held").parse().expect("ms");
+    assert!((5_000..60_000).contains(&held), "held from the grant: {held} ms");
+    assert!(ttl_ms(&mut con, "lock:x") > 500_000);
 }
 
 #[test]

@@ -86,7 +86,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// Whether this call may block: not inside MULTI/EXEC or a script (they answer at once, as
 /// BLPOP does there).
 fn may_block(ctx: &Context) -> bool {
-    !ctx.get_flags()
+    !crate::call::context_flags(ctx)
         .intersects(ContextFlags::MULTI | ContextFlags::LUA | ContextFlags::DENY_BLOCKING)
 }
 

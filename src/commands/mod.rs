@@ -344,7 +344,7 @@ pub fn lock_in(key: &RedisKey) -> Result<Option<&Lock>, DlockError> {
 /// Lease decisions belong to the primary: a writable replica must not grant, renew or release
 /// on its own (its primary would never hear of it).
 pub fn primary_only(ctx: &Context) -> Result<(), DlockError> {
-    primary_in(ctx.get_flags())
+    primary_in(crate::call::context_flags(ctx))
 }
 
 /// [`primary_only`] with the context's flags already read.

@@ -27,7 +27,7 @@ pub const META: CommandMeta = CommandMeta {
 
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let (resource, rest) = split_args(args, META.name)?;
-    let flags = ctx.get_flags();
+    let flags = crate::call::context_flags(ctx);
     if flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
         return Ok(replayed(ctx, resource)?);
     }

@@ -1,5 +1,8 @@
 //! `DLOCK.SETLEASE resource token fence deadline-unix-us [GRANTED granted-unix-us RENEWALS n]
-//! [SHARED] [META value]`: the effect of a grant or renewal, applied by replicas and AOF loading.
+//! [SHARED] [META value]`, or `DLOCK.SETLEASE resource token effect` for a plain exclusive
+//! lease (the [compact effect](crate::core::replica::write_compact)
+//! `fence:deadline[:granted:renewals]`): the effect of a grant or renewal, applied by replicas
+//! and AOF loading.
 //! An exclusive lease replaces every lease of the resource; a shared one replaces the exclusive
 //! lease and any shared lease of the same token. Clients cannot send it: it would forge fences.
 
@@ -16,7 +19,7 @@ use crate::{clock, metrics, state};
 pub const META: CommandMeta = CommandMeta {
     name: "dlock.setlease",
     flags: "write",
-    arity: -5,
+    arity: -4,
     key_flags: raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
     keys: Keys::One,
     summary: "Internal: applies a lease decided by the primary (replication stream and AOF only)",
@@ -24,27 +27,46 @@ pub const META: CommandMeta = CommandMeta {
     args: &[
         ArgMeta::required("resource", ArgKind::Key),
         ArgMeta::required("token", ArgKind::String),
-        ArgMeta::required("fence", ArgKind::Integer),
-        ArgMeta::required("deadline-unix-us", ArgKind::Integer),
-        ArgMeta::option("granted-unix-us", ArgKind::Integer, "GRANTED"),
-        ArgMeta::option("renewals", ArgKind::Integer, "RENEWALS"),
-        ArgMeta::flag("shared", "SHARED"),
-        ArgMeta::option("value", ArgKind::String, "META"),
+        ArgMeta::one_of("lease", LEASE).required_here(),
     ],
     acl_categories: "write dangerous",
     since: super::V1,
 };
 
+/// The compact effect, or the long form with its options.
+const LEASE: &[ArgMeta] = &[
+    ArgMeta::required("effect", ArgKind::String).since(super::V3),
+    ArgMeta::required("long-form", ArgKind::Block(LONG_FORM)),
+];
+
+/// `fence deadline-unix-us [GRANTED granted-unix-us RENEWALS n] [SHARED] [META value]`.
+const LONG_FORM: &[ArgMeta] = &[
+    ArgMeta::required("fence", ArgKind::Integer),
+    ArgMeta::required("deadline-unix-us", ArgKind::Integer),
+    ArgMeta::option("granted-unix-us", ArgKind::Integer, "GRANTED"),
+    ArgMeta::option("renewals", ArgKind::Integer, "RENEWALS"),
+    ArgMeta::flag("shared", "SHARED"),
+    ArgMeta::option("value", ArgKind::String, "META"),
+];
+
 pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     internal_only(ctx, "DLOCK.SETLEASE")?;
     let (resource, rest) = split_args(args, META.name)?;
-    let [token, fence, deadline, options @ ..] = rest.as_slice() else {
-        return Err(DlockError::WrongArity(META.name).into());
+    let (token, fence, deadline, (history, shared, meta)) = match rest.as_slice() {
+        [token, effect] => {
+            let (fence, deadline, history) =
+                replica::parse_compact(effect).map_err(DlockError::BadReplicatedLease)?;
+            (token, fence, deadline, (history, false, None))
+        }
+        [token, fence, deadline, options @ ..] => {
+            let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
+            let deadline =
+                parse_unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
+            (token, fence, deadline, parse_options(options)?)
+        }
+        _ => return Err(DlockError::WrongArity(META.name).into()),
     };
     let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
-    let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
-    let deadline = parse_unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
-    let (history, shared, meta) = parse_options(options)?;
     let now = clock::now();
     let mut lease = Lease::restore(token, fence, deadline, now, state::last_fence())?;
     lease.shared = shared;

@@ -3,11 +3,78 @@
 //! takes the primary's word, and [`plan_replicated`](super::effects::plan_replicated) says what
 //! follows for its key and index.
 
+use super::args::{parse_fence, parse_int};
+use super::decimal::{MAX_DIGITS, decimal};
 use super::{Lease, Lock, Micros, Now};
 
 /// A grant's history as `DLOCK.SETLEASE` carries it: when it was granted (Unix µs) and how many
 /// times it was renewed. Older streams carry none.
 pub type History = Option<(Micros, u32)>;
+
+/// Room for the longest [compact effect](write_compact): four numbers and three colons.
+pub const COMPACT_MAX: usize = 4 * MAX_DIGITS + 3;
+
+/// The compact effect of a plain exclusive lease, the last argument of
+/// `DLOCK.SETLEASE resource token effect`: `fence:deadline-unix-us` (a renewal: each copy keeps
+/// the history it has) or `fence:deadline-unix-us:granted-unix-us:renewals` (a grant), the same
+/// numbers the long form `fence deadline [GRANTED granted RENEWALS renewals]` carries. Written
+/// into `out`; returns the bytes. Fences and times are clamped to `i64::MAX`, as every copy
+/// reads them.
+pub fn write_compact(
+    fence: u64,
+    deadline_wall: Micros,
+    history: History,
+    out: &mut [u8; COMPACT_MAX],
+) -> &[u8] {
+    let mut len = 0;
+    let mut put = |n: u64, first: bool| {
+        if !first {
+            out[len] = b':';
+            len += 1;
+        }
+        let mut digits = [0; MAX_DIGITS];
+        let digits = decimal(n.min(i64::MAX as u64), &mut digits);
+        out[len..len + digits.len()].copy_from_slice(digits);
+        len += digits.len();
+    };
+    put(fence, true);
+    put(deadline_wall, false);
+    if let Some((granted_wall, renewals)) = history {
+        put(granted_wall, false);
+        put(u64::from(renewals), false);
+    }
+    &out[..len]
+}
+
+/// Reads a [compact effect](write_compact): the fence, the deadline and the history, or the
+/// name of the first part that is wrong.
+pub fn parse_compact(bytes: &[u8]) -> Result<(u64, Micros, History), &'static str> {
+    let mut parts = bytes.split(|b| *b == b':');
+    let mut next = |what| parts.next().ok_or(what);
+    let fence = parse_fence(next("fence")?).map_err(|_| "fence")?;
+    let deadline = unsigned(next("deadline")?).ok_or("deadline")?;
+    let history = match parts.next() {
+        None => None,
+        Some(granted) => {
+            let granted = unsigned(granted).ok_or("granted")?;
+            let renewals = parts
+                .next()
+                .and_then(unsigned)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or("renewals")?;
+            Some((granted, renewals))
+        }
+    };
+    match parts.next() {
+        None => Ok((fence, deadline, history)),
+        Some(_) => Err("effect"),
+    }
+}
+
+/// A non-negative integer in Redis's strict form.
+fn unsigned(bytes: &[u8]) -> Option<u64> {
+    parse_int(bytes).and_then(|n| u64::try_from(n).ok())
+}
 
 /// Applies a lease as the primary decided it (`DLOCK.SETLEASE`): an exclusive lease replaces
 /// every lease of the lock, a shared one the exclusive lease and any shared lease of its token.
@@ -41,4 +108,53 @@ pub fn end_lease(lock: &mut Lock, token: &[u8], fence: u64) -> bool {
 pub fn end_all(lock: &mut Lock) {
     // A copy has no waiters; whatever the lock held goes.
     let _ = lock.displace();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compact(fence: u64, deadline: u64, history: History) -> Vec<u8> {
+        write_compact(fence, deadline, history, &mut [0; COMPACT_MAX]).to_vec()
+    }
+
+    #[test]
+    fn a_grant_and_a_renewal_read_back_as_written() {
+        let grant = compact(7, 1_765_000_000_123_456, Some((1_765_000_000_000_001, 0)));
+        assert_eq!(grant, b"7:1765000000123456:1765000000000001:0");
+        assert_eq!(
+            parse_compact(&grant),
+            Ok((7, 1_765_000_000_123_456, Some((1_765_000_000_000_001, 0))))
+        );
+        let renewal = compact(7, 1_765_000_060_000_000, None);
+        assert_eq!(renewal, b"7:1765000060000000");
+        assert_eq!(parse_compact(&renewal), Ok((7, 1_765_000_060_000_000, None)));
+    }
+
+    #[test]
+    fn the_longest_effect_fits_and_is_clamped_as_copies_read_it() {
+        let longest = compact(u64::MAX, u64::MAX, Some((u64::MAX, u32::MAX)));
+        let max = i64::MAX as u64;
+        assert!(longest.len() <= COMPACT_MAX);
+        assert_eq!(parse_compact(&longest), Ok((max, max, Some((max, u32::MAX)))));
+    }
+
+    #[test]
+    fn a_wrong_part_is_named() {
+        let cases: [(&[u8], &str); 10] = [
+            (b"", "fence"),
+            (b"0:1", "fence"),
+            (b"x:1", "fence"),
+            (b"1", "deadline"),
+            (b"1:-1", "deadline"),
+            (b"1:01", "deadline"),
+            (b"1:2:", "granted"),
+            (b"1:2:3", "renewals"),
+            (b"1:2:3:4294967296", "renewals"),
+            (b"1:2:3:4:5", "effect"),
+        ];
+        for (bytes, what) in cases {
+            assert_eq!(parse_compact(bytes), Err(what), "{}", String::from_utf8_lossy(bytes));
+        }
+    }
 }
