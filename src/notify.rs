@@ -180,6 +180,9 @@ fn channel_heard(
         }
     }
     let channels = channels.get_or_insert_with(Channels::default);
+    if channels.listeners.nobody() {
+        return None;
+    }
     // The name's buffer is reused from message to message.
     channels.name.clear();
     write_name(&mut channels.name);

@@ -60,6 +60,12 @@ impl Listeners {
             || (!self.channels.is_empty() && self.channels.contains(channel))
     }
 
+    /// Whether no message on any channel can reach a subscriber (so no channel's name need be
+    /// written to ask [`Listeners::may_hear`]).
+    pub fn nobody(&self) -> bool {
+        self.accounted_at.is_some() && !self.everything && self.channels.is_empty()
+    }
+
     /// Whether the account must be taken again before publishing at `now`.
     pub fn stale(&self, now: Micros) -> bool {
         self.accounted_at.is_none_or(|at| now.saturating_sub(at) >= REFRESH_US)
@@ -143,6 +149,23 @@ mod tests {
         assert!(listeners.may_hear(A));
         listeners.accounted(3, Some((false, none())));
         assert!(!listeners.may_hear(A));
+    }
+
+    #[test]
+    fn nobody_is_said_only_when_no_channel_may_hear() {
+        let mut listeners = Listeners::default();
+        let agrees = |l: &Listeners| !l.nobody() || [A, B, b"other"].iter().all(|c| !l.may_hear(c));
+        assert!(!listeners.nobody(), "before the first account");
+        listeners.accounted(0, Some((false, none())));
+        assert!(listeners.nobody() && agrees(&listeners));
+        listeners.subscribe(Subscribing::Channels, [B].into_iter());
+        assert!(!listeners.nobody() && agrees(&listeners), "a SUBSCRIBE going by");
+        listeners.accounted(1, Some((false, none())));
+        assert!(listeners.nobody());
+        listeners.subscribe(Subscribing::Patterns, [&b"x*"[..]].into_iter());
+        assert!(!listeners.nobody() && agrees(&listeners), "a pattern");
+        listeners.accounted(2, None::<(bool, std::iter::Empty<&[u8]>)>);
+        assert!(!listeners.nobody(), "a failed account");
     }
 
     #[test]
