@@ -7,6 +7,7 @@ package dlock
 
 import (
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -106,24 +107,18 @@ func ChannelName(resource string) string {
 // TokenTag is the tag a handoff message names its new holder by: FNV-1a 32-bit of the token's
 // UTF-8 bytes, as 8 lowercase hex digits.
 func TokenTag(token string) string {
-	tag := uint32(0x811c9dc5)
-	for i := 0; i < len(token); i++ {
-		tag ^= uint32(token[i])
-		tag *= 0x01000193
-	}
-	return fmt.Sprintf("%08x", tag)
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(token)) // a hash.Hash never fails to write
+	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 // WideTag is the tag a ticket's own channel is named by: FNV-1a 64-bit of the token's UTF-8
 // bytes, as 16 lowercase hex digits (wide enough that two waiting tokens never share a channel,
 // since a ticket starts on that channel's message alone).
 func WideTag(token string) string {
-	tag := uint64(0xcbf29ce484222325)
-	for i := 0; i < len(token); i++ {
-		tag ^= uint64(token[i])
-		tag *= 0x100000001b3
-	}
-	return fmt.Sprintf("%016x", tag)
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(token)) // a hash.Hash never fails to write
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // TicketChannelName is the channel where the server tells the ticket of token on resource alone
