@@ -371,6 +371,9 @@ fn digests_differ_only_while_the_primary_keeps_a_lease_less_key_for_its_waiters(
     assert!(eventually(Duration::from_secs(10), || {
         info_line(&mut p, "replication", "connected_slaves").as_deref() == Some("1")
     }));
+    // The replica's full sync done (it acknowledges only then): a snapshot forked later, after
+    // the release below, would hand it the key the primary keeps for B.
+    sync(&mut p);
     let waiter = send_wait(&primary, "lk", "B", 60_000, &[]);
     assert!(eventually(Duration::from_secs(5), || {
         info_field(&mut p, "lk", "waiters").as_deref() == Some("1")
