@@ -26,7 +26,7 @@ run: build ## Start redis-server with the module in the foreground on 127.0.0.1:
 		--loadmodule $(MODULE)
 
 test: deps fmt-check lint ## Install what is missing, then fmt check, clippy, unit, property and integration tests (Redis 7.0, Valkey 9, Redis 7.4, Redis 8.0), a fuzz smoke run, 45 s of chaos and 35 s of cluster chaos, the Python, Go, Java and TypeScript clients, the conformance suite (Redis 7.0, every client); each of its 12 phases prints its time
-	@bash scripts/phase.sh 1/12 "unit, property and integration tests (Redis 7.0)" cargo test --workspace --all-targets
+	@bash scripts/phase.sh 1/12 "unit, property and integration tests (Redis 7.0)" env RUST_TEST_THREADS=4 cargo test --workspace --all-targets
 	@bash scripts/phase.sh 2/12 "integration tests (Valkey 9)" env DLOCK_SERVER=$$(bash scripts/valkey.sh) bash scripts/integration.sh
 	@bash scripts/phase.sh 3/12 "integration tests (Redis 7.4)" env DLOCK_SERVER=$$(bash scripts/redis74.sh) bash scripts/integration.sh
 	@bash scripts/phase.sh 4/12 "integration tests (Redis 8.0)" env DLOCK_SERVER=$$(bash scripts/redis8.sh) bash scripts/integration.sh

@@ -10,6 +10,10 @@
 #   DLOCK_SERVER=/path/to/server bash scripts/integration.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Four tests at a time within each file: they spend most of their time waiting on servers and
+# leases (a run uses about a quarter of two cores), so twice the cores' count of threads
+# shortens the phase by a fifth.
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
 [ -n "${DLOCK_SERVER:-}" ] || { echo "integration.sh: set DLOCK_SERVER" >&2; exit 2; }
 names=$(for file in tests/*.rs client/tests/*.rs; do basename "$file" .rs; done | sort -u)
 targets=()
