@@ -112,7 +112,32 @@ pub fn end_all(lock: &mut Lock) {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Every effect the primary can write reads back as the same numbers on a copy, and
+        /// bytes that read as an effect are written back as themselves.
+        #[test]
+        fn effects_read_back_as_written(
+            fence in 1..=i64::MAX as u64,
+            deadline in 0..=i64::MAX as u64,
+            history in proptest::option::of((0..=i64::MAX as u64, any::<u32>())),
+        ) {
+            let written = compact(fence, deadline, history);
+            prop_assert_eq!(parse_compact(&written), Ok((fence, deadline, history)));
+        }
+
+        #[test]
+        fn any_bytes_read_as_an_effect_are_written_back_as_themselves(
+            bytes in proptest::collection::vec(prop_oneof![Just(b':'), b'0'..=b'9', Just(b'-')], 0..60),
+        ) {
+            if let Ok((fence, deadline, history)) = parse_compact(&bytes) {
+                prop_assert_eq!(compact(fence, deadline, history), bytes);
+            }
+        }
+    }
 
     fn compact(fence: u64, deadline: u64, history: History) -> Vec<u8> {
         write_compact(fence, deadline, history, &mut [0; COMPACT_MAX]).to_vec()
