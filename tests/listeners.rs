@@ -105,3 +105,43 @@ fn a_subscriber_from_before_the_module_was_loaded_hears_the_first_message() {
     assert!(next(&mut pubsub).starts_with("released "));
     assert_eq!(counter(&mut con, "messages_published"), 2);
 }
+
+/// `PUBSUB CHANNELS` walks every channel of the server: with more than a thousand channels
+/// (anyone's) the account is not listed, whose stall grows with them, and every message is
+/// published until the server holds fewer again.
+#[test]
+fn with_more_than_a_thousand_channels_the_account_is_not_listed_and_every_message_is_sent() {
+    let server = Server::start();
+    let mut con = server.client();
+    let calls = |con: &mut redis::Connection| -> u64 {
+        info_line(con, "commandstats", "cmdstat_pubsub|channels")
+            .and_then(|line| line.split(',').next()?.strip_prefix("calls=")?.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut crowd = server.client();
+    let names: Vec<String> = (0..1_001).map(|n| format!("news:{n}")).collect();
+    let _: () = redis::cmd("SUBSCRIBE").arg(&names).query(&mut crowd).expect("SUBSCRIBE");
+    let subscribed =
+        || info_line(&mut server.client(), "stats", "pubsub_channels").as_deref() == Some("1001");
+    assert!(eventually(Duration::from_secs(5), subscribed));
+    acquire_and_release(&mut con, "job:1");
+    assert_eq!(
+        (counter(&mut con, "messages_published"), counter(&mut con, "messages_unheard")),
+        (2, 0),
+        "published, the server's channels not listed"
+    );
+    assert_eq!(calls(&mut con), 0, "no PUBSUB CHANNELS");
+
+    // The crowd leaves: the next account (at most a second later) lists the few left.
+    drop(crowd);
+    assert!(eventually(Duration::from_secs(5), || {
+        info_line(&mut server.client(), "stats", "pubsub_channels").as_deref() == Some("0")
+    }));
+    sleep(Duration::from_millis(1_100));
+    acquire_and_release(&mut con, "job:1");
+    assert_eq!(
+        (counter(&mut con, "messages_published"), counter(&mut con, "messages_unheard")),
+        (2, 2)
+    );
+    assert_eq!(calls(&mut con), 1, "listed once");
+}
