@@ -15,6 +15,41 @@ fn sync(primary: &mut redis::Connection) {
     assert_eq!(acked, 1, "the replica acknowledged");
 }
 
+/// A grant travels as the client's own command rewritten to its effect: made inside a script or
+/// a transaction (whose client and argument vector are the server's own), it reaches the replica
+/// as the primary made it, and the script and the transaction go on with their own arguments.
+#[test]
+fn grants_made_inside_a_script_or_a_transaction_reach_the_replica_as_made() {
+    let (primary, replica) = primary_and_replica();
+    let (mut p, mut r) = (primary.client(), replica.client());
+    let script = r"local fence = redis.call('DLOCK.ACQUIRE', KEYS[1], ARGV[1], ARGV[2])
+        redis.call('DLOCK.RENEW', KEYS[1], ARGV[1], ARGV[2])
+        return {fence, redis.call('DLOCK.ACQUIRE', KEYS[2], ARGV[1], ARGV[2]), ARGV[1], KEYS[1]}";
+    let (scripted, other, token, key): (i64, i64, String, String) = redis::cmd("EVAL")
+        .arg(script)
+        .arg(2)
+        .arg(&["job:1", "job:2", "worker-a", "60000"])
+        .query(&mut p)
+        .expect("EVAL");
+    assert_eq!((token.as_str(), key.as_str()), ("worker-a", "job:1"), "the script's own");
+    let (in_multi, renewed): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("DLOCK.ACQUIRE")
+        .arg(&["job:3", "worker-b", "60000"])
+        .cmd("DLOCK.RENEW")
+        .arg(&["job:3", "worker-b", "60000"])
+        .query(&mut p)
+        .expect("MULTI");
+    assert_eq!(renewed, 1);
+    sync(&mut p);
+    for (key, fence) in [("job:1", scripted), ("job:2", other), ("job:3", in_multi)] {
+        assert_eq!(fencecheck(&mut r, key, fence), 1, "{key}");
+        assert_eq!(digest(&mut p, key), digest(&mut r, key), "{key}");
+    }
+    assert_eq!(info_field(&mut r, "job:1", "renewals").as_deref(), Some("1"));
+    assert_eq!(info_field(&mut r, "job:3", "renewals").as_deref(), Some("1"));
+}
+
 #[test]
 fn the_replica_mirrors_grants_renewals_and_releases_with_equal_digests() {
     let (primary, replica) = primary_and_replica();
