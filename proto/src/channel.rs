@@ -8,7 +8,7 @@
 //! name with braces but no usable tag has no channel in its own slot (on a single server, or
 //! with `SUBSCRIBE`, that makes no difference).
 
-use crate::decimal::{MAX_DIGITS, decimal};
+use crate::decimal::{MAX_DIGITS, append};
 
 /// What every channel name starts with.
 pub const PREFIX: &[u8] = b"dlock:";
@@ -121,12 +121,7 @@ pub fn write_message<'a>(
 ) -> &'a [u8] {
     let word = &event.as_bytes()[..event.len().min(12)];
     buffer[..word.len()].copy_from_slice(word);
-    buffer[word.len()] = b' ';
-    let mut digits = [0; MAX_DIGITS];
-    let digits = decimal(fence, &mut digits);
-    let start = word.len() + 1;
-    let mut end = start + digits.len();
-    buffer[start..end].copy_from_slice(digits);
+    let mut end = append(fence, Some(b' '), buffer, word.len());
     if let Some(token) = holder {
         buffer[end] = b' ';
         write_tag(tag(token), &mut buffer[end + 1..]);
@@ -186,18 +181,11 @@ pub fn write_granted(
     window_ms: u64,
     buffer: &mut [u8; MAX_GRANTED],
 ) -> &[u8] {
-    let mut end = 0;
-    for (i, part) in [fence, request, window_ms].into_iter().enumerate() {
-        let word: &[u8] = if i == 0 { event::GRANTED.as_bytes() } else { b"" };
-        buffer[end..end + word.len()].copy_from_slice(word);
-        end += word.len();
-        buffer[end] = b' ';
-        end += 1;
-        let mut digits = [0; MAX_DIGITS];
-        let digits = decimal(part, &mut digits);
-        buffer[end..end + digits.len()].copy_from_slice(digits);
-        end += digits.len();
-    }
+    let word = event::GRANTED.as_bytes();
+    buffer[..word.len()].copy_from_slice(word);
+    let end = [fence, request, window_ms]
+        .into_iter()
+        .fold(word.len(), |end, part| append(part, Some(b' '), buffer, end));
     &buffer[..end]
 }
 

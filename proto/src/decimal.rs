@@ -38,8 +38,30 @@ pub fn decimal(n: u64, buffer: &mut [u8; MAX_DIGITS]) -> &[u8] {
     &buffer[at..]
 }
 
+/// Writes `n` in decimal into `out` at `at`, after `separator` when one is given; returns where
+/// the written bytes end. `out` must have room (at most `1 + MAX_DIGITS` bytes from `at`).
+pub fn append(n: u64, separator: Option<u8>, out: &mut [u8], mut at: usize) -> usize {
+    if let Some(separator) = separator {
+        out[at] = separator;
+        at += 1;
+    }
+    let mut digits = [0; MAX_DIGITS];
+    let digits = decimal(n, &mut digits);
+    out[at..at + digits.len()].copy_from_slice(digits);
+    at + digits.len()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numbers_are_appended_after_their_separator() {
+        let mut out = [0; 64];
+        let end = super::append(7, None, &mut out, 0);
+        let end = super::append(u64::MAX, Some(b':'), &mut out, end);
+        let end = super::append(0, Some(b' '), &mut out, end);
+        assert_eq!(&out[..end], b"7:18446744073709551615 0");
+    }
+
     use super::*;
     use proptest::prelude::*;
 

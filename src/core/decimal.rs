@@ -2,4 +2,4 @@
 //! for its channel message and its replication without allocating. The protocol crate owns it
 //! (its channel messages use it).
 
-pub use dlock_proto::decimal::{MAX_DIGITS, decimal};
+pub use dlock_proto::decimal::{MAX_DIGITS, append, decimal};

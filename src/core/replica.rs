@@ -4,7 +4,7 @@
 //! follows for its key and index.
 
 use super::args::{parse_fence, parse_int};
-use super::decimal::{MAX_DIGITS, decimal};
+use super::decimal::{MAX_DIGITS, append};
 use super::{Lease, Lock, Micros, Now};
 
 /// A grant's history as `DLOCK.SETLEASE` carries it: when it was granted (Unix µs) and how many
@@ -26,22 +26,12 @@ pub fn write_compact(
     history: History,
     out: &mut [u8; COMPACT_MAX],
 ) -> &[u8] {
-    let mut len = 0;
-    let mut put = |n: u64, first: bool| {
-        if !first {
-            out[len] = b':';
-            len += 1;
-        }
-        let mut digits = [0; MAX_DIGITS];
-        let digits = decimal(n.min(i64::MAX as u64), &mut digits);
-        out[len..len + digits.len()].copy_from_slice(digits);
-        len += digits.len();
-    };
-    put(fence, true);
-    put(deadline_wall, false);
+    let clamp = |n: u64| n.min(i64::MAX as u64);
+    let mut len = append(clamp(fence), None, out, 0);
+    len = append(clamp(deadline_wall), Some(b':'), out, len);
     if let Some((granted_wall, renewals)) = history {
-        put(granted_wall, false);
-        put(u64::from(renewals), false);
+        len = append(clamp(granted_wall), Some(b':'), out, len);
+        len = append(u64::from(renewals), Some(b':'), out, len);
     }
     &out[..len]
 }
