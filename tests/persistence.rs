@@ -184,20 +184,10 @@ fn a_grant_propagated_in_place_leaves_the_clients_command_as_sent() {
 /// and every shared or described lease write it, loads from the AOF with its history.
 #[test]
 fn the_long_form_of_a_lease_still_loads_with_its_history() {
-    let granted = now_us() - 5_000_000;
+    let granted = (now_us() - 5_000_000).to_string();
     let fence = 1_000_000_000_000_000_i64;
-    let mut aof = resp_command(&[b"SELECT", b"0"]);
-    aof.extend(resp_command(&[
-        b"DLOCK.SETLEASE",
-        b"lock:x",
-        b"tok",
-        fence.to_string().as_bytes(),
-        (now_us() + 600_000_000).to_string().as_bytes(),
-        b"GRANTED",
-        granted.to_string().as_bytes(),
-        b"RENEWALS",
-        b"3",
-    ]));
+    let history = [&b"GRANTED"[..], granted.as_bytes(), b"RENEWALS", b"3"];
+    let aof = legacy_aof_with_a_lease(fence, now_us() + 600_000_000, &history);
     let server = Server::start_with_files(&[("appendonly.aof", &aof)], &["--appendonly", "yes"]);
     let mut con = server.client();
     assert_eq!(info_field(&mut con, "lock:x", "owner").as_deref(), Some("tok"));
@@ -405,15 +395,18 @@ fn the_fence_counter_survives_an_aof_rewrite_without_preamble_and_without_any_lo
 /// A legacy (single-file) AOF that grants `lock:x` with `fence`, then deletes the key: only the
 /// fence counter remembers it.
 fn legacy_aof_with_a_deleted_lock(fence: i64, deadline_us: i64) -> Vec<u8> {
-    let mut aof = resp_command(&[b"SELECT", b"0"]);
-    aof.extend(resp_command(&[
-        b"DLOCK.SETLEASE",
-        b"lock:x",
-        b"tok",
-        fence.to_string().as_bytes(),
-        deadline_us.to_string().as_bytes(),
-    ]));
+    let mut aof = legacy_aof_with_a_lease(fence, deadline_us, &[]);
     aof.extend(resp_command(&[b"DEL", b"lock:x"]));
+    aof
+}
+
+/// A legacy (single-file) AOF that grants `lock:x` to `tok` with `fence` until `deadline_us`, in
+/// the long form of `DLOCK.SETLEASE` followed by `options`.
+fn legacy_aof_with_a_lease(fence: i64, deadline_us: i64, options: &[&[u8]]) -> Vec<u8> {
+    let mut aof = resp_command(&[b"SELECT", b"0"]);
+    let (fence, deadline) = (fence.to_string(), deadline_us.to_string());
+    let lease = [&b"DLOCK.SETLEASE"[..], b"lock:x", b"tok", fence.as_bytes(), deadline.as_bytes()];
+    aof.extend(resp_command(&[&lease[..], options].concat()));
     aof
 }
 
