@@ -931,16 +931,19 @@ class LeaseState:
             self._next_renewal = time.monotonic()
 
     def lose(self, reason: str, detail: str | None = None) -> bool:
-        """Marks the lease lost (once): sets ``lost``, logs, counts, calls the callbacks.
-        ``detail``: the operator's reason of a revocation. ``True`` if this call did it."""
+        """Marks the lease lost (once): counts and logs it, sets ``lost``, calls the callbacks.
+        ``detail``: the operator's reason of a revocation. ``True`` if this call did it.
+
+        Counted and logged first: whoever wakes on ``lost`` finds the loss in the metrics and
+        the log already."""
         with self._lock:
             if self._reason is not None:
                 return False
             self._reason = reason
             self._detail = detail
             callbacks = list(self._on_lost)
-        self.lost.set()
         self._metrics.lost(self.name, self.token, self.fence_name, reason, detail)
+        self.lost.set()
         for callback in callbacks:
             callback()
         return True
