@@ -12,6 +12,7 @@ import dev.dlock.LeaseLostException;
 import dev.dlock.Locks;
 import dev.dlock.LossReason;
 import dev.dlock.NotAcquiredException;
+import dev.dlock.Protocol;
 import dev.dlock.testkit.Servers;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -142,6 +143,14 @@ class DlockLockProviderTest {
     void aLeaseLostWhileTheTaskRanFailsTheRunAsTheCoreReportsIt() throws Throwable {
         LeaseLostException thrown = assertThrows(LeaseLostException.class, () -> executorA.executeWithLock((LockingTaskExecutor.Task) () -> {
             DlockSimpleLock lock = DlockLockProvider.current().orElseThrow();
+            // The lease listens on its resource's channel once its subscription is in place, a
+            // moment after the grant: a revocation published before then is heard only at the
+            // next renewal, seconds later.
+            String channel = Protocol.channelName(DlockLockProvider.DEFAULT_PREFIX + "revoked");
+            long listening = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (!server.command("PUBSUB", "CHANNELS", channel).equals("*1") && System.nanoTime() < listening) {
+                Thread.sleep(5);
+            }
             assertEquals(":1", server.command("DLOCK.REVOKE", DlockLockProvider.DEFAULT_PREFIX + "revoked", "REASON", "stuck"));
             LeaseLostException loss = lock.lease().whenLost().toCompletableFuture().get(2, TimeUnit.SECONDS);
             assertEquals(LossReason.REVOKED, loss.reason());
