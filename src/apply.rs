@@ -252,10 +252,7 @@ impl<'c> Executor<'c> {
     /// rewritten into `DLOCK.SETLEASE resource token effect` ([`replicate_in_place`]); whether
     /// it could.
     fn in_place(&self, token: Option<&RedisString>, lease: &Lease, history: History) -> bool {
-        let Some(token) = token else { return false };
-        let mut effect = [0; COMPACT_MAX];
-        let effect = replica::write_compact(lease.fence, lease.deadline_wall, history, &mut effect);
-        replicate_in_place(self.ctx, self.name, token, effect)
+        token.is_some_and(|token| replicate_in_place(self.ctx, self.name, token, lease, history))
     }
 
     /// Deletes the key if that was planned (the lock must not be used after this).
@@ -538,14 +535,15 @@ impl Kept {
 /// when the call does not have that shape.
 ///
 /// This relies on the server passing the command its client's own argument vector and copying
-/// the strings' references when replicating verbatim (Redis 7.0 to 8, Valkey 7.2 to 9 do;
+/// the strings' references when replicating verbatim (Redis 7.0, 7.4, 8.0 and Valkey 9 do;
 /// `tests/persistence.rs` and `tests/replication.rs` fail the day a server does not: its AOF or
 /// its replica would receive the client's ACQUIRE).
 fn replicate_in_place(
     ctx: &Context,
     resource: &RedisString,
     token: &RedisString,
-    effect: &[u8],
+    lease: &Lease,
+    history: History,
 ) -> bool {
     let Some((argv, 4)) = crate::call::current() else { return false };
     let Some(kept) = Kept::get() else { return false };
@@ -561,6 +559,8 @@ fn replicate_in_place(
     if args[1] != resource.inner || args[2] != token.inner {
         return false;
     }
+    let mut effect = [0; COMPACT_MAX];
+    let effect = replica::write_compact(lease.fence, lease.deadline_wall, history, &mut effect);
     // SAFETY: a null context makes a string only the explicit free below lets go of; the bytes
     // are copied.
     let effect = unsafe { create(std::ptr::null_mut(), effect.as_ptr().cast(), effect.len()) };

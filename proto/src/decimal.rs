@@ -53,17 +53,17 @@ pub fn append(n: u64, separator: Option<u8>, out: &mut [u8], mut at: usize) -> u
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
     #[test]
     fn numbers_are_appended_after_their_separator() {
         let mut out = [0; 64];
-        let end = super::append(7, None, &mut out, 0);
-        let end = super::append(u64::MAX, Some(b':'), &mut out, end);
-        let end = super::append(0, Some(b' '), &mut out, end);
+        let end = append(7, None, &mut out, 0);
+        let end = append(u64::MAX, Some(b':'), &mut out, end);
+        let end = append(0, Some(b' '), &mut out, end);
         assert_eq!(&out[..end], b"7:18446744073709551615 0");
     }
-
-    use super::*;
-    use proptest::prelude::*;
 
     #[test]
     fn the_edges_print_as_std_prints_them() {

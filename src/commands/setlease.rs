@@ -10,7 +10,7 @@ use redis_module::{Context, RedisResult, RedisString, RedisValue, raw};
 
 use super::{ArgKind, ArgMeta, CommandMeta, Keys, internal_only, lock_at, split_args};
 use crate::apply::{self, Site};
-use crate::core::args::{parse_fence, parse_int, parse_meta, parse_token};
+use crate::core::args::{parse_fence, parse_meta, parse_token};
 use crate::core::replica::{self, History};
 use crate::core::{DlockError, Lease, Lock};
 use crate::datatype::LOCK_TYPE;
@@ -61,7 +61,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         [token, fence, deadline, options @ ..] => {
             let fence = parse_fence(fence).map_err(|_| DlockError::BadReplicatedLease("fence"))?;
             let deadline =
-                parse_unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
+                replica::unsigned(deadline).ok_or(DlockError::BadReplicatedLease("deadline"))?;
             (token, fence, deadline, parse_options(options)?)
         }
         _ => return Err(DlockError::WrongArity(META.name).into()),
@@ -90,10 +90,6 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-fn parse_unsigned(bytes: &[u8]) -> Option<u64> {
-    parse_int(bytes).and_then(|n| u64::try_from(n).ok())
-}
-
 /// `[GRANTED granted-unix-us RENEWALS renewals] [SHARED] [META value]`, in this order.
 fn parse_options<'a>(args: &[&'a [u8]]) -> Result<(History, bool, Option<&'a [u8]>), DlockError> {
     let (history, rest) = match args {
@@ -102,8 +98,8 @@ fn parse_options<'a>(args: &[&'a [u8]]) -> Result<(History, bool, Option<&'a [u8
                 && renewals_kw.eq_ignore_ascii_case(b"RENEWALS") =>
         {
             let granted =
-                parse_unsigned(granted).ok_or(DlockError::BadReplicatedLease("granted"))?;
-            let renewals = parse_unsigned(renewals)
+                replica::unsigned(granted).ok_or(DlockError::BadReplicatedLease("granted"))?;
+            let renewals = replica::unsigned(renewals)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or(DlockError::BadReplicatedLease("renewals"))?;
             (Some((granted, renewals)), rest)

@@ -62,7 +62,7 @@ pub fn parse_compact(bytes: &[u8]) -> Result<(u64, Micros, History), &'static st
 }
 
 /// A non-negative integer in Redis's strict form.
-fn unsigned(bytes: &[u8]) -> Option<u64> {
+pub fn unsigned(bytes: &[u8]) -> Option<u64> {
     parse_int(bytes).and_then(|n| u64::try_from(n).ok())
 }
 
