@@ -26,6 +26,17 @@ const MAX_LENGTH_BYTES: usize = 10;
 /// clients as grant in one millisecond on one server).
 pub const FORGET_WINDOW: usize = 64;
 
+/// How many of a bucket's newest entries a release always looks through, even in a bucket that
+/// gave up ([`FORGET_GIVE_UP`]): a release right after its grant finds its entry there.
+pub const FORGET_ALWAYS: usize = 4;
+
+/// After this many releases in a row that did not find their entry, a bucket looks only
+/// through its [`FORGET_ALWAYS`] newest entries (and through the whole window every 16th
+/// release), until one finds it again. Leases released in the order they were granted, long
+/// after, are all out of the window: looking through it would cost each release 64 reads for
+/// nothing.
+pub const FORGET_GIVE_UP: u8 = 8;
+
 /// The latest deadline due at `now_mono`: an entry inserted with it comes due in the sweep
 /// running now, after every entry due before it (the start of the current millisecond).
 pub fn due_now(now_mono: Micros) -> Micros {
@@ -86,6 +97,9 @@ struct Bucket {
     bytes: Vec<u8>,
     /// Its spare capacity was given back once, when inserts moved on to another bucket.
     trimmed: bool,
+    /// Releases since one last found its entry here ([`FORGET_GIVE_UP`]), wrapping back to
+    /// [`FORGET_GIVE_UP`] past 255.
+    misses: u8,
 }
 
 impl Bucket {
@@ -110,14 +124,26 @@ impl Bucket {
     /// Where the entry for `name` starts and ends (its length included), among the last
     /// `window` entries; the newest such entry if there are several.
     fn find_recent(&self, name: &[u8], window: usize) -> Option<(usize, usize)> {
-        let mut end = self.bytes.len();
+        let bytes = self.bytes.as_slice();
+        let last = name.last().copied();
+        let mut end = bytes.len();
         for _ in 0..window {
-            let (len, name_end) = read_backward_varint(&self.bytes, end)?;
-            let start = name_end.checked_sub(usize::try_from(len).ok()?)?;
-            let candidate = self.bytes.get(start..name_end)?;
+            let length_at = end.checked_sub(1)?;
+            let digit = *bytes.get(length_at)?;
+            // Most names are shorter than 128 bytes: their length is the one byte before `end`.
+            let (len, name_end) = if digit & 0x80 == 0 {
+                (usize::from(digit), length_at)
+            } else {
+                let (len, name_end) = read_backward_varint_long(bytes, end)?;
+                (usize::try_from(len).ok()?, name_end)
+            };
+            let start = name_end.checked_sub(len)?;
             // Names of one application mostly differ at the end (`order:41`, `order:42`): the
-            // last byte turns most of them away before a full comparison.
-            if candidate.last() == name.last() && candidate == name {
+            // length and the last byte turn most of them away before a full comparison.
+            if len == name.len()
+                && (len == 0 || bytes.get(name_end - 1).copied() == last)
+                && bytes.get(start..name_end) == Some(name)
+            {
                 return Some((start, end));
             }
             end = start;
@@ -219,12 +245,22 @@ impl ExpiryIndex {
     /// Drops the entry for `name` of `db` at `deadline` if it is among the last
     /// [`FORGET_WINDOW`] entries of its bucket (a lease released soon after its grant, while
     /// other clients' grants filled the same millisecond), so a released lock does not hold index
-    /// memory until its old deadline. The bytes after it move down, at most a window's worth.
-    /// Older entries stay: they are dropped when due. Returns whether it dropped one.
+    /// memory until its old deadline; in a bucket whose releases keep missing, among the last
+    /// [`FORGET_ALWAYS`] ([`FORGET_GIVE_UP`]). The bytes after it move down, at most a window's
+    /// worth. Older entries stay: they are dropped when due. Returns whether it dropped one.
     pub fn forget_recent(&mut self, deadline: Micros, db: i32, name: &[u8]) -> bool {
         let key = (Self::bucket_of(deadline), db);
         let Some(bucket) = self.buckets.get_mut(&key) else { return false };
-        let Some((start, end)) = bucket.find_recent(name, FORGET_WINDOW) else { return false };
+        let window = if bucket.misses < FORGET_GIVE_UP || bucket.misses % 16 == 0 {
+            FORGET_WINDOW
+        } else {
+            FORGET_ALWAYS
+        };
+        let Some((start, end)) = bucket.find_recent(name, window) else {
+            bucket.misses = bucket.misses.checked_add(1).unwrap_or(FORGET_GIVE_UP);
+            return false;
+        };
+        bucket.misses = 0;
         bucket.bytes.drain(start..end);
         if bucket.bytes.is_empty() {
             self.buckets.remove(&key);
@@ -355,6 +391,34 @@ mod tests {
         let left: Vec<Vec<u8>> = pop(&mut index, 10_000, 1_000).into_iter().map(|e| e.2).collect();
         assert!(left.contains(&b"k0".to_vec()) && !left.contains(&b"k1".to_vec()));
         assert_eq!(left.len(), FORGET_WINDOW);
+    }
+
+    #[test]
+    fn a_bucket_whose_releases_keep_missing_looks_only_at_its_newest_entries() {
+        let mut index = ExpiryIndex::default();
+        for i in 0..200 {
+            index.insert(5_000, 0, format!("k{i}").as_bytes());
+        }
+        // Released in grant order: every entry is past the window.
+        for i in 0..usize::from(FORGET_GIVE_UP) {
+            assert!(!index.forget_recent(5_000, 0, format!("k{i}").as_bytes()));
+        }
+        let fifth_newest = b"k195";
+        assert!(!index.forget_recent(5_000, 0, fifth_newest), "past the newest four: not looked");
+        assert!(index.forget_recent(5_000, 0, b"k199"), "the newest is always looked at");
+        assert!(index.forget_recent(5_000, 0, fifth_newest), "a find looks through the window");
+        for i in 8..(8 + 15) {
+            assert!(!index.forget_recent(5_000, 0, format!("k{i}").as_bytes()));
+        }
+        assert!(!index.forget_recent(5_000, 0, b"k190"), "given up again (the 15th miss)");
+        assert!(index.forget_recent(5_000, 0, b"k190"), "every 16th release looks through");
+        assert_eq!(index.len(), 197);
+        let mut index = ExpiryIndex::default();
+        index.insert(5_000, 0, b"k");
+        for _ in 0..1_000 {
+            assert!(!index.forget_recent(5_000, 0, b"other"));
+        }
+        assert!(index.forget_recent(5_000, 0, b"k"), "the count wraps, never stops looking");
     }
 
     /// Pops one batch of at most `max` entries due at `now`, as `(deadline, db, name)`.

@@ -226,6 +226,9 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// Brings `lock` up to date: an expired lease ends, and a free lock passes to the first
     /// waiter that still waits (waiters ahead of it that are gone leave the queue).
     pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
+        if lock.is_settled(self.now) {
+            return Ok(());
+        }
         let lapsed = lock.drop_lapsed_tickets(self.now);
         self.changes.extend(
             lapsed.into_iter().map(|waiter| Transition::TicketLapsed { token: waiter.token }),
@@ -516,7 +519,6 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// RELEASE with an optional `FENCE`: only the grant with that fence is released.
     pub fn release_grant(&mut self, lock: &mut Lock, token: &[u8], fence: Option<u64>) -> bool {
         self.settle_after(lock);
-        let holder = lock.live_lease(self.now).map(|lease| lease.token.clone());
         let released = lock.release_grant(token, fence, self.now);
         let done = released.is_some();
         // Without FENCE, a token that only stands in line gives up its ticket; with FENCE the
@@ -525,9 +527,10 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.push(match (released, withdrawn) {
             (Some(lease), _) => Transition::Released(lease),
             (None, Some(ticket)) => Transition::TicketWithdrawn { token: ticket.token },
+            // Nothing changed: the holder named in the refusal is the one the call found.
             (None, None) => Transition::Refused(Refusal::ReleaseNotOwner {
                 token: token.into(),
-                holder,
+                holder: lock.live_lease(self.now).map(|lease| lease.token.clone()),
                 wrong_fence: fence.zip(lock.holder(token, self.now).map(|lease| lease.fence)),
             }),
         });

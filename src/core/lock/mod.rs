@@ -636,6 +636,12 @@ impl Lock {
         expired
     }
 
+    /// Whether a settle at `now` has nothing to do: no line (no waiter, ticket or shared lease)
+    /// and no exclusive lease that has ended. Most locks, most of the time.
+    pub(in crate::core) fn is_settled(&self, now: Now) -> bool {
+        self.waiters.0.is_none() && self.lease.as_ref().is_none_or(|lease| lease.is_live(now))
+    }
+
     /// Whether a lease that has expired at `now` is still in the lock (a settle ended only some).
     pub fn has_expired(&self, now: Now) -> bool {
         self.lease.as_ref().is_some_and(|lease| !lease.is_live(now))
