@@ -9,6 +9,10 @@ the module, alone, with a replica attached, and with the AOF on (`appendfsync ev
   RELEASE (of a held lease)  against  DEL k
   a lease's expiry           against  a key's expiry (Redis's own active expiry)
 
+A second table: Redis's commands on a server with the module loaded against one without it
+(what loading dlock costs every other command: its keyspace subscription and command filter see
+each one), and dlock's commands against Redis's on a server without dlock.
+
 Each figure is the difference between two runs divided by the number of commands: the run with
 the commands and the run with only what they need first (the leases or keys to renew, release or
 let expire), so the server's start and shutdown cancel out. Expiry compares leases and keys made
@@ -86,15 +90,15 @@ def wait_for(check: Callable[[], bool], seconds: float) -> bool:
 
 
 def total(
-    module: str,
+    module: str | None,
     config: str,
     steps: list[tuple[str, int]],
     work: Path,
     wait_empty: bool | None,
 ) -> int:
-    """Instructions of one server run under callgrind: `steps` piped in order, then, when
-    `wait_empty` is true, a wait until no key is left; when false, a wait as long as the last
-    such wait took (`WAITED`); when None, none."""
+    """Instructions of one server run under callgrind (with `module` loaded, or none):
+    `steps` piped in order, then, when `wait_empty` is true, a wait until no key is left; when
+    false, a wait as long as the last such wait took (`WAITED`); when None, none."""
     port = free_port()
     run = Path(tempfile.mkdtemp(dir=work))
     out = run / "callgrind.out"
@@ -109,9 +113,8 @@ def total(
         str(run),
         "--save",
         "",
-        "--loadmodule",
-        module,
     ]
+    server += ["--loadmodule", module] if module else []
     server += (
         ["--appendonly", "yes", "--appendfsync", "everysec"]
         if config == "aof"
@@ -138,8 +141,7 @@ def total(
                     "",
                     "--appendonly",
                     "no",
-                    "--loadmodule",
-                    module,
+                    *(["--loadmodule", module] if module else []),
                     "--replicaof",
                     "127.0.0.1",
                     str(port),
@@ -201,7 +203,7 @@ CASES: list[tuple[str, Run, Run]] = [
 
 
 def per_command(
-    module: str, config: str, n: int, work: Path, case: Run, dlock: bool
+    module: str | None, config: str, n: int, work: Path, case: Run, dlock: bool
 ) -> float:
     before, measured, expiry = case
 
@@ -249,6 +251,9 @@ def main() -> int:
                 acquire,
             )
         )
+    # Alone, for the second table: (dlock's, Redis's with the module loaded) per command.
+    alone: dict[str, tuple[float, float]] = {}
+    unloaded_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for label, baseline, base_case, base_is_dlock, dlock_case in rows_to_measure:
@@ -258,9 +263,22 @@ def main() -> int:
                 theirs = per_command(
                     baseline, config, args.count, work, base_case, base_is_dlock
                 )
+                if config == "alone" and not base_is_dlock:
+                    alone[label] = (ours, theirs)
                 cells.append(f"{ours:,.0f} / {theirs:,.0f} = {ours / theirs:.2f}×")
                 print(f"  {label} ({config}): {cells[-1]}", file=sys.stderr)
             rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        # What loading the module costs Redis's own commands (its keyspace subscription and
+        # command filter see every one), and dlock against a server without it.
+        for label, _, redis_case in CASES:
+            ours, loaded = alone[label]
+            without = per_command(None, "alone", args.count, work, redis_case, False)
+            ours_name, theirs_name = label.split(" / ")
+            unloaded_rows.append(
+                f"| {theirs_name} | {loaded:,.0f} | {without:,.0f} | "
+                f"{loaded / without - 1:+.1%} | {ours_name}: {ours / without:.2f}× |"
+            )
+            print(f"  {unloaded_rows[-1]}", file=sys.stderr)
     table = "\n".join(
         [
             f"### Instructions per command (callgrind, {args.count:,} commands, {time.strftime('%Y-%m-%d')})",
@@ -270,6 +288,14 @@ def main() -> int:
             "| command | alone | with a replica | with the AOF (`everysec`) |",
             "|---|---|---|---|",
             *rows,
+            "",
+            "Redis's commands on a server with the module loaded and on one without it (alone):",
+            "what loading dlock costs every other command, and dlock's command against Redis's",
+            "on a server without dlock.",
+            "",
+            "| Redis's command | with dlock loaded | without | cost of loading dlock | dlock's / Redis's without dlock |",
+            "|---|---|---|---|---|",
+            *unloaded_rows,
             "",
         ]
     )

@@ -71,6 +71,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if entry::register(ctx) == Status::Err
         || report::register(ctx) == Status::Err
         || events::subscribe(ctx) == Status::Err
+        || timer::subscribe_keyspace(ctx) == Status::Err
         || cluster::register(ctx) == Status::Err
     {
         return Status::Err;
@@ -117,9 +118,6 @@ redis_module! {
         [setlease::META.name, |ctx, args| guarded(ctx, args, setlease::run), setlease::META.flags, 1, 1, 1, ""],
         [endlease::META.name, |ctx, args| guarded(ctx, args, endlease::run), endlease::META.flags, 1, 1, 1, ""],
         [setfence::META.name, |ctx, args| guarded(ctx, args, setfence::run), setfence::META.flags, 0, 0, 0, ""],
-    ],
-    event_handlers: [
-        [@GENERIC @LOADED: timer::on_keyspace_event],
     ],
     configurations: [
         i64: [

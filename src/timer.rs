@@ -5,10 +5,12 @@
 //! that meets lock values arriving under a new name.
 
 use std::cell::RefCell;
-use std::os::raw::c_void;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, raw};
+use redis_module::{Context, ContextFlags, NotifyEvent, RedisString, Status, raw};
 
 use crate::core::expiry::DueBatch;
 use crate::core::lock::Due;
@@ -27,23 +29,58 @@ const SLICE_MAX_ENTRIES: usize = 10_000;
 const SWEEP_BATCH: usize = 64;
 
 /// Keyspace events that put an existing lock value under a (new) key name.
-const ARRIVAL_EVENTS: [&str; 5] = ["loaded", "restore", "rename_to", "move_to", "copy_to"];
+const ARRIVAL_EVENTS: [&[u8]; 5] = [b"loaded", b"restore", b"rename_to", b"move_to", b"copy_to"];
 
-/// Keyspace notification handler: a value renamed or moved to a new name, or restored outside
-/// Cluster, loses its lease and its waiters (on every copy of the data set alike); then every arrival is indexed, so the timer
-/// expires it or removes it once vacant.
-pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, name: &[u8]) {
-    if !ARRIVAL_EVENTS.contains(&event) {
-        return;
+/// Subscribes to the generic and loading keyspace events ([`on_keyspace_notification`]).
+pub fn subscribe_keyspace(ctx: &Context) -> Status {
+    let classes = NotifyEvent::GENERIC | NotifyEvent::LOADED;
+    // SAFETY: ctx is the load context; the callback is a plain function that lives forever.
+    let subscribed = unsafe {
+        raw::RedisModule_SubscribeToKeyspaceEvents
+            .map(|subscribe| subscribe(ctx.ctx, classes.bits(), Some(on_keyspace_notification)))
+    };
+    if subscribed == Some(raw::REDISMODULE_OK as c_int) { Status::Ok } else { Status::Err }
+}
+
+/// Called by Redis for every generic keyspace event of every key of the server (each `DEL`,
+/// `EXPIRE`, `SET … PX`, whatever the key holds): the event's name is checked on its bytes before
+/// anything is built, and only an arrival goes on to [`on_keyspace_event`], guarded like a
+/// command (a panic must never unwind into Redis).
+///
+/// # Safety
+/// Redis calls it on its main thread with a live context, a NUL-terminated event name and the
+/// key's name.
+unsafe extern "C" fn on_keyspace_notification(
+    ctx: *mut raw::RedisModuleCtx,
+    _class: c_int,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if event.is_null() || key.is_null() {
+        return raw::REDISMODULE_OK as c_int;
     }
+    // SAFETY: Redis passes a NUL-terminated event name that lives for this call.
+    let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+    if ARRIVAL_EVENTS.contains(&event) {
+        let name = RedisString::string_as_slice(key);
+        let _ =
+            catch_unwind(AssertUnwindSafe(|| on_keyspace_event(&Context::new(ctx), event, name)));
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// A lock value arrived under a key name: renamed or moved to it, or restored outside Cluster,
+/// it loses its lease and its waiters (on every copy of the data set alike); then every arrival
+/// is indexed, so the timer expires it or removes it once vacant.
+fn on_keyspace_event(ctx: &Context, event: &[u8], name: &[u8]) {
     let key_name = RedisString::create_from_slice(ctx.ctx, name);
     let key = ctx.open_key_writable(&key_name);
     let Ok(Some(lock)) = key.get_value::<Lock>(&LOCK_TYPE) else { return };
     let now = clock::now();
     // Outside Cluster a RESTORE is a copy too (an old DUMP replayed could bring an old fence
     // back); in Cluster it is how MIGRATE moves a slot's keys, and the lease moves with them.
-    let restored = event == "restore" && !ctx.get_flags().contains(ContextFlags::CLUSTER);
-    if matches!(event, "rename_to" | "move_to") || restored {
+    let restored = event == b"restore" && !ctx.get_flags().contains(ContextFlags::CLUSTER);
+    if matches!(event, b"rename_to" | b"move_to") || restored {
         let ((), changes) = apply::decide(now, |step| step.displace(lock));
         apply::announce_only(ctx, &key_name, lock, changes, now);
     }
