@@ -6,6 +6,7 @@
 //! holds takes the generic way. Everything else (the panic guard, the reply) is as for every
 //! other command.
 
+use std::mem::ManuallyDrop;
 use std::os::raw::c_int;
 
 use redis_module::{Context, RedisResult, RedisString, Status, raw};
@@ -79,22 +80,13 @@ fn entry(
         // SAFETY: Redis passes `argc` valid strings at `argv`, which it holds until the command
         // returns; they are read only during this call.
         let given = unsafe { std::slice::from_raw_parts(argv, count) };
-        let mut args: [RedisString; ON_STACK] = std::array::from_fn(|_| unset());
-        for (slot, &arg) in args.iter_mut().zip(given) {
-            slot.inner = arg;
-        }
-        let reply = guarded_slice(&context, &args[..count], body);
-        // Not retained, so not freed: the strings go back to being Redis's alone.
-        for slot in &mut args {
-            slot.inner = std::ptr::null_mut();
-        }
-        reply
+        // Not retained, so never dropped (a drop would free them): they stay Redis's alone.
+        let args = ManuallyDrop::new(std::array::from_fn::<_, ON_STACK, _>(|at| {
+            let arg = given.get(at).copied().unwrap_or(std::ptr::null_mut());
+            RedisString::from_redis_module_string(ctx, arg)
+        }));
+        guarded_slice(&context, args.get(..count).unwrap_or_default(), body)
     };
     call::leave(outer);
     context.reply(reply) as c_int
-}
-
-/// A string that refers to nothing (freeing it does nothing).
-const fn unset() -> RedisString {
-    RedisString::from_redis_module_string(std::ptr::null_mut(), std::ptr::null_mut())
 }
