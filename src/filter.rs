@@ -28,6 +28,11 @@ unsafe extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
     // SAFETY: fctx is this call's filter context, and `command` lives only in this call.
     let command = unsafe { Filtered::new(fctx) };
     let name = command.arg(0);
+    // Every command of the server comes here: most are turned away by the length of their name
+    // (`config` 6, `subscribe` 9, `ssubscribe` and `psubscribe` 10).
+    if !matches!(name.len(), 6 | 9 | 10) {
+        return;
+    }
     if let Some(what) = listeners::subscribing(name) {
         let names: Vec<&[u8]> = (1..command.len()).map(|pos| command.arg(pos)).collect();
         notify::subscribing(what, &names);
