@@ -508,6 +508,11 @@ pub fn parse_int(bytes: &[u8]) -> Option<i64> {
     if !canonical {
         return None;
     }
+    // Up to 18 digits cannot overflow: no checked arithmetic (every ttl a client sends).
+    if digits.len() <= 18 {
+        let value = digits.iter().fold(0i64, |value, digit| value * 10 + i64::from(digit - b'0'));
+        return Some(if negative { -value } else { value });
+    }
     // Accumulate negatively so that i64::MIN parses too.
     let mut value: i64 = 0;
     for digit in digits {
