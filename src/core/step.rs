@@ -226,7 +226,10 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// Brings `lock` up to date: an expired lease ends, and a free lock passes to the first
     /// waiter that still waits (waiters ahead of it that are gone leave the queue).
     pub fn settle(&mut self, lock: &mut Lock) -> Result<(), DlockError> {
-        if lock.is_settled(self.now) {
+        // Without a line there is nobody to hand over to: at most an ended lease to take out
+        // (no vectors built, no line walked; most settles, an expiry's too).
+        if lock.has_no_line() {
+            self.changes.extend(lock.take_ended(self.now).map(Transition::Expired));
             return Ok(());
         }
         let lapsed = lock.drop_lapsed_tickets(self.now);

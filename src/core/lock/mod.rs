@@ -636,10 +636,15 @@ impl Lock {
         expired
     }
 
-    /// Whether a settle at `now` has nothing to do: no line (no waiter, ticket or shared lease)
-    /// and no exclusive lease that has ended. Most locks, most of the time.
-    pub(in crate::core) fn is_settled(&self, now: Now) -> bool {
-        self.waiters.0.is_none() && self.lease.as_ref().is_none_or(|lease| lease.is_live(now))
+    /// Whether the lock has no line: no waiter, ticket or shared lease. Most locks, most of the
+    /// time; a settle then has at most an ended exclusive lease to take ([`Lock::take_ended`]).
+    pub(in crate::core) fn has_no_line(&self) -> bool {
+        self.waiters.0.is_none()
+    }
+
+    /// Takes the exclusive lease out if it has ended at `now`.
+    pub(in crate::core) fn take_ended(&mut self, now: Now) -> Option<Lease> {
+        self.lease.take_if(|lease| !lease.is_live(now))
     }
 
     /// Whether a lease that has expired at `now` is still in the lock (a settle ended only some).
