@@ -628,8 +628,8 @@ impl Lock {
     /// then the shared ones with the earliest deadlines); returns them in grant order.
     pub(in crate::core) fn expire(&mut self, now: Now, max: usize) -> Vec<Lease> {
         let mut expired = Vec::new();
-        if max > 0 && self.lease.as_ref().is_some_and(|lease| !lease.is_live(now)) {
-            expired.extend(self.lease.take());
+        if max > 0 {
+            expired.extend(self.take_ended(now));
         }
         let left = max - expired.len();
         expired.extend(self.waiters.expire_shared(now, left));
