@@ -155,13 +155,15 @@ export class Server {
 
 /**
  * A TCP proxy in front of a server, to break the links of the clients that connect through it:
- * `dropNextReply` swallows the next thing the server sends (a reply: the command ran) and closes
- * that link; `cut` closes every link and stops listening (connections are refused) until `heal`;
+ * `dropNextReply` swallows the server's answer to the next request any link sends (the command
+ * ran, its reply never arrives) and closes that link; replies on other links (a subscription's,
+ * say) pass; `cut` closes every link and stops listening (connections are refused) until `heal`;
  * `rewrite` replaces byte strings on the way (to play an older server).
  */
 export class Proxy {
   private readonly links = new Set<Socket>();
-  private dropping = false;
+  /** Armed by `dropNextReply`, then the link whose next reply is dropped. */
+  private dropping: "armed" | Socket | null = null;
   /** Byte strings replaced by others of the same length: [in requests, in replies]. */
   private readonly rewrites: [Buffer, Buffer][][] = [[], []];
   /** How many replacements each direction made so far: [in requests, in replies]. */
@@ -185,10 +187,13 @@ export class Proxy {
       };
       proxy.links.add(client);
       proxy.links.add(upstream);
-      client.on("data", (chunk: Buffer) => upstream.write(proxy.applyRewrites(chunk, 0)));
+      client.on("data", (chunk: Buffer) => {
+        if (proxy.dropping === "armed") proxy.dropping = client;
+        upstream.write(proxy.applyRewrites(chunk, 0));
+      });
       upstream.on("data", (chunk: Buffer) => {
-        if (proxy.dropping) {
-          proxy.dropping = false;
+        if (proxy.dropping === client) {
+          proxy.dropping = null;
           close();
           return;
         }
@@ -209,7 +214,7 @@ export class Proxy {
     return this.listeningOn;
   }
   dropNextReply(): void {
-    this.dropping = true;
+    this.dropping = "armed";
   }
   /**
    * From now on, every `from` in what clients send (`replies`: in what the server answers)
