@@ -233,7 +233,7 @@ impl<'c> Executor<'c> {
             Effect::ReplicateLease(lease) => {
                 // The client's own string, when it is this lease's token.
                 let token = self.token.filter(|token| token.as_slice() == &*lease.token);
-                let history = Some((lease.granted_wall(self.now), lease.renewals));
+                let history = Some((lease.granted_wall(self.now), lease.renewals()));
                 if !(lease.is_plain() && self.in_place(token, lease, history)) {
                     replicate_lease(self.ctx, self.name, lease, token, self.now);
                 }
@@ -379,9 +379,9 @@ fn replicate_lease(
     let (mut fence, mut deadline, mut granted, mut renewals) =
         ([0; MAX_DIGITS], [0; MAX_DIGITS], [0; MAX_DIGITS], [0; MAX_DIGITS]);
     let fence = decimal(lease.fence.min(i64::MAX as u64), &mut fence);
-    let deadline = decimal(lease.deadline_wall.min(i64::MAX as u64), &mut deadline);
+    let deadline = decimal(lease.deadline_wall().min(i64::MAX as u64), &mut deadline);
     let granted = decimal(lease.granted_wall(now), &mut granted);
-    let renewals = decimal(u64::from(lease.renewals), &mut renewals);
+    let renewals = decimal(u64::from(lease.renewals()), &mut renewals);
     // The raw call: the crate's `replicate` would copy every argument into a new string, and
     // ACQUIRE makes this call on every grant. Numbers go as digits we print (format `b`, one
     // allocation each in Redis) rather than as `l` (Redis prints them into a string of its own
@@ -418,7 +418,7 @@ fn replicate_lease(
     // and the kept strings, never freed) and (pointer, length) buffers that Redis copies (`b`),
     // each as it says; every buffer outlives the call.
     unsafe {
-        match (token, lease.renewals == 0) {
+        match (token, lease.renewals() == 0) {
             (Some(token), true) => setlease!(c"ssbbsbss", [token.inner], [zero]),
             (Some(token), false) => {
                 setlease!(c"ssbbsbsb", [token.inner], [renewals_ptr, renewals_len])
@@ -444,7 +444,7 @@ fn replicate_renewal(
 ) {
     let (mut fence, mut deadline) = ([0; MAX_DIGITS], [0; MAX_DIGITS]);
     let fence = decimal(lease.fence.min(i64::MAX as u64), &mut fence);
-    let deadline = decimal(lease.deadline_wall.min(i64::MAX as u64), &mut deadline);
+    let deadline = decimal(lease.deadline_wall().min(i64::MAX as u64), &mut deadline);
     // SAFETY: the API table is written once, when the module loads.
     let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else { return };
     let buffer = |bytes: &[u8]| (bytes.as_ptr().cast::<std::os::raw::c_char>(), bytes.len());
@@ -560,7 +560,7 @@ fn replicate_in_place(
         return false;
     }
     let mut effect = [0; COMPACT_MAX];
-    let effect = replica::write_compact(lease.fence, lease.deadline_wall, history, &mut effect);
+    let effect = replica::write_compact(lease.fence, lease.deadline_wall(), history, &mut effect);
     // SAFETY: a null context makes a string only the explicit free below lets go of; the bytes
     // are copied.
     let effect = unsafe { create(std::ptr::null_mut(), effect.as_ptr().cast(), effect.len()) };

@@ -1,4 +1,11 @@
 //! Reads both clocks from the server, once per command.
+//!
+//! The monotonic clock is shifted to read as Unix time at the first reading (when the module
+//! loads): a lease then keeps its wall-clock deadline as a small offset from its monotonic one
+//! (how far the wall clock has moved since), which fits in 32 bits unless it moved by more than
+//! 35 minutes. The shift is fixed for the life of the process, so the clock stays monotonic.
+
+use std::sync::OnceLock;
 
 use redis_module::raw;
 
@@ -14,14 +21,13 @@ pub fn now() -> Now {
             raw::RedisModule_Microseconds.map(|f| f()),
         )
     };
-    Now {
-        mono: mono.unwrap_or_else(fallback_mono),
-        wall: wall.map(|w| w.max(0) as u64).unwrap_or_else(fallback_wall),
-    }
+    let mono = mono.unwrap_or_else(fallback_mono);
+    let wall = wall.map(|w| w.max(0) as u64).unwrap_or_else(fallback_wall);
+    static SHIFT: OnceLock<u64> = OnceLock::new();
+    Now { mono: mono.saturating_add(*SHIFT.get_or_init(|| wall.saturating_sub(mono))), wall }
 }
 
 fn fallback_mono() -> u64 {
-    use std::sync::OnceLock;
     use std::time::Instant;
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64

@@ -136,11 +136,11 @@ fn emit_plain(
                 lease.token.as_ptr().cast::<c_char>(),
                 lease.token.len(),
                 lease.fence as c_longlong,
-                lease.deadline_wall as c_longlong,
+                lease.deadline_wall() as c_longlong,
                 c"GRANTED".as_ptr(),
                 granted,
                 c"RENEWALS".as_ptr(),
-                c_longlong::from(lease.renewals),
+                c_longlong::from(lease.renewals()),
             );
         }
     }
@@ -191,8 +191,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
             for lease in lock.holders() {
                 add_buffer(md, lease.token.as_ptr().cast::<c_char>(), lease.token.len());
                 add_integer(md, lease.fence as c_longlong);
-                add_integer(md, lease.deadline_wall as c_longlong);
-                if lease.shared {
+                add_integer(md, lease.deadline_wall() as c_longlong);
+                if lease.shared() {
                     add_buffer(md, c"shared".as_ptr(), 6);
                 }
                 if let Some(meta) = lease.token.meta() {

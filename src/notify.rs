@@ -69,7 +69,7 @@ pub fn transition(ctx: &Context, what: Event, resource: &RedisString, lease: &Le
                 lease.fence,
                 lease.remaining_ms(now),
                 lease.held_ms(now),
-                if lease.shared { " mode=shared" } else { "" },
+                if lease.shared() { " mode=shared" } else { "" },
                 lease
                     .token
                     .meta()
@@ -135,7 +135,7 @@ pub fn publish_granted(
     };
     MODULE.log.messages_published.fetch_add(1, Ordering::Relaxed);
     // Floored: the window a client counts from its request's send time is never too long.
-    let window_ms = lease.deadline_mono.saturating_sub(lease.granted_mono) / 1_000;
+    let window_ms = lease.deadline_mono().saturating_sub(lease.granted_mono()) / 1_000;
     let mut message = [0; channel::MAX_GRANTED];
     let message = channel::write_granted(lease.fence, request, window_ms, &mut message);
     send(ctx, &channel, message);

@@ -316,3 +316,60 @@ fn backward_steps_while_leases_keep_expiring_never_stall_the_server() {
     assert_eq!(steps, STEPS, "the leases were gone before every step was taken");
     assert!(ttl_ms(&mut con, "far") > 30_000, "the far lease is still held");
 }
+
+/// `DEBUG DIGEST` of the whole data set.
+fn digest(con: &mut redis::Connection) -> String {
+    redis::cmd("DEBUG").arg("DIGEST").query(con).expect("DEBUG DIGEST")
+}
+
+fn memory_usage(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("MEMORY").arg("USAGE").arg(key).query(con).expect("MEMORY USAGE")
+}
+
+/// A lease keeps its wall-clock deadline as an offset of at most ±35 minutes from its monotonic
+/// one, whose clock reads as Unix time when the module loads; a lease granted after the wall
+/// clock stepped further keeps its times exactly beside its token. Leases granted an hour after
+/// a step each way (and renewed) end on time, and the replica and a restart from the AOF hold
+/// exactly what the primary held.
+#[test]
+fn leases_granted_after_an_hours_step_either_way_keep_their_exact_deadlines_in_every_copy() {
+    const TOKEN: &str = "0b4f4f3c-3a7e-4c43-9d1c-6c1e4f7e9a21";
+    let clock = Clock::new();
+    let mut primary = Launch::new().clock(&clock).args(AOF_ALWAYS).start();
+    let port = primary.port.to_string();
+    let replica =
+        Launch::new().args(NO_PERSISTENCE).args(&["--replicaof", "127.0.0.1", &port]).start();
+    assert!(wait_until_replica_streams(&primary, &replica), "the replica streams");
+    let (mut p, mut r) = (primary.client(), replica.client());
+    acquire(&mut p, "before", TOKEN, 600_000).expect("granted");
+    let narrow = memory_usage(&mut p, "before");
+    clock.forward(Duration::from_secs(3_600));
+    assert_clock_offset(&mut p, Duration::from_secs(3_600), true);
+    acquire(&mut p, "ahead", TOKEN, 600_000).expect("granted");
+    assert_eq!(renew(&mut p, "ahead", TOKEN, 600_000), 1);
+    // The self-check: an hour is past what fits beside the monotonic deadline.
+    let wide = memory_usage(&mut p, "ahead");
+    assert!(wide > narrow, "{wide} bytes after the step, {narrow} before: nothing went beside");
+    clock.backward(Duration::from_secs(7_200));
+    assert_clock_offset(&mut p, Duration::from_secs(3_600), false);
+    acquire(&mut p, "behind", TOKEN, 600_000).expect("granted");
+    assert_eq!(renew(&mut p, "behind", TOKEN, 600_000), 1);
+    assert_eq!(memory_usage(&mut p, "behind"), wide);
+    for name in ["before", "ahead", "behind"] {
+        let ttl = ttl_ms(&mut p, name);
+        assert!((590_000..=600_000).contains(&ttl), "{name}: {ttl} ms left, not ~600 s");
+    }
+    let replicas: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(&mut p).expect("WAIT");
+    assert_eq!(replicas, 1);
+    let held = digest(&mut p);
+    assert_eq!(digest(&mut r), held, "the replica holds exactly what the primary holds");
+    primary.crash_and_restart();
+    let mut p = primary.client();
+    assert_eq!(digest(&mut p), held, "the AOF restores exactly what the primary held");
+    // Restored from their wall-clock ends, read by a clock an hour behind the one that granted
+    // "ahead" (and the real one, that granted "before"): those run an hour or two longer.
+    let ahead = ttl_ms(&mut p, "ahead");
+    assert!((7_780_000..=7_800_000).contains(&ahead), "ahead: {ahead} ms left");
+    let behind = ttl_ms(&mut p, "behind");
+    assert!((580_000..=600_000).contains(&behind), "behind: {behind} ms left");
+}

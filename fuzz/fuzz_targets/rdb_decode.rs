@@ -40,15 +40,15 @@ fuzz_target!(|data: &[u8]| {
     for lease in &loaded {
         assert!((1..=512).contains(&lease.token.len()));
         assert!((1..=MAX_FENCE).contains(&lease.fence));
-        assert!(lease.deadline_wall <= i64::MAX as u64);
-        assert_eq!(lease.deadline_mono, now.mono_from_wall(lease.deadline_wall));
-        assert!(lease.granted_mono <= lease.deadline_mono.max(now.mono));
+        assert!(lease.deadline_wall() <= i64::MAX as u64);
+        assert_eq!(lease.deadline_mono(), now.mono_from_wall(lease.deadline_wall()));
+        assert!(lease.granted_mono() <= lease.deadline_mono().max(now.mono));
         assert!(lease.token.meta().is_none_or(|meta| (1..=1024).contains(&meta.len())));
         let _ = (lease.remaining_ms(now), lease.held_ms(now));
         assert_eq!(lock.fence_check(lease.fence, now), lease.is_live(now));
     }
     // One exclusive lease, or shared ones only, each token once.
-    assert!(loaded.len() <= 1 || loaded.iter().all(|lease| lease.shared));
+    assert!(loaded.len() <= 1 || loaded.iter().all(|lease| lease.shared()));
     let live_before: Vec<&Lease> = loaded.iter().filter(|lease| lease.is_live(now)).collect();
     assert_eq!(lock.live_lease(now).is_some(), !live_before.is_empty());
 
@@ -62,14 +62,14 @@ fuzz_target!(|data: &[u8]| {
     let after: Vec<&Lease> = reloaded.holders().collect();
     assert_eq!(after.len(), loaded.len());
     for (before, after) in loaded.iter().zip(after) {
-        let keeps_hold = encver >= ENCODING_V2 || before.deadline_mono >= now.mono;
+        let keeps_hold = encver >= ENCODING_V2 || before.deadline_mono() >= now.mono;
         if keeps_hold {
             assert_eq!(before, after);
             assert_eq!(before.token.meta(), after.token.meta());
         } else {
             assert_eq!(
-                (&before.token, before.fence, before.deadline_wall, before.renewals),
-                (&after.token, after.fence, after.deadline_wall, after.renewals)
+                (&before.token, before.fence, before.deadline_wall(), before.renewals()),
+                (&after.token, after.fence, after.deadline_wall(), after.renewals())
             );
         }
     }
@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(Acquired::Reacquired { fence }) => {
             let holder = mine.expect("a re-acquire needs a live lease");
-            assert_eq!((holder.fence, holder.shared), (fence, false));
+            assert_eq!((holder.fence, holder.shared()), (fence, false));
         }
         Ok(Acquired::Busy) => {
             assert!(mine.is_none() && (!live_before.is_empty() || lock.has_expired(now)));
@@ -102,7 +102,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(Acquired::GrantsHeld) => panic!("grants are not held back here"),
         Err(DlockError::ModeConflict { .. }) => {
-            assert!(mine.is_some_and(|lease| lease.shared), "only a shared holder conflicts");
+            assert!(mine.is_some_and(|lease| lease.shared()), "only a shared holder conflicts");
         }
         Err(_) => {
             assert!(live_before.is_empty() && (fences.last() == MAX_FENCE || wall > MAX_FENCE))

@@ -20,7 +20,7 @@ fuzz_target!(|input: (Vec<u8>, u64, u64, u64, u64, u64)| {
         Ok(lease) => {
             assert!((1..=512).contains(&lease.token.len()));
             assert!((1..=MAX_FENCE).contains(&lease.fence));
-            assert!(lease.deadline_wall <= i64::MAX as u64);
+            assert!(lease.deadline_wall() <= i64::MAX as u64);
             let _ = lease.remaining_ms(now);
         }
         Err(error) => assert!(error.to_string().starts_with("ERR ")),

@@ -60,7 +60,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         ("fence", lease.map_or(FieldValue::Null, |lease| number(lease.fence))),
         ("ttl-ms", number(lease.map_or(0, |lease| lease.remaining_ms(now)))),
         ("held-ms", number(lease.map_or(0, |lease| lease.held_ms(now)))),
-        ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals)))),
+        ("renewals", number(lease.map_or(0, |lease| u64::from(lease.renewals())))),
         ("waiters", number((queue.len() - tickets) as u64)),
         ("next-waiters", FieldValue::List(&queue[..queue.len().min(NEXT_WAITERS_SHOWN)])),
         ("tickets", number(tickets as u64)),
@@ -87,7 +87,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     {
         fields.push((name, number(value)));
     }
-    if lease.is_some_and(|lease| lease.shared) {
+    if lease.is_some_and(|lease| lease.shared()) {
         fields.push(("leases", FieldValue::Value(shared_leases(lock, now))));
     }
     reply_fields(ctx, &fields)

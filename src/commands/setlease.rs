@@ -69,7 +69,7 @@ pub fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let token = parse_token(token).map_err(|_| DlockError::BadReplicatedLease("token length"))?;
     let now = clock::now();
     let mut lease = Lease::restore(token, fence, deadline, now, state::last_fence())?;
-    lease.shared = shared;
+    lease.set_shared(shared);
     if meta.is_some() {
         lease.token = lease.token.with_meta(meta);
     }

@@ -310,9 +310,10 @@ proptest! {
 
     #[test]
     fn every_wait_and_every_ticket_ends_in_exactly_one_counter(
-        ops in proptest::collection::vec(op(), 1..150)
+        ops in proptest::collection::vec(op(), 1..150),
+        start in crate::core::test_clocks(),
     ) {
-        let mut now = Now { mono: 1_000_000, wall: 1_700_000_000_000_000 };
+        let mut now = start;
         let mut server = Server::default();
         for (at, op) in ops.iter().enumerate() {
             match op.clone() {

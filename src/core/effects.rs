@@ -175,8 +175,8 @@ impl LogLine<'_> {
                 "lease expired under its holder resource={resource} owner={} fence={} held-ms={} renewals={}",
                 printable(&lease.token),
                 lease.fence,
-                lease.deadline_mono.saturating_sub(lease.granted_mono) / 1_000,
-                lease.renewals
+                lease.deadline_mono().saturating_sub(lease.granted_mono()) / 1_000,
+                lease.renewals()
             ),
             Self::GrantUndone(lease) => format!(
                 "lease released: its waiter left before the reply resource={resource} owner={} fence={}",
@@ -401,10 +401,10 @@ fn watch(lock: &Lock, change: &Transition, changes: &[Transition], now: Now) -> 
             Some(Watch::Waited(*waited))
         }
         Transition::Released(lease) | Transition::Revoked { lease, .. } if waited_for() => {
-            Some(Watch::Held(now.mono.saturating_sub(lease.granted_mono)))
+            Some(Watch::Held(now.mono.saturating_sub(lease.granted_mono())))
         }
         Transition::Expired(lease) if waited_for() => {
-            Some(Watch::Held(lease.deadline_mono.saturating_sub(lease.granted_mono)))
+            Some(Watch::Held(lease.deadline_mono().saturating_sub(lease.granted_mono())))
         }
         _ => None,
     }
@@ -444,7 +444,7 @@ fn announce<'a>(lock: &'a Lock, change: &'a Transition, effect: &mut impl FnMut(
         }
         Transition::Expired(lease) => {
             event(Event::Expired, Some(lease), effect);
-            let line = if lease.unclaimed {
+            let line = if lease.unclaimed() {
                 LogLine::LapsedUnclaimed(lease)
             } else {
                 LogLine::ExpiredUnderHolder(lease)

@@ -97,14 +97,14 @@ fn decode_leases(source: &mut impl FieldSource, now: Now, last_fence: u64) -> Op
         let deadline_wall = source.unsigned()?;
         let mut lease = Lease::restore(&token, fence, deadline_wall, now, last_fence).ok()?;
         restore_history(source, &mut lease)?;
-        lease.shared = flags & SHARED != 0;
+        lease.set_shared(flags & SHARED != 0);
         if flags & HAS_META != 0 {
             let meta = source.bytes().filter(|meta| (1..=MAX_META_LEN).contains(&meta.len()))?;
             lease.token = lease.token.with_meta(Some(&meta));
         }
         // Nothing a server could not hold: a second holder beside an exclusive lease, a token
         // twice, or a fence twice (every grant mints its own).
-        if lock.clashes_with(&lease) || (!lease.shared && lock.has_record()) {
+        if lock.clashes_with(&lease) || (!lease.shared() && lock.has_record()) {
             return None;
         }
         lock.put(lease);
@@ -115,8 +115,8 @@ fn decode_leases(source: &mut impl FieldSource, now: Now, last_fence: u64) -> Op
 /// `held` and `renewals`: the grant's history.
 fn restore_history(source: &mut impl FieldSource, lease: &mut Lease) -> Option<()> {
     let held: Micros = source.unsigned()?;
-    lease.renewals = u32::try_from(source.unsigned()?).unwrap_or(u32::MAX);
-    lease.granted_mono = lease.deadline_mono.saturating_sub(held);
+    lease.set_renewals(u32::try_from(source.unsigned()?).unwrap_or(u32::MAX));
+    lease.set_granted_mono(lease.deadline_mono().saturating_sub(held));
     Some(())
 }
 
@@ -126,13 +126,13 @@ pub fn encode_lock(sink: &mut impl FieldSink, lock: &Lock) {
     for lease in lock.holders() {
         let meta = lease.token.meta();
         sink.unsigned(
-            if lease.shared { SHARED } else { 0 } | if meta.is_some() { HAS_META } else { 0 },
+            if lease.shared() { SHARED } else { 0 } | if meta.is_some() { HAS_META } else { 0 },
         );
         sink.bytes(&lease.token);
         sink.unsigned(lease.fence);
-        sink.unsigned(lease.deadline_wall);
-        sink.unsigned(lease.deadline_mono.saturating_sub(lease.granted_mono));
-        sink.unsigned(u64::from(lease.renewals));
+        sink.unsigned(lease.deadline_wall());
+        sink.unsigned(lease.deadline_mono().saturating_sub(lease.granted_mono()));
+        sink.unsigned(u64::from(lease.renewals()));
         if let Some(meta) = meta {
             sink.bytes(meta);
         }
@@ -229,10 +229,10 @@ mod tests {
         let deadline = NOW.wall + 30_000_000;
         let lock = decode(&fields(2, b"worker", 77, deadline, 12_000_000, 3), 2).expect("valid");
         let lease = first(&lock).expect("a lease");
-        assert_eq!((&*lease.token, lease.fence, lease.renewals), (&b"worker"[..], 77, 3));
-        assert_eq!(lease.deadline_wall, deadline);
-        assert_eq!(lease.deadline_mono, NOW.mono + 30_000_000);
-        assert_eq!(lease.granted_mono, NOW.mono + 18_000_000, "deadline minus held");
+        assert_eq!((&*lease.token, lease.fence, lease.renewals()), (&b"worker"[..], 77, 3));
+        assert_eq!(lease.deadline_wall(), deadline);
+        assert_eq!(lease.deadline_mono(), NOW.mono + 30_000_000);
+        assert_eq!(lease.granted_mono(), NOW.mono + 18_000_000, "deadline minus held");
         assert_eq!(lock.waiters().len(), 0);
     }
 
@@ -241,8 +241,8 @@ mod tests {
         let deadline = NOW.wall + 30_000_000;
         let lock = decode(&fields(1, b"worker", 77, deadline, 0, 0), 1).expect("valid");
         let lease = first(&lock).expect("a lease");
-        assert_eq!((lease.granted_mono, lease.renewals), (NOW.mono, 0));
-        assert_eq!(lease.deadline_mono, NOW.mono + 30_000_000);
+        assert_eq!((lease.granted_mono(), lease.renewals()), (NOW.mono, 0));
+        assert_eq!(lease.deadline_mono(), NOW.mono + 30_000_000);
     }
 
     #[test]
@@ -324,21 +324,21 @@ mod tests {
         let lock = decode(&fields(2, b"w", 9, NOW.wall - 5_000_000, 1_000, 0), 2).expect("valid");
         assert!(lock.live_lease(NOW).is_none());
         let lease = first(&lock).expect("kept until the key is touched");
-        assert_eq!(lease.deadline_mono, NOW.mono - 5_000_000);
+        assert_eq!(lease.deadline_mono(), NOW.mono - 5_000_000);
         assert!(!lock.fence_check(9, NOW));
     }
 
     #[test]
     fn a_hold_longer_than_the_clock_saturates_at_its_origin() {
         let lock = decode(&fields(2, b"w", 9, NOW.wall + 1_000, u64::MAX, 0), 2).expect("valid");
-        assert_eq!(first(&lock).map(|lease| lease.granted_mono), Some(0));
+        assert_eq!(first(&lock).map(|lease| lease.granted_mono()), Some(0));
     }
 
     #[test]
     fn encoding_then_decoding_gives_back_the_same_lease() {
         let mut lease = Lease::new(b"worker", 1_700_000_000_123_456, 30_000, NOW);
-        lease.renewals = 4;
-        lease.granted_mono = NOW.mono - 7_000_000;
+        lease.set_renewals(4);
+        lease.set_granted_mono(NOW.mono - 7_000_000);
         let lock = Lock::with_lease(lease.clone());
         let mut out = Vec::new();
         encode_lock(&mut out, &lock);
@@ -354,8 +354,8 @@ mod tests {
         let mut lock = Lock::default();
         for (i, token) in [&b"reader-1"[..], b"reader-2", b"reader-3"].into_iter().enumerate() {
             let mut lease = Lease::new(token, 1_700_000_000_000_000 + i as u64, 30_000, NOW);
-            lease.shared = true;
-            lease.renewals = i as u32;
+            lease.set_shared(true);
+            lease.set_renewals(i as u32);
             if i == 1 {
                 lease.token = lease.token.with_meta(Some(b"host=b pid=9"));
             }

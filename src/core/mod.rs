@@ -81,6 +81,21 @@ impl Now {
     }
 }
 
+/// Where the property tests start the clocks: as the module reads them (its monotonic clock
+/// shifted to Unix time when it loads, so leases keep their times narrow), with the wall clock a
+/// whole number of milliseconds inside either edge of the ±35 minutes a narrow lease allows (so
+/// that wall clock steps cross it), or with a monotonic clock counting from zero (every lease
+/// keeps its times beside its token). The clocks read whole milliseconds, as the tests' sweeps
+/// assume.
+#[cfg(test)]
+pub(crate) fn test_clocks() -> impl proptest::strategy::Strategy<Value = Now> {
+    use proptest::prelude::*;
+    const WALL: Micros = 1_700_000_000_000_000;
+    let edge = i64::from(i32::MAX) / 1_000 * 1_000 - 50_000;
+    prop_oneof![Just(0), Just(edge), Just(-edge), Just(WALL as i64 - 1_000_000)]
+        .prop_map(|ahead| Now { mono: WALL.wrapping_add_signed(-ahead), wall: WALL })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -127,8 +127,8 @@ impl Copy {
             Effect::ReplicateLease(lease) => {
                 // What `DLOCK.SETLEASE` carries: token, fence, deadline, history, mode, meta.
                 let mut copied = self.restored(lease, now);
-                copied.shared = lease.shared;
-                let history = Some((lease.granted_wall(now), lease.renewals));
+                copied.set_shared(lease.shared());
+                let history = Some((lease.granted_wall(now), lease.renewals()));
                 self.last_fence = self.last_fence.max(lease.fence);
                 replica::set_lease(self.keys.entry(resource).or_default(), copied, history, now);
             }
@@ -153,7 +153,7 @@ impl Copy {
 
     /// The lease as `DLOCK.SETLEASE` restores it from its token, fence and deadline.
     fn restored(&self, lease: &Lease, now: Now) -> Lease {
-        Lease::restore(&lease.token, lease.fence, lease.deadline_wall, now, self.last_fence)
+        Lease::restore(&lease.token, lease.fence, lease.deadline_wall(), now, self.last_fence)
             .expect("a lease the primary minted is a valid one")
     }
 
@@ -166,7 +166,9 @@ impl Copy {
 fn leases_of<'a>(
     leases: impl Iterator<Item = &'a Lease>,
 ) -> BTreeSet<(Vec<u8>, u64, bool, u64, u32)> {
-    leases.map(|l| (l.token.to_vec(), l.fence, l.shared, l.deadline_wall, l.renewals)).collect()
+    leases
+        .map(|l| (l.token.to_vec(), l.fence, l.shared(), l.deadline_wall(), l.renewals()))
+        .collect()
 }
 
 #[derive(Default)]
@@ -436,9 +438,10 @@ proptest! {
 
     #[test]
     fn the_core_agrees_with_the_model_and_keeps_every_invariant(
-        ops in proptest::collection::vec(op(), 1..150)
+        ops in proptest::collection::vec(op(), 1..150),
+        start in crate::core::test_clocks(),
     ) {
-        let mut now = Now { mono: 1_000_000, wall: 1_700_000_000_000_000 };
+        let mut now = start;
         let (mut store, mut model) = (Store::default(), Model::default());
 
         for op in ops {
@@ -577,7 +580,7 @@ proptest! {
             // After every step, every live state is exactly the model's.
             for resource in 0..3 {
                 let got = store.keys.get(&resource).and_then(|lock| lock.live_lease(now)).map(|lease| {
-                    (lease.token[0], lease.fence, lease.deadline_mono)
+                    (lease.token[0], lease.fence, lease.deadline_mono())
                 });
                 prop_assert_eq!(got, model.live(resource, now));
                 let queue: Vec<u64> = store.keys.get(&resource).map(|l| l.waiters().map(|w| w.id).collect()).unwrap_or_default();

@@ -75,13 +75,13 @@ pub fn set_lease(lock: &mut Lock, mut lease: Lease, history: History, now: Now) 
     let previous = lock.lease_with_fence(lease.fence).filter(|l| *l.token == *lease.token);
     match (history, previous) {
         (Some((granted_wall, renewals)), _) => {
-            lease.granted_mono = now.mono_from_wall(granted_wall).min(now.mono);
-            lease.renewals = renewals;
+            lease.set_granted_mono(now.mono_from_wall(granted_wall).min(now.mono));
+            lease.set_renewals(renewals);
         }
         (None, Some(previous)) => {
-            let renewed = previous.deadline_wall != lease.deadline_wall;
-            lease.granted_mono = previous.granted_mono;
-            lease.renewals = previous.renewals.saturating_add(u32::from(renewed));
+            let renewed = previous.deadline_wall() != lease.deadline_wall();
+            lease.set_granted_mono(previous.granted_mono());
+            lease.set_renewals(previous.renewals().saturating_add(u32::from(renewed)));
         }
         (None, None) => {}
     }

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::fence::FenceCounter;
 use super::lock::{Lease, Rules};
 use super::mode::Mode;
-use super::{Lock, Now, Waiter};
+use super::{Lock, Waiter};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -66,9 +66,10 @@ proptest! {
 
     #[test]
     fn the_indexes_agree_with_the_leases_after_any_sequence(
-        ops in proptest::collection::vec(op(), 1..120)
+        ops in proptest::collection::vec(op(), 1..120),
+        start in crate::core::test_clocks(),
     ) {
-        let mut now = Now { mono: 1_000_000, wall: 1_700_000_000_000_000 };
+        let mut now = start;
         let mut lock = Lock::default();
         let mut fences = FenceCounter::default();
         let rules = Rules::default();
@@ -114,7 +115,7 @@ proptest! {
                 Op::Put { token, ttl_ms, shared } => {
                     let fence = fences.mint(now.wall).expect("mint");
                     let mut lease = Lease::new(&[token], fence, ttl_ms, now);
-                    lease.shared = shared;
+                    lease.set_shared(shared);
                     lock.put(lease);
                 }
                 Op::Drop { token } => {
@@ -137,11 +138,11 @@ proptest! {
             prop_assert!(lock.indexes_agree());
             let all: Vec<&Lease> = lock.holders().collect();
             // Grant order: the exclusive lease, then shared ones by fence ascending.
-            let shared: Vec<u64> = all.iter().filter(|l| l.shared).map(|l| l.fence).collect();
+            let shared: Vec<u64> = all.iter().filter(|l| l.shared()).map(|l| l.fence).collect();
             prop_assert!(shared.windows(2).all(|pair| pair[0] < pair[1]));
-            prop_assert!(all.iter().skip(1).all(|lease| lease.shared));
+            prop_assert!(all.iter().skip(1).all(|lease| lease.shared()));
             // Never an exclusive lease beside another, never a token twice.
-            prop_assert!(all.iter().all(|lease| lease.shared) || all.len() <= 1);
+            prop_assert!(all.iter().all(|lease| lease.shared()) || all.len() <= 1);
             let live: Vec<&Lease> = all.iter().copied().filter(|l| l.is_live(now)).collect();
             for token in 0..10u8 {
                 let scanned = live.iter().find(|lease| *lease.token == [token]).copied();
@@ -153,14 +154,14 @@ proptest! {
                 prop_assert_eq!(lock.fence_check(lease.fence, now), lease.is_live(now));
             }
             prop_assert_eq!(lock.lease_with_fence(fences.last() + 1), None);
-            let newest = live.iter().copied().max_by_key(|lease| (!lease.shared, lease.fence));
+            let newest = live.iter().copied().max_by_key(|lease| (!lease.shared(), lease.fence));
             prop_assert_eq!(lock.live_lease(now), newest);
             let mode = live.first().map(|first| (first.mode(), live.len()));
             prop_assert_eq!(lock.live_mode(now), mode);
             prop_assert_eq!(lock.has_live(now), !live.is_empty());
             prop_assert_eq!(lock.is_vacant(now), all.is_empty() && lock.waiters().len() == 0);
             prop_assert_eq!(lock.has_record(), !all.is_empty());
-            let first = all.iter().map(|lease| lease.deadline_mono).min();
+            let first = all.iter().map(|lease| lease.deadline_mono()).min();
             let ticket = None::<u64>;
             prop_assert_eq!(lock.next_wake(), first.or(ticket));
         }

@@ -165,17 +165,17 @@ impl Stats {
             Transition::Renewed { .. } => self.renew_ok += 1,
             Transition::Released(lease) => {
                 self.release_ok += 1;
-                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
+                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono()));
             }
             Transition::Revoked { lease, .. } => {
                 self.leases_revoked += 1;
-                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono));
+                self.hold_time.record(now_mono.saturating_sub(lease.granted_mono()));
             }
             Transition::Claimed { .. } => self.grants_claimed += 1,
             Transition::Expired(lease) => {
                 self.leases_expired += 1;
-                self.claims_lapsed += u64::from(lease.unclaimed);
-                self.hold_time.record(lease.deadline_mono.saturating_sub(lease.granted_mono));
+                self.claims_lapsed += u64::from(lease.unclaimed());
+                self.hold_time.record(lease.deadline_mono().saturating_sub(lease.granted_mono()));
             }
             Transition::HandedOver { waited, ticket: false, .. } => {
                 self.waits_granted += 1;

@@ -417,7 +417,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     /// Whether `token` (with `fence`, when given) holds the live lease, handed over unclaimed.
     fn unclaimed_by(&self, lock: &Lock, token: &[u8], fence: Option<u64>) -> bool {
         lock.holder(token, self.now)
-            .is_some_and(|lease| lease.unclaimed && fence.is_none_or(|f| f == lease.fence))
+            .is_some_and(|lease| lease.unclaimed() && fence.is_none_or(|f| f == lease.fence))
     }
 
     /// An ACQUIRE that was refused and does not wait.
@@ -487,7 +487,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
     ) -> Result<Renewal, DlockError> {
         self.settle(lock)?;
         let unclaimed = self.unclaimed_by(lock, token, fence);
-        let before = lock.holder(token, self.now).map(|lease| lease.deadline_wall);
+        let before = lock.holder(token, self.now).map(|lease| lease.deadline_wall());
         let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
         let holder = lock.live_lease(self.now);
         let mine = lock.holder(token, self.now);
@@ -497,7 +497,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         self.changes.push(match renewal {
             Renewal::Renewed => Transition::Renewed {
                 fence: mine.map_or(0, |lease| lease.fence),
-                moved: mine.map(|lease| lease.deadline_wall) != before,
+                moved: mine.map(|lease| lease.deadline_wall()) != before,
             },
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
                 token: token.into(),
@@ -802,7 +802,7 @@ mod tests {
         assert!(matches!(changes[1], Transition::HandedOver { ticket: true, .. }), "{changes:?}");
         let lease = lock.live_lease(at(5)).expect("B holds");
         assert_eq!(
-            (&*lease.token, lease.deadline_mono, lease.unclaimed),
+            (&*lease.token, lease.deadline_mono(), lease.unclaimed()),
             (&b"B"[..], 7 * SEC, true)
         );
     }

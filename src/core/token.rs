@@ -7,6 +7,8 @@
 use std::fmt;
 use std::ops::Deref;
 
+use super::Micros;
+
 /// Longest token stored inline: what fits beside a length byte and the variant tag in 40 bytes,
 /// the size of the heap variant rounded up to the lease's alignment.
 pub const INLINE_CAPACITY: usize = 38;
@@ -25,6 +27,27 @@ pub enum Token {
     Heap(Box<[u8]>),
     /// A token with the holder's metadata beside it.
     Described(Box<Described>),
+    /// A token with its lease's exact times beside it (and the metadata, if any): the times
+    /// did not fit the lease's narrow fields (see [`super::lock::Lease`]).
+    Timed(Box<Timed>),
+}
+
+/// A lease's exact times, kept on the heap beside its token only when they do not fit the
+/// lease itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactTimes {
+    /// The deadline as Unix time, µs.
+    pub deadline_wall: Micros,
+    /// When the grant was made (monotonic), µs.
+    pub granted_mono: Micros,
+}
+
+/// A token, its metadata if any, and its lease's exact times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timed {
+    token: Box<[u8]>,
+    meta: Option<Box<[u8]>>,
+    times: ExactTimes,
 }
 
 /// A token and the metadata its holder gave (`META`).
@@ -43,6 +66,11 @@ impl Token {
             Self::Described(described) => {
                 std::mem::size_of::<Described>() + described.token.len() + described.meta.len()
             }
+            Self::Timed(timed) => {
+                std::mem::size_of::<Timed>()
+                    + timed.token.len()
+                    + timed.meta.as_ref().map_or(0, |meta| meta.len())
+            }
         }
     }
 
@@ -50,17 +78,40 @@ impl Token {
     pub fn meta(&self) -> Option<&[u8]> {
         match self {
             Self::Described(described) => Some(&described.meta),
+            Self::Timed(timed) => timed.meta.as_deref(),
             _ => None,
         }
     }
 
-    /// The same token described by `meta` (`None`: without metadata).
+    /// The lease's exact times kept beside the token, if they are.
+    pub fn times(&self) -> Option<ExactTimes> {
+        match self {
+            Self::Timed(timed) => Some(timed.times),
+            _ => None,
+        }
+    }
+
+    /// The same token described by `meta` (`None`: without metadata), its times kept.
     pub fn with_meta(&self, meta: Option<&[u8]>) -> Self {
-        match meta {
-            Some(meta) => {
-                Self::Described(Box::new(Described { token: (**self).into(), meta: meta.into() }))
+        Self::build(self, meta, self.times())
+    }
+
+    /// The same token and metadata with `times` beside them (`None`: without).
+    pub fn with_times(&self, times: Option<ExactTimes>) -> Self {
+        Self::build(self, self.meta(), times)
+    }
+
+    fn build(token: &[u8], meta: Option<&[u8]>, times: Option<ExactTimes>) -> Self {
+        match (meta, times) {
+            (None, None) => Self::from(token),
+            (Some(meta), None) => {
+                Self::Described(Box::new(Described { token: token.into(), meta: meta.into() }))
             }
-            None => Self::from(&**self),
+            (meta, Some(times)) => Self::Timed(Box::new(Timed {
+                token: token.into(),
+                meta: meta.map(Box::from),
+                times,
+            })),
         }
     }
 }
@@ -86,6 +137,7 @@ impl Deref for Token {
             Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
             Self::Heap(bytes) => bytes,
             Self::Described(described) => &described.token,
+            Self::Timed(timed) => &timed.token,
         }
     }
 }
@@ -133,5 +185,22 @@ mod tests {
         assert_eq!(plain.meta(), None);
         let cleared = described.with_meta(None);
         assert_eq!((&*cleared, cleared.meta(), cleared.heap_bytes()), (&b"worker-a"[..], None, 0));
+    }
+
+    #[test]
+    fn exact_times_ride_with_the_token_through_metadata_changes_and_leave_its_identity_alone() {
+        let times = ExactTimes { deadline_wall: 7, granted_mono: 3 };
+        let plain = Token::from(&b"worker-a"[..]);
+        let timed = plain.with_times(Some(times));
+        assert_eq!((&*timed, timed.times(), timed.meta()), (&b"worker-a"[..], Some(times), None));
+        assert_eq!(timed, plain);
+        let described = timed.with_meta(Some(b"host=a"));
+        assert_eq!((described.times(), described.meta()), (Some(times), Some(&b"host=a"[..])));
+        let untimed = described.with_times(None);
+        assert_eq!((untimed.times(), untimed.meta()), (None, Some(&b"host=a"[..])));
+        assert_eq!(described.with_meta(None).times(), Some(times), "times stay without metadata");
+        let bare = described.with_meta(None).with_times(None);
+        assert_eq!((&*bare, bare.heap_bytes()), (&b"worker-a"[..], 0));
+        assert!(timed.heap_bytes() > 0);
     }
 }

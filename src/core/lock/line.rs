@@ -95,8 +95,7 @@ impl Queue {
 
     /// The shared leases, in grant order.
     pub(super) fn shared_leases(&self) -> impl Iterator<Item = &Lease> + use<'_> {
-        static EMPTY: BTreeMap<u64, Lease> = BTreeMap::new();
-        self.0.as_ref().map_or(&EMPTY, |line| &line.shared.by_fence).values()
+        self.0.as_ref().into_iter().flat_map(|line| line.shared.by_fence.values())
     }
 
     /// Changes the shared lease of `token` (live or not), if it has one.

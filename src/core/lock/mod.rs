@@ -6,8 +6,7 @@
 mod lease;
 mod line;
 mod shared;
-
-use std::cell::Cell;
+mod slot;
 
 use super::fence::FenceCounter;
 use super::mode::Mode;
@@ -17,6 +16,7 @@ pub use lease::{Lease, Rules};
 use line::Queue;
 pub use line::Waiter;
 use shared::SharedLeases;
+use slot::Slot;
 
 /// The outcome of a RENEW.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,15 +104,9 @@ pub enum Due {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
     /// The exclusive lease, live or not (expired leases stay until the key is next touched).
-    lease: Option<Lease>,
+    lease: Slot,
     /// The line of waiters, and the shared leases.
     waiters: Queue,
-    /// Deadline of this key's earliest entry in the expiry index, 0 if none was inserted. Lets a
-    /// renewal skip the index when an entry at or before the new deadline is already there.
-    /// An entry at 0 would be no different from none: a pending entry must lie after `now`.
-    /// A `Cell`: it is bookkeeping, updated also where Redis hands out the value read-only
-    /// (keyspace notifications, scans).
-    scheduled: Cell<Micros>,
 }
 
 impl Lock {
@@ -140,7 +134,7 @@ impl Lock {
 
     /// The lease of `token`, live or not.
     fn lease_of(&self, token: &[u8]) -> Option<&Lease> {
-        match &self.lease {
+        match self.lease.as_ref() {
             Some(lease) if *lease.token == *token => Some(lease),
             _ => self.waiters.shared()?.of_token(token),
         }
@@ -148,7 +142,7 @@ impl Lock {
 
     /// The lease with `fence`, live or not.
     pub fn lease_with_fence(&self, fence: u64) -> Option<&Lease> {
-        match &self.lease {
+        match self.lease.as_ref() {
             Some(lease) if lease.fence == fence => Some(lease),
             _ => self.waiters.shared()?.get(fence),
         }
@@ -189,7 +183,7 @@ impl Lock {
     /// lease replaces every lease; a shared one replaces the exclusive lease and any shared
     /// lease of the same token. Returns whether it replaced something.
     pub(in crate::core) fn put(&mut self, lease: Lease) -> bool {
-        if !lease.shared {
+        if !lease.shared() {
             let shared = self.waiters.take_shared();
             let replaced = self.lease.replace(lease).is_some() || !shared.is_empty();
             return replaced;
@@ -210,7 +204,7 @@ impl Lock {
     /// Takes out the lease of `token` with `fence` (replication of a shared lease's end).
     pub(in crate::core) fn drop_holder(&mut self, token: &[u8], fence: u64) -> Option<Lease> {
         let lease = self.lease_with_fence(fence).filter(|lease| *lease.token == *token)?;
-        if lease.shared { self.waiters.remove_shared(fence) } else { self.lease.take() }
+        if lease.shared() { self.waiters.remove_shared(fence) } else { self.lease.take() }
     }
 
     /// Changes the lease of `token` (live or not) with `change`, which keeps its token and
@@ -275,7 +269,7 @@ impl Lock {
 
     /// When this lock next needs the timer: the first lease deadline or ticket lapse.
     pub fn next_wake(&self) -> Option<Micros> {
-        let exclusive = self.lease.as_ref().map(|lease| lease.deadline_mono);
+        let exclusive = self.lease.as_ref().map(|lease| lease.deadline_mono());
         let shared = self.waiters.shared().and_then(SharedLeases::first_deadline);
         let lease = match (exclusive, shared) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -317,7 +311,7 @@ impl Lock {
     /// shared leases stay until a settle ends them, each with its `Expired`). Returns whether it
     /// replaced an expired lease.
     fn install(&mut self, lease: Lease) -> bool {
-        if !lease.shared {
+        if !lease.shared() {
             return self.put(lease);
         }
         let replaced = self.lease.take().is_some();
@@ -359,8 +353,8 @@ impl Lock {
             // With a claim window the lease first runs only the window: its holder may be gone.
             let ttl_ms = waiter.claim_ms.map_or(waiter.ttl_ms, |claim| claim.min(waiter.ttl_ms));
             let mut lease = Lease::new(&waiter.token, fence, rules.grant_ttl_ms(ttl_ms), now);
-            lease.unclaimed = waiter.claim_ms.is_some();
-            lease.shared = waiter.mode.is_shared();
+            lease.set_unclaimed(waiter.claim_ms.is_some());
+            lease.set_shared(waiter.mode.is_shared());
             if let Some(meta) = &waiter.meta {
                 lease.token = lease.token.with_meta(Some(meta));
             }
@@ -425,11 +419,11 @@ impl Lock {
         match admission {
             Admission::Reacquire => Ok(self
                 .update_lease(token, |lease| {
-                    let cap = rules.hold_limit(lease.granted_mono);
+                    let cap = rules.hold_limit(lease.granted_mono());
                     let capped_ms =
                         cap.map_or(ttl_ms, |cap| ttl_ms.min(cap.saturating_sub(now.mono) / 1_000));
                     lease.extend(capped_ms.max(1), now);
-                    lease.unclaimed = false;
+                    lease.set_unclaimed(false);
                     if meta.is_some() {
                         lease.token = lease.token.with_meta(meta);
                     }
@@ -441,7 +435,7 @@ impl Lock {
             Admission::Grant => {
                 let fence = fences.mint(now.wall)?;
                 let mut lease = Lease::new(token, fence, rules.grant_ttl_ms(ttl_ms), now);
-                lease.shared = mode.is_shared();
+                lease.set_shared(mode.is_shared());
                 if meta.is_some() {
                     lease.token = lease.token.with_meta(meta);
                 }
@@ -463,7 +457,7 @@ impl Lock {
         rules: Rules,
     ) -> Result<Admission, DlockError> {
         if let Some(lease) = self.holder(token, now) {
-            if lease.shared != mode.is_shared() {
+            if lease.shared() != mode.is_shared() {
                 return Err(DlockError::ModeConflict {
                     held: lease.mode().name(),
                     asked: mode.name(),
@@ -536,8 +530,8 @@ impl Lock {
         if renewal == Renewal::Renewed {
             self.update_lease(token, |lease| {
                 lease.extend(ttl_ms, now);
-                lease.renewals = lease.renewals.saturating_add(1);
-                lease.unclaimed = false;
+                lease.add_renewal();
+                lease.set_unclaimed(false);
             });
         }
         renewal
@@ -560,7 +554,7 @@ impl Lock {
             return Renewal::NotHeld;
         }
         let deadline = now.mono.saturating_add(ttl_ms.saturating_mul(1_000));
-        if rules.hold_limit(lease.granted_mono).is_some_and(|limit| deadline > limit) {
+        if rules.hold_limit(lease.granted_mono()).is_some_and(|limit| deadline > limit) {
             return Renewal::PastMaxHold;
         }
         Renewal::Renewed
@@ -661,24 +655,37 @@ impl Lock {
     /// records it as pending), or `None`: no lease, or an entry at or before it is still pending.
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.next_wake()?;
-        let pending = self.scheduled.get();
+        let pending = self.scheduled();
         if pending > now.mono && pending <= deadline {
             None
         } else {
-            self.scheduled.set(deadline);
+            self.set_scheduled(deadline);
             Some(deadline)
         }
     }
 
     /// The deadline of this value's pending index entry at `now`, if it has one.
     pub fn pending_index_entry(&self, now: Now) -> Option<Micros> {
-        Some(self.scheduled.get()).filter(|&pending| pending > now.mono)
+        Some(self.scheduled()).filter(|&pending| pending > now.mono)
     }
 
     /// Records that an index entry at `deadline` now exists for this value under its current
     /// key name (after a rename, move, restore, load or promotion inserted one).
     pub fn note_index_entry(&self, deadline: Micros) {
-        self.scheduled.set(deadline);
+        self.set_scheduled(deadline);
+    }
+
+    /// Deadline of this key's earliest entry in the expiry index, 0 if none is known. Lets a
+    /// renewal skip the index when an entry at or before the new deadline is already there.
+    /// An entry at 0 would be no different from none: a pending entry must lie after `now`.
+    fn scheduled(&self) -> Micros {
+        self.lease.scheduled()
+    }
+
+    /// Records the key's pending index entry at `deadline`. Updated also where Redis hands out
+    /// the value read-only (keyspace notifications, scans): it is bookkeeping.
+    fn set_scheduled(&self, deadline: Micros) {
+        self.lease.set_scheduled(deadline);
     }
 
     /// Where the expiry index should look at this key next: its first deadline, or at once
@@ -736,11 +743,11 @@ impl Lock {
             // it and the settle changes nothing).
             return Due::Expired;
         }
-        let pending = self.scheduled.get();
+        let pending = self.scheduled();
         if pending != entry_deadline && pending > now.mono && pending <= deadline {
             Due::Stale
         } else {
-            self.scheduled.set(deadline);
+            self.set_scheduled(deadline);
             Due::Reschedule(deadline)
         }
     }
@@ -895,8 +902,8 @@ mod tests {
     fn restored_leases_map_their_wall_deadline_onto_this_process_clock() {
         let now = at(100);
         let lease = Lease::restore(b"A", 7, now.wall + 2 * SEC, now, 0).expect("valid");
-        assert_eq!(lease.deadline_mono, now.mono + 2 * SEC);
-        assert_eq!(lease.deadline_wall, now.wall + 2 * SEC);
+        assert_eq!(lease.deadline_mono(), now.mono + 2 * SEC);
+        assert_eq!(lease.deadline_wall(), now.wall + 2 * SEC);
         let past = Lease::restore(b"A", 7, now.wall - SEC, now, 0).expect("valid");
         assert!(!past.is_live(now));
         for (token, fence, what) in [
@@ -943,18 +950,18 @@ mod tests {
         assert_eq!(lock.renew(b"A", 10_000, at(14), rules), Renewal::Renewed);
         assert_eq!(lock.renew(b"A", 10_000, at(19), rules), Renewal::Renewed, "ends at 29 s");
         assert_eq!(lock.renew(b"A", 10_000, at(25), rules), Renewal::PastMaxHold);
-        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono), Some(29 * SEC), "unchanged");
+        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono()), Some(29 * SEC), "unchanged");
         assert_eq!(
             lock.acquire(b"A", 60_000, at(25), &mut fences, rules),
             Ok(Acquired::Reacquired { fence })
         );
-        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono), Some(30 * SEC), "capped");
+        assert_eq!(lock.live_lease(at(25)).map(|l| l.deadline_mono()), Some(30 * SEC), "capped");
         assert!(lock.live_lease(at(30)).is_none());
         assert_eq!(lock.renew(b"B", 1_000, at(1), rules), Renewal::NotHeld);
         let mut fresh = Lock::default();
         fresh.acquire(b"C", 60_000, at(100), &mut fences, rules).expect("mint");
         assert_eq!(
-            fresh.live_lease(at(100)).map(|l| l.deadline_mono),
+            fresh.live_lease(at(100)).map(|l| l.deadline_mono()),
             Some(130 * SEC),
             "a grant is capped too"
         );
@@ -1025,17 +1032,17 @@ mod tests {
         let rules = Rules::default();
         lock.hand_over(at(1), &mut fences, rules, |_| true).expect("mint").expect("B");
         let lease = lock.live_lease(at(1)).expect("B holds");
-        assert!(lease.unclaimed);
-        assert_eq!(lease.deadline_mono, 3 * SEC, "the window, not B's 10 s ttl");
+        assert!(lease.unclaimed());
+        assert_eq!(lease.deadline_mono(), 3 * SEC, "the window, not B's 10 s ttl");
         // B never comes back: its grant lapses at the window and C is next.
         assert!(lock.live_lease(at(3)).is_none());
-        assert!(matches!(&lock.expire(at(3), usize::MAX)[..], [lease] if lease.unclaimed));
+        assert!(matches!(&lock.expire(at(3), usize::MAX)[..], [lease] if lease.unclaimed()));
         lock.hand_over(at(3), &mut fences, rules, |_| true).expect("mint").expect("C");
         // C claims with a RENEW: from then on its ttl is its own.
         assert_eq!(lock.renew(b"C", 10_000, at(4), rules), Renewal::Renewed);
         let lease = lock.live_lease(at(4)).expect("C holds");
-        assert!(!lease.unclaimed);
-        assert_eq!(lease.deadline_mono, 14 * SEC);
+        assert!(!lease.unclaimed());
+        assert_eq!(lease.deadline_mono(), 14 * SEC);
     }
 
     #[test]
@@ -1112,9 +1119,11 @@ mod tests {
 
     #[test]
     #[cfg(target_pointer_width = "64")]
-    fn a_lock_with_a_uuid_token_is_one_96_byte_allocation() {
-        assert_eq!(std::mem::size_of::<Lock>(), 96, "a jemalloc size class; 112 is the next");
-        let lease = Lease::new(&[b'u'; 36], 1, 1_000, at(0));
+    fn a_lock_with_a_uuid_token_is_one_80_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Lock>(), 80, "a jemalloc size class; 96 is the next");
+        // As the module's clock reads: its monotonic clock is shifted to Unix time at load.
+        let now = Now { mono: at(0).wall, wall: at(0).wall };
+        let lease = Lease::new(&[b'u'; 36], 1, 1_000, now);
         assert_eq!(lease.token.heap_bytes(), 0);
     }
 

@@ -47,12 +47,12 @@ impl SharedLeases {
     ) -> Option<R> {
         let fence = *self.fence_of_token.get(token)?;
         let lease = self.by_fence.get_mut(&fence)?;
-        let before = lease.deadline_mono;
+        let before = lease.deadline_mono();
         let result = change(lease);
         debug_assert!(lease.fence == fence && *lease.token == *token, "token and fence stay");
-        if lease.deadline_mono != before {
+        if lease.deadline_mono() != before {
             self.deadlines.remove(&(before, fence));
-            self.deadlines.insert((lease.deadline_mono, fence));
+            self.deadlines.insert((lease.deadline_mono(), fence));
         }
         Some(result)
     }
@@ -66,7 +66,7 @@ impl SharedLeases {
         }
         replaced |= self.remove(lease.fence).is_some();
         self.fence_of_token.insert((*lease.token).into(), lease.fence);
-        self.deadlines.insert((lease.deadline_mono, lease.fence));
+        self.deadlines.insert((lease.deadline_mono(), lease.fence));
         self.by_fence.insert(lease.fence, lease);
         replaced
     }
@@ -77,7 +77,7 @@ impl SharedLeases {
         if self.fence_of_token.get(&*lease.token) == Some(&fence) {
             self.fence_of_token.remove(&*lease.token);
         }
-        self.deadlines.remove(&(lease.deadline_mono, fence));
+        self.deadlines.remove(&(lease.deadline_mono(), fence));
         Some(lease)
     }
 
@@ -139,7 +139,7 @@ impl SharedLeases {
             && self.by_fence.iter().all(|(&fence, lease)| {
                 lease.fence == fence
                     && self.fence_of_token.get(&*lease.token) == Some(&fence)
-                    && self.deadlines.contains(&(lease.deadline_mono, fence))
+                    && self.deadlines.contains(&(lease.deadline_mono(), fence))
             })
     }
 }
