@@ -85,12 +85,19 @@ impl Lease {
             token: token.into(),
             fence,
             deadline_mono,
-            wall_offset: 0,
+            wall_offset: WIDE,
             held: 0,
             counts: 0,
             scheduled: Cell::new(NO_ENTRY),
         };
-        lease.set_times(deadline_mono, deadline_wall, granted_mono);
+        match narrow(deadline_mono, deadline_wall, granted_mono) {
+            Some((offset, held)) => (lease.wall_offset, lease.held) = (offset, held),
+            None => {
+                let granted_mono = granted_mono.min(deadline_mono);
+                let times = ExactTimes { deadline_wall, granted_mono };
+                lease.token = lease.token.with_times(Some(times));
+            }
+        }
         lease
     }
 
@@ -268,30 +275,24 @@ impl Lease {
     /// where it is.
     fn set_times(&mut self, deadline_mono: Micros, deadline_wall: Micros, granted_mono: Micros) {
         let pending = self.scheduled_at();
-        let granted_mono = granted_mono.min(deadline_mono);
-        let offset = i64::try_from(deadline_wall)
-            .ok()
-            .zip(i64::try_from(deadline_mono).ok())
-            .and_then(|(wall, mono)| i32::try_from(wall - mono).ok())
-            .filter(|&offset| offset != WIDE);
-        let held = u32::try_from(deadline_mono / 1_000 - granted_mono / 1_000).ok();
         self.deadline_mono = deadline_mono;
-        match offset.zip(held) {
+        match narrow(deadline_mono, deadline_wall, granted_mono) {
             Some((offset, held)) => {
-                self.wall_offset = offset;
-                self.held = held;
+                (self.wall_offset, self.held) = (offset, held);
                 if self.token.times().is_some() {
                     self.token = self.token.with_times(None);
                 }
             }
             None => {
-                self.wall_offset = WIDE;
-                self.held = 0;
-                self.token =
-                    self.token.with_times(Some(ExactTimes { deadline_wall, granted_mono }));
+                (self.wall_offset, self.held) = (WIDE, 0);
+                let granted_mono = granted_mono.min(deadline_mono);
+                let times = ExactTimes { deadline_wall, granted_mono };
+                self.token = self.token.with_times(Some(times));
             }
         }
-        self.note_scheduled(pending);
+        if pending.is_some() {
+            self.note_scheduled(pending);
+        }
     }
 
     /// The deadline of the lock's pending index entry recorded here, if any.
@@ -310,6 +311,23 @@ impl Lease {
             .unwrap_or(NO_ENTRY);
         self.scheduled.set(before);
     }
+}
+
+/// A lease's narrow wall offset and held milliseconds for these times, if they fit (the grant
+/// time clamped to the deadline).
+#[inline]
+fn narrow(
+    deadline_mono: Micros,
+    deadline_wall: Micros,
+    granted_mono: Micros,
+) -> Option<(i32, u32)> {
+    if (deadline_mono | deadline_wall) >> 63 != 0 {
+        return None;
+    }
+    let offset = i32::try_from(deadline_wall as i64 - deadline_mono as i64).ok()?;
+    let held =
+        u32::try_from(deadline_mono / 1_000 - granted_mono.min(deadline_mono) / 1_000).ok()?;
+    (offset != WIDE).then_some((offset, held))
 }
 
 /// Server-wide rules every grant and renewal follows (from the module's configuration).

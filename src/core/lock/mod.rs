@@ -133,6 +133,7 @@ impl Lock {
     }
 
     /// The lease of `token`, live or not.
+    #[inline]
     fn lease_of(&self, token: &[u8]) -> Option<&Lease> {
         match self.lease.as_ref() {
             Some(lease) if *lease.token == *token => Some(lease),

@@ -63,7 +63,8 @@ impl Slot {
     /// Puts `lease` in, which records the slot's pending index entry from now on; returns the
     /// lease it replaced.
     pub(super) fn replace(&mut self, lease: Lease) -> Option<Lease> {
-        lease.note_scheduled(Some(self.scheduled()).filter(|&at| at > 0));
+        let scheduled = self.scheduled();
+        lease.note_scheduled((scheduled > 0).then_some(scheduled));
         match std::mem::replace(self, Self::Held(lease)) {
             Self::Held(lease) => Some(lease),
             Self::Vacant(_) => None,
