@@ -320,8 +320,9 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         mode: Mode,
         meta: Option<&[u8]>,
     ) -> Result<Acquired, DlockError> {
-        // A holder's repeated ACQUIRE claims a hand-over made with a claim window.
-        let unclaimed = self.unclaimed_by(lock, token, None);
+        // A holder's repeated ACQUIRE claims a hand-over made with a claim window (only a
+        // holder re-acquires: a grant or a refusal has nothing to claim).
+        let unclaimed = admission == Admission::Reacquire && self.unclaimed_by(lock, token, None);
         let (now, rules) = (self.now, self.rules);
         let outcome =
             lock.take_admitted(admission, token, ttl_ms, mode, meta, now, self.fences, rules)?;
@@ -416,8 +417,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
 
     /// Whether `token` (with `fence`, when given) holds the live lease, handed over unclaimed.
     fn unclaimed_by(&self, lock: &Lock, token: &[u8], fence: Option<u64>) -> bool {
-        lock.holder(token, self.now)
-            .is_some_and(|lease| lease.unclaimed() && fence.is_none_or(|f| f == lease.fence))
+        lock.holder(token, self.now).is_some_and(|lease| unclaimed_grant(lease, fence))
     }
 
     /// An ACQUIRE that was refused and does not wait.
@@ -486,10 +486,12 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         ttl_ms: u64,
     ) -> Result<Renewal, DlockError> {
         self.settle(lock)?;
-        let unclaimed = self.unclaimed_by(lock, token, fence);
-        let before = lock.holder(token, self.now).map(|lease| lease.deadline_wall());
+        // One look at the holder's lease before: whether it was handed over unclaimed, and
+        // where its deadline stood.
+        let (unclaimed, before) = lock.holder(token, self.now).map_or((false, None), |lease| {
+            (unclaimed_grant(lease, fence), Some(lease.deadline_wall()))
+        });
         let renewal = lock.renew_grant(token, fence, ttl_ms, self.now, self.rules);
-        let holder = lock.live_lease(self.now);
         let mine = lock.holder(token, self.now);
         if unclaimed && renewal == Renewal::Renewed {
             self.changes.push(Transition::Claimed { fence: mine.map_or(0, |lease| lease.fence) });
@@ -501,7 +503,7 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
             },
             Renewal::NotHeld => Transition::Refused(Refusal::RenewNotHeld {
                 token: token.into(),
-                holder: holder.map(|lease| lease.token.clone()),
+                holder: lock.live_lease(self.now).map(|lease| lease.token.clone()),
                 wrong_fence: fence.zip(mine.map(|lease| lease.fence)),
             }),
             Renewal::PastMaxHold => Transition::Refused(Refusal::RenewPastMaxHold {
@@ -575,6 +577,11 @@ impl<'a, H: Host + ?Sized> Step<'a, H> {
         }
         self.settle_after(lock);
     }
+}
+
+/// Whether `lease` is the grant `fence` names (any, when none is given), handed over unclaimed.
+fn unclaimed_grant(lease: &Lease, fence: Option<u64>) -> bool {
+    lease.unclaimed() && fence.is_none_or(|f| f == lease.fence)
 }
 
 #[cfg(test)]
