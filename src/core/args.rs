@@ -503,15 +503,26 @@ pub fn parse_int(bytes: &[u8]) -> Option<i64> {
         [] => false,
         [b'0'] => !negative,
         [b'0', ..] => false,
-        _ => digits.iter().all(u8::is_ascii_digit),
+        _ => true,
     };
     if !canonical {
         return None;
     }
-    // Up to 18 digits cannot overflow: no checked arithmetic (every ttl a client sends).
+    // Up to 18 digits cannot overflow: one pass, no checked arithmetic (every ttl a client
+    // sends).
     if digits.len() <= 18 {
-        let value = digits.iter().fold(0i64, |value, digit| value * 10 + i64::from(digit - b'0'));
+        let mut value = 0i64;
+        for &digit in digits {
+            let digit = digit.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            value = value * 10 + i64::from(digit);
+        }
         return Some(if negative { -value } else { value });
+    }
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
     }
     // Accumulate negatively so that i64::MIN parses too.
     let mut value: i64 = 0;
