@@ -163,9 +163,17 @@ unsafe extern "C" fn on_wake(_data: *mut c_void) {}
 /// Called by Redis on its main thread with a context valid for this call.
 unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     let ctx = Context::new(ctx);
+    let outer = crate::call::enter_turn();
+    turn(&ctx);
+    crate::call::leave(outer);
+}
+
+/// One turn of the timer: time-outs, waiters gone, grants undone, then due index entries until
+/// the slice's budget is spent.
+fn turn(ctx: &Context) {
     let started = clock::now();
     let fired = state::with_expiry(|expiry| expiry.schedule.fired(started.mono));
-    if !decides_expiry(&ctx) {
+    if !decides_expiry(ctx) {
         state::with_expiry(|expiry| expiry.index.clear());
         return;
     }
@@ -178,7 +186,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         return;
     }
     if fired.propagate {
-        apply::propagate_fence_counter(&ctx);
+        apply::propagate_fence_counter(ctx);
     }
     let (to_prune, to_release) = state::with_expiry(|expiry| {
         (std::mem::take(&mut expiry.to_prune), std::mem::take(&mut expiry.to_release))
@@ -189,10 +197,10 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
     for same_key in to_prune.chunk_by(|a, b| a.0 == b.0) {
         let key = &same_key[0].0;
         let ids: Vec<u64> = same_key.iter().map(|(_, id)| *id).collect();
-        with_lock_at(&ctx, key.db, &key.name, started, None, |step, lock| step.leave(lock, &ids));
+        with_lock_at(ctx, key.db, &key.name, started, None, |step, lock| step.leave(lock, &ids));
     }
     for grant in to_release {
-        with_lock_at(&ctx, grant.key.db, &grant.key.name, started, None, |step, lock| {
+        with_lock_at(ctx, grant.key.db, &grant.key.name, started, None, |step, lock| {
             step.undo_grant(lock, &grant.token, grant.fence);
         });
     }
@@ -209,7 +217,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
         }
         // The clock is read after every entry: one entry may be a slice of a crowd's settle.
         for (done, (deadline, db, name)) in due.iter().enumerate() {
-            sweep_one(&ctx, deadline, db, name, now, &deletions);
+            sweep_one(ctx, deadline, db, name, now, &deletions);
             seen += 1;
             now = clock::now();
             if seen >= SLICE_MAX_ENTRIES
@@ -227,7 +235,7 @@ unsafe extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void)
             }
         }
     }
-    deletions.borrow_mut().flush(&ctx);
+    deletions.borrow_mut().flush(ctx);
 }
 
 /// Looks at one due entry: settles an expired lease (hand-over or deletion), reschedules a
