@@ -330,7 +330,8 @@ fn memory_usage(con: &mut redis::Connection, key: &str) -> i64 {
 /// one, whose clock reads as Unix time when the module loads; a lease granted after the wall
 /// clock stepped further keeps its times exactly beside its token. Leases granted an hour after
 /// a step each way (and renewed) end on time, and the replica and a restart from the AOF hold
-/// exactly what the primary held.
+/// exactly what the primary held. Key names of one length: Valkey counts the name in `MEMORY
+/// USAGE`.
 #[test]
 fn leases_granted_after_an_hours_step_either_way_keep_their_exact_deadlines_in_every_copy() {
     const TOKEN: &str = "0b4f4f3c-3a7e-4c43-9d1c-6c1e4f7e9a21";
@@ -341,21 +342,23 @@ fn leases_granted_after_an_hours_step_either_way_keep_their_exact_deadlines_in_e
         Launch::new().args(NO_PERSISTENCE).args(&["--replicaof", "127.0.0.1", &port]).start();
     assert!(wait_until_replica_streams(&primary, &replica), "the replica streams");
     let (mut p, mut r) = (primary.client(), replica.client());
-    acquire(&mut p, "before", TOKEN, 600_000).expect("granted");
-    let narrow = memory_usage(&mut p, "before");
+    // t0 is granted by the clock the module loaded with, t1 an hour ahead of it, t2 an hour
+    // behind it.
+    acquire(&mut p, "t0", TOKEN, 600_000).expect("granted");
+    let narrow = memory_usage(&mut p, "t0");
     clock.forward(Duration::from_secs(3_600));
     assert_clock_offset(&mut p, Duration::from_secs(3_600), true);
-    acquire(&mut p, "ahead", TOKEN, 600_000).expect("granted");
-    assert_eq!(renew(&mut p, "ahead", TOKEN, 600_000), 1);
+    acquire(&mut p, "t1", TOKEN, 600_000).expect("granted");
+    assert_eq!(renew(&mut p, "t1", TOKEN, 600_000), 1);
     // The self-check: an hour is past what fits beside the monotonic deadline.
-    let wide = memory_usage(&mut p, "ahead");
+    let wide = memory_usage(&mut p, "t1");
     assert!(wide > narrow, "{wide} bytes after the step, {narrow} before: nothing went beside");
     clock.backward(Duration::from_secs(7_200));
     assert_clock_offset(&mut p, Duration::from_secs(3_600), false);
-    acquire(&mut p, "behind", TOKEN, 600_000).expect("granted");
-    assert_eq!(renew(&mut p, "behind", TOKEN, 600_000), 1);
-    assert_eq!(memory_usage(&mut p, "behind"), wide);
-    for name in ["before", "ahead", "behind"] {
+    acquire(&mut p, "t2", TOKEN, 600_000).expect("granted");
+    assert_eq!(renew(&mut p, "t2", TOKEN, 600_000), 1);
+    assert_eq!(memory_usage(&mut p, "t2"), wide);
+    for name in ["t0", "t1", "t2"] {
         let ttl = ttl_ms(&mut p, name);
         assert!((590_000..=600_000).contains(&ttl), "{name}: {ttl} ms left, not ~600 s");
     }
@@ -367,9 +370,9 @@ fn leases_granted_after_an_hours_step_either_way_keep_their_exact_deadlines_in_e
     let mut p = primary.client();
     assert_eq!(digest(&mut p), held, "the AOF restores exactly what the primary held");
     // Restored from their wall-clock ends, read by a clock an hour behind the one that granted
-    // "ahead" (and the real one, that granted "before"): those run an hour or two longer.
-    let ahead = ttl_ms(&mut p, "ahead");
-    assert!((7_780_000..=7_800_000).contains(&ahead), "ahead: {ahead} ms left");
-    let behind = ttl_ms(&mut p, "behind");
-    assert!((580_000..=600_000).contains(&behind), "behind: {behind} ms left");
+    // "t1" (and the real one, that granted "t0"): those run an hour or two longer.
+    let ahead = ttl_ms(&mut p, "t1");
+    assert!((7_780_000..=7_800_000).contains(&ahead), "t1: {ahead} ms left");
+    let behind = ttl_ms(&mut p, "t2");
+    assert!((580_000..=600_000).contains(&behind), "t2: {behind} ms left");
 }
