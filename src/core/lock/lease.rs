@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_held_past_49_days_keeps_its_grant_time_exactly_and_narrows_again_after_a_step() {
+    fn a_lease_held_past_49_days_keeps_its_grant_time_exactly_and_narrows_again_with_a_later_one() {
         let mut lease = Lease::new(b"A", 1, 1_000, LOADED);
         // Renewed until its deadline lies u32::MAX ms after the grant: still narrow.
         let ttl_ms = 1_000;

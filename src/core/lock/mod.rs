@@ -1119,6 +1119,22 @@ mod tests {
     }
 
     #[test]
+    fn the_pending_index_entry_outlives_the_lease_that_recorded_it() {
+        let (mut lock, mut fences) = (Lock::default(), FenceCounter::default());
+        granted(&mut lock, b"A", 10_000, at(0), &mut fences);
+        assert_eq!(lock.needs_index_entry(at(0)), Some(10 * SEC));
+        assert!(lock.release(b"A", at(1)).is_some());
+        assert_eq!(lock.pending_index_entry(at(1)), Some(10 * SEC), "for the release to forget");
+        granted(&mut lock, b"B", 20_000, at(2), &mut fences);
+        assert_eq!(lock.needs_index_entry(at(2)), None, "the entry at 10 s comes first");
+        // A lease that comes with a record of its own (restored, replicated) takes the lock's.
+        let lease = Lease::new(b"C", 9, 30_000, at(3));
+        lease.note_scheduled(Some(31 * SEC));
+        lock.put(lease);
+        assert_eq!(lock.pending_index_entry(at(3)), Some(10 * SEC));
+    }
+
+    #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_lock_with_a_uuid_token_is_one_80_byte_allocation() {
         assert_eq!(std::mem::size_of::<Lock>(), 80, "a jemalloc size class; 96 is the next");
