@@ -34,7 +34,7 @@ fn fallback_mono() -> u64 {
 }
 
 /// The wall clock where the server has no `RedisModule_Microseconds` (before Redis 7.2): read
-/// directly, as the server's own `ustime` does (`SystemTime` arithmetic costs a command about 60
+/// directly, as the server's own `ustime` does (`SystemTime` arithmetic costs a reading about 77
 /// instructions more).
 fn fallback_wall() -> u64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -2,7 +2,9 @@
 //! 36 bytes): one allocation per lock instead of two. It reads as `[u8]` wherever it is used.
 //!
 //! The holder's metadata (`META`), which few leases carry, travels with the token on the heap, so
-//! a lease without it costs nothing more.
+//! a lease without it costs nothing more; so do a lease's exact times in the rare case that they
+//! do not fit the lease's narrow fields (a clock stepped by more than 35 minutes, a hold of more
+//! than 49 days).
 
 use std::fmt;
 use std::ops::Deref;
