@@ -43,6 +43,11 @@ pub fn due_now(now_mono: Micros) -> Micros {
     now_mono - now_mono % 1_000
 }
 
+/// When an entry inserted with `deadline` comes due: the end of its millisecond.
+pub fn comes_due(deadline: Micros) -> Micros {
+    deadline.div_ceil(1_000).saturating_mul(1_000)
+}
+
 /// Appends `value` as base-128 digits, most significant first, so that it reads back from the
 /// end: the last byte holds the lowest 7 bits, and every byte but the first carries 0x80.
 fn push_backward_varint(bytes: &mut Vec<u8>, value: u64) {

@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 
+use super::super::expiry::comes_due;
 use super::super::limits::{MAX_FENCE, MAX_TOKEN_LEN};
 use super::super::mode::Mode;
 use super::super::token::{ExactTimes, Token};
@@ -55,9 +56,10 @@ pub struct Lease {
     /// How many times the holder renewed this grant (up to [`MAX_RENEWALS`]), and the
     /// [`UNCLAIMED`] and [`SHARED`] flags.
     counts: u32,
-    /// How long before `deadline_mono` the lock's pending expiry index entry falls, µs
-    /// ([`NO_ENTRY`]: none known). Bookkeeping of the lock's ([`super::Lock`]), kept here for
-    /// room; a `Cell` because it changes where Redis hands out the value read-only.
+    /// How many milliseconds before the end of `deadline_mono`'s millisecond the lock's pending
+    /// expiry index entry comes due ([`NO_ENTRY`]: none known). Bookkeeping of the lock's
+    /// ([`super::Lock`]), kept here for room; a `Cell` because it changes where Redis hands out
+    /// the value read-only.
     scheduled: Cell<u32>,
 }
 
@@ -295,19 +297,26 @@ impl Lease {
         }
     }
 
-    /// The deadline of the lock's pending index entry recorded here, if any.
+    /// When the lock's pending index entry recorded here comes due, if there is one.
     pub(super) fn scheduled_at(&self) -> Option<Micros> {
         let before = self.scheduled.get();
-        (before != NO_ENTRY).then(|| self.deadline_mono.saturating_sub(u64::from(before)))
+        (before != NO_ENTRY).then(|| {
+            let last_ms = comes_due(self.deadline_mono) / 1_000;
+            last_ms.saturating_sub(u64::from(before)).saturating_mul(1_000)
+        })
     }
 
-    /// Records the lock's pending index entry at `at` (`None`: none known). One later than the
-    /// deadline, or more than 71 minutes before it, is not recorded: the lock then inserts an
-    /// entry it may not have needed, never skips one it needs.
+    /// Records that the lock's pending index entry comes due at `at` (the end of its
+    /// millisecond; `None`: none known). One due after the end of the deadline's millisecond,
+    /// or more than 49 days before it, is not recorded: the lock then inserts an entry it may
+    /// not have needed, never skips one it needs.
     pub(super) fn note_scheduled(&self, at: Option<Micros>) {
         let before = at
-            .and_then(|at| self.deadline_mono.checked_sub(at))
+            .and_then(|at| {
+                (comes_due(self.deadline_mono) / 1_000).checked_sub(comes_due(at) / 1_000)
+            })
             .and_then(|before| u32::try_from(before).ok())
+            .filter(|&before| before != NO_ENTRY)
             .unwrap_or(NO_ENTRY);
         self.scheduled.set(before);
     }
@@ -438,23 +447,28 @@ mod tests {
     }
 
     #[test]
-    fn the_pending_index_entry_is_recorded_up_to_71_minutes_before_the_deadline_never_after_it() {
-        let mut lease = Lease::new(b"A", 1, 10_000, LOADED);
+    fn the_pending_index_entry_is_recorded_up_to_49_days_before_the_deadline_never_after_it() {
+        let mut lease = Lease::new(b"A", 1, 10_000, moved(LOADED, 300));
         let deadline = lease.deadline_mono();
-        lease.note_scheduled(Some(deadline));
-        assert_eq!(lease.scheduled_at(), Some(deadline));
-        lease.note_scheduled(Some(deadline - u64::from(u32::MAX - 1)));
-        assert_eq!(lease.scheduled_at(), Some(deadline - u64::from(u32::MAX - 1)));
+        let due = comes_due(deadline);
+        assert_eq!(due, deadline + 700, "the end of the deadline's millisecond");
+        lease.note_scheduled(Some(due));
+        assert_eq!(lease.scheduled_at(), Some(due));
+        lease.note_scheduled(Some(deadline - 400));
+        assert_eq!(lease.scheduled_at(), Some(due - MS), "kept as when it comes due");
+        let oldest = due - u64::from(NO_ENTRY - 1) * MS;
+        lease.note_scheduled(Some(oldest));
+        assert_eq!(lease.scheduled_at(), Some(oldest));
         // Beyond: not recorded, so the lock inserts another entry rather than skip a needed one.
-        lease.note_scheduled(Some(deadline - u64::from(u32::MAX)));
+        lease.note_scheduled(Some(oldest - MS));
         assert_eq!(lease.scheduled_at(), None);
-        lease.note_scheduled(Some(deadline + 1));
-        assert_eq!(lease.scheduled_at(), None, "an entry after the deadline does not cover it");
+        lease.note_scheduled(Some(due + 1));
+        assert_eq!(lease.scheduled_at(), None, "an entry due later does not cover the deadline");
         // A renewal keeps the entry where it was, while it is within reach of the new deadline.
-        lease.note_scheduled(Some(deadline));
+        lease.note_scheduled(Some(due));
         lease.extend(20_000, LOADED);
-        assert_eq!(lease.scheduled_at(), Some(deadline));
-        lease.extend(5_000_000, LOADED);
-        assert_eq!(lease.scheduled_at(), None, "more than 71 minutes before the new deadline");
+        assert_eq!(lease.scheduled_at(), Some(due));
+        lease.extend(50 * 86_400_000, LOADED);
+        assert_eq!(lease.scheduled_at(), None, "more than 49 days before the new deadline");
     }
 }

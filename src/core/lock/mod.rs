@@ -8,6 +8,7 @@ mod line;
 mod shared;
 mod slot;
 
+use super::expiry::comes_due;
 use super::fence::FenceCounter;
 use super::mode::Mode;
 use super::{DlockError, Micros, Now};
@@ -657,7 +658,7 @@ impl Lock {
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.next_wake()?;
         let pending = self.scheduled();
-        if pending > now.mono && pending <= deadline {
+        if pending > now.mono && pending <= comes_due(deadline) {
             None
         } else {
             self.set_scheduled(deadline);
@@ -676,17 +677,18 @@ impl Lock {
         self.set_scheduled(deadline);
     }
 
-    /// Deadline of this key's earliest entry in the expiry index, 0 if none is known. Lets a
-    /// renewal skip the index when an entry at or before the new deadline is already there.
-    /// An entry at 0 would be no different from none: a pending entry must lie after `now`.
+    /// When this key's earliest entry in the expiry index comes due (the end of its
+    /// millisecond), 0 if none is known. Lets a renewal skip the index when an entry due by the
+    /// end of the new deadline's millisecond is already there. An entry at 0 would be no
+    /// different from none: a pending entry comes due after `now`.
     fn scheduled(&self) -> Micros {
         self.lease.scheduled()
     }
 
-    /// Records the key's pending index entry at `deadline`. Updated also where Redis hands out
-    /// the value read-only (keyspace notifications, scans): it is bookkeeping.
+    /// Records the key's pending index entry, inserted with `deadline`. Updated also where
+    /// Redis hands out the value read-only (keyspace notifications, scans): it is bookkeeping.
     fn set_scheduled(&self, deadline: Micros) {
-        self.lease.set_scheduled(deadline);
+        self.lease.set_scheduled(comes_due(deadline));
     }
 
     /// Where the expiry index should look at this key next: its first deadline, or at once
@@ -745,7 +747,7 @@ impl Lock {
             return Due::Expired;
         }
         let pending = self.scheduled();
-        if pending != entry_deadline && pending > now.mono && pending <= deadline {
+        if pending != entry_deadline && pending > now.mono && pending <= comes_due(deadline) {
             Due::Stale
         } else {
             self.set_scheduled(deadline);

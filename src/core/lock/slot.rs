@@ -7,11 +7,11 @@ use std::cell::Cell;
 use super::super::Micros;
 use super::Lease;
 
-/// The exclusive lease, or none: an `Option<Lease>` that also keeps the deadline of the lock's
-/// pending expiry index entry (0: none known) across the lease's coming and going.
+/// The exclusive lease, or none: an `Option<Lease>` that also keeps when the lock's pending
+/// expiry index entry comes due (0: none known) across the lease's coming and going.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Slot {
-    /// No exclusive lease; the pending index entry's deadline.
+    /// No exclusive lease; when the pending index entry comes due.
     Vacant(Cell<Micros>),
     /// The exclusive lease, live or not; it records the pending index entry.
     Held(Lease),
@@ -71,7 +71,7 @@ impl Slot {
         }
     }
 
-    /// The deadline of the lock's pending index entry, 0 if none is known.
+    /// When the lock's pending index entry comes due, 0 if none is known.
     pub(super) fn scheduled(&self) -> Micros {
         match self {
             Self::Vacant(scheduled) => scheduled.get(),
@@ -79,11 +79,12 @@ impl Slot {
         }
     }
 
-    /// Records the lock's pending index entry at `deadline`.
-    pub(super) fn set_scheduled(&self, deadline: Micros) {
+    /// Records that the lock's pending index entry comes due at `due` (the end of a
+    /// millisecond).
+    pub(super) fn set_scheduled(&self, due: Micros) {
         match self {
-            Self::Vacant(scheduled) => scheduled.set(deadline),
-            Self::Held(lease) => lease.note_scheduled(Some(deadline)),
+            Self::Vacant(scheduled) => scheduled.set(due),
+            Self::Held(lease) => lease.note_scheduled(Some(due)),
         }
     }
 }
