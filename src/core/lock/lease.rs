@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 
+#[cfg(test)]
 use super::super::expiry::comes_due;
 use super::super::limits::{MAX_FENCE, MAX_TOKEN_LEN};
 use super::super::mode::Mode;
@@ -300,21 +301,17 @@ impl Lease {
     /// When the lock's pending index entry recorded here comes due, if there is one.
     pub(super) fn scheduled_at(&self) -> Option<Micros> {
         let before = self.scheduled.get();
-        (before != NO_ENTRY).then(|| {
-            let last_ms = comes_due(self.deadline_mono) / 1_000;
-            last_ms.saturating_sub(u64::from(before)).saturating_mul(1_000)
-        })
+        (before != NO_ENTRY)
+            .then(|| self.deadline_mono.div_ceil(1_000).saturating_sub(u64::from(before)) * 1_000)
     }
 
-    /// Records that the lock's pending index entry comes due at `at` (the end of its
-    /// millisecond; `None`: none known). One due after the end of the deadline's millisecond,
-    /// or more than 49 days before it, is not recorded: the lock then inserts an entry it may
-    /// not have needed, never skips one it needs.
+    /// Records that the lock's pending index entry comes due at `at` (the end of a millisecond;
+    /// `None`: none known). One due after the end of the deadline's millisecond, or more than 49
+    /// days before it, is not recorded: the lock then inserts an entry it may not have needed,
+    /// never skips one it needs.
     pub(super) fn note_scheduled(&self, at: Option<Micros>) {
         let before = at
-            .and_then(|at| {
-                (comes_due(self.deadline_mono) / 1_000).checked_sub(comes_due(at) / 1_000)
-            })
+            .and_then(|at| self.deadline_mono.div_ceil(1_000).checked_sub(at.div_ceil(1_000)))
             .and_then(|before| u32::try_from(before).ok())
             .filter(|&before| before != NO_ENTRY)
             .unwrap_or(NO_ENTRY);

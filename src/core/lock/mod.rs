@@ -657,11 +657,11 @@ impl Lock {
     /// records it as pending), or `None`: no lease, or an entry at or before it is still pending.
     pub fn needs_index_entry(&self, now: Now) -> Option<Micros> {
         let deadline = self.next_wake()?;
-        let pending = self.scheduled();
-        if pending > now.mono && pending <= comes_due(deadline) {
+        let (pending, due) = (self.scheduled(), comes_due(deadline));
+        if pending > now.mono && pending <= due {
             None
         } else {
-            self.set_scheduled(deadline);
+            self.lease.set_scheduled(due);
             Some(deadline)
         }
     }
