@@ -43,9 +43,14 @@ pub fn due_now(now_mono: Micros) -> Micros {
     now_mono - now_mono % 1_000
 }
 
+/// The millisecond at whose end an entry inserted with `deadline` comes due: its bucket.
+pub fn due_ms(deadline: Micros) -> u64 {
+    deadline.div_ceil(1_000)
+}
+
 /// When an entry inserted with `deadline` comes due: the end of its millisecond.
 pub fn comes_due(deadline: Micros) -> Micros {
-    deadline.div_ceil(1_000).saturating_mul(1_000)
+    ExpiryIndex::due_at(due_ms(deadline))
 }
 
 /// Appends `value` as base-128 digits, most significant first, so that it reads back from the
@@ -218,7 +223,7 @@ pub struct ExpiryIndex {
 impl ExpiryIndex {
     /// The bucket that holds `deadline`: the millisecond at whose end it falls due.
     fn bucket_of(deadline: Micros) -> u64 {
-        deadline.div_ceil(1_000)
+        due_ms(deadline)
     }
 
     /// When the entries of bucket `number` come due.

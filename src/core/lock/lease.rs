@@ -5,6 +5,7 @@ use std::cell::Cell;
 
 #[cfg(test)]
 use super::super::expiry::comes_due;
+use super::super::expiry::due_ms;
 use super::super::limits::{MAX_FENCE, MAX_TOKEN_LEN};
 use super::super::mode::Mode;
 use super::super::token::{ExactTimes, Token};
@@ -302,7 +303,7 @@ impl Lease {
     pub(super) fn scheduled_at(&self) -> Option<Micros> {
         let before = self.scheduled.get();
         (before != NO_ENTRY)
-            .then(|| self.deadline_mono.div_ceil(1_000).saturating_sub(u64::from(before)) * 1_000)
+            .then(|| due_ms(self.deadline_mono).saturating_sub(u64::from(before)) * 1_000)
     }
 
     /// Records that the lock's pending index entry comes due at `at` (the end of a millisecond;
@@ -311,7 +312,7 @@ impl Lease {
     /// never skips one it needs.
     pub(super) fn note_scheduled(&self, at: Option<Micros>) {
         let before = at
-            .and_then(|at| self.deadline_mono.div_ceil(1_000).checked_sub(at.div_ceil(1_000)))
+            .and_then(|at| due_ms(self.deadline_mono).checked_sub(due_ms(at)))
             .and_then(|before| u32::try_from(before).ok())
             .filter(|&before| before != NO_ENTRY)
             .unwrap_or(NO_ENTRY);
